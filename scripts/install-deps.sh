@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages strata needs. Idempotent: when everything is
+# there already it only checks and returns.
+#   scripts/install-deps.sh          build and run dependencies
+#   scripts/install-deps.sh --test   also what the test suite uses
+set -euo pipefail
+
+build_pkgs=(
+  cmake g++ make pkg-config git
+  liburing-dev libaio-dev libtbb-dev libhwloc-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev
+  fio
+)
+test_pkgs=(
+  googletest libgtest-dev libgmock-dev libseccomp-dev
+  python3 python3-numpy python3-torch util-linux clang-format
+)
+
+pkgs=("${build_pkgs[@]}")
+if [[ "${1:-}" == "--test" ]]; then
+  pkgs+=("${test_pkgs[@]}")
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

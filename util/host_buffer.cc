@@ -1,0 +1,121 @@
+#include "strata/host_buffer.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "util/log.h"
+
+namespace strata {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = size_t{2} << 20;
+std::atomic<uint64_t> g_pinned_bytes{0};
+
+size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes,
+                                          const HostBufferOptions& options) {
+  HostBuffer buf;
+  if (bytes == 0) return buf;
+  const size_t mapped = RoundUp(bytes, kPage);
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return Status(StatusCode::kOutOfMemory,
+                  "mmap of " + std::to_string(bytes) +
+                      " bytes of host memory failed: " + std::strerror(err),
+                  err);
+  }
+  buf.data_ = static_cast<std::byte*>(p);
+  buf.size_ = bytes;
+  buf.mapped_ = mapped;
+  if (options.huge_pages && mapped >= kHugePage) {
+    // Advisory only: a kernel without THP simply ignores it.
+    (void)::madvise(p, mapped, MADV_HUGEPAGE);
+  }
+  if (options.pin) {
+    if (::mlock(p, mapped) == 0) {
+      buf.pinned_ = true;
+      g_pinned_bytes.fetch_add(mapped, std::memory_order_relaxed);
+    } else {
+      const int err = errno;
+      if (options.require_pin) {
+        return Status(StatusCode::kOutOfMemory,
+                      "cannot page-lock " + std::to_string(mapped) +
+                          " bytes of host memory (" + std::strerror(err) +
+                          "); " + std::to_string(TotalPinnedBytes()) +
+                          " bytes are locked already; raise `ulimit -l` "
+                          "(RLIMIT_MEMLOCK)",
+                      err);
+      }
+      STRATA_LOG_ONCE(WARN,
+                      "cannot page-lock host buffers ({}); continuing with "
+                      "unpinned memory, which is slower for GPU copies. "
+                      "Raise the limit with `ulimit -l` (RLIMIT_MEMLOCK).",
+                      std::strerror(err));
+    }
+  }
+  if (options.prefault && !buf.pinned_) {
+    // mlock already faulted the pages in.
+    for (size_t off = 0; off < mapped; off += kPage) {
+      buf.data_[off] = std::byte{0};
+    }
+  }
+  return buf;
+}
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)),
+      pinned_(std::exchange(other.pinned_, false)),
+      registration_(std::move(other.registration_)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
+    pinned_ = std::exchange(other.pinned_, false);
+    registration_ = std::move(other.registration_);
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() { Reset(); }
+
+void HostBuffer::AttachRegistration(
+    std::unique_ptr<HostRegistration> registration) {
+  registration_ = std::move(registration);
+}
+
+uint64_t HostBuffer::TotalPinnedBytes() {
+  return g_pinned_bytes.load(std::memory_order_relaxed);
+}
+
+void HostBuffer::Reset() noexcept {
+  registration_.reset();  // unregister before the memory goes away
+  if (data_ != nullptr) {
+    if (pinned_) {
+      g_pinned_bytes.fetch_sub(mapped_, std::memory_order_relaxed);
+    }
+    ::munmap(data_, mapped_);  // also unlocks
+  }
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = 0;
+  pinned_ = false;
+}
+
+}  // namespace strata
