@@ -1,0 +1,126 @@
+// The backend layer under IoEngine (internal).
+//
+// A Backend moves bytes and nothing more: it submits raw operations and hands
+// back each one's raw result (bytes transferred, or -errno). It does not
+// retry, resubmit short transfers, or build messages: the engine above does
+// that once for every backend (swap/io_engine.cc). File-level calls default to
+// POSIX so that only the in-memory backend overrides them.
+//
+// BackendWrapper forwards every call to another backend; test doubles such as
+// FaultInjectingBackend derive from it and override only what they change.
+//
+// Thread contract: REQUIRES external synchronization (the engine's).
+#ifndef STRATA_SWAP_BACKEND_H_
+#define STRATA_SWAP_BACKEND_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "strata/io_engine.h"
+#include "strata/status.h"
+
+namespace strata::swap {
+
+struct RawOp {
+  int fd = -1;
+  uint64_t offset = 0;
+  std::byte* buf = nullptr;
+  uint32_t len = 0;
+  IoOp op = IoOp::kRead;
+  uint64_t slot = 0;  // the engine's id, returned in RawResult
+};
+
+struct RawResult {
+  uint64_t slot = 0;
+  int64_t res = 0;  // bytes transferred (>= 0) or -errno
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual IoBackend kind() const = 0;
+  // Operations that may be in flight at once.
+  virtual uint32_t capacity() const = 0;
+
+  // File calls. Each returns -errno on failure. Defaults: POSIX.
+  virtual int OpenFile(const std::string& path, int flags, mode_t mode);
+  virtual void CloseFile(int fd);
+  virtual int Fallocate(int fd, uint64_t bytes);
+  virtual int Fsync(int fd);
+  virtual int64_t FileSize(int fd);
+  // Direct-I/O alignment of an open file: statx(STATX_DIOALIGN), else the
+  // block device's logical block size, else 4096.
+  virtual size_t DirectAlignment(int fd);
+
+  // Optional (default: accepted, nothing registered).
+  virtual Status RegisterBuffers(std::span<const std::span<std::byte>> bufs);
+
+  // Starts ops. Returns how many were accepted, a prefix of `ops` (possibly 0
+  // when the kernel pushes back); an error means none of the rest were.
+  virtual StatusOr<size_t> Submit(std::span<const RawOp> ops) = 0;
+  // Waits for at least `min` results (REQUIRES: min <= ops in flight) and
+  // returns how many were written to `out`.
+  virtual StatusOr<size_t> Wait(std::span<RawResult> out, size_t min) = 0;
+
+ protected:
+  Backend() = default;
+};
+
+class BackendWrapper : public Backend {
+ public:
+  explicit BackendWrapper(std::unique_ptr<Backend> target)
+      : target_(std::move(target)) {}
+  IoBackend kind() const override { return target_->kind(); }
+  uint32_t capacity() const override { return target_->capacity(); }
+  int OpenFile(const std::string& path, int flags, mode_t mode) override {
+    return target_->OpenFile(path, flags, mode);
+  }
+  void CloseFile(int fd) override { target_->CloseFile(fd); }
+  int Fallocate(int fd, uint64_t bytes) override {
+    return target_->Fallocate(fd, bytes);
+  }
+  int Fsync(int fd) override { return target_->Fsync(fd); }
+  int64_t FileSize(int fd) override { return target_->FileSize(fd); }
+  size_t DirectAlignment(int fd) override {
+    return target_->DirectAlignment(fd);
+  }
+  Status RegisterBuffers(std::span<const std::span<std::byte>> bufs) override {
+    return target_->RegisterBuffers(bufs);
+  }
+  StatusOr<size_t> Submit(std::span<const RawOp> ops) override {
+    return target_->Submit(ops);
+  }
+  StatusOr<size_t> Wait(std::span<RawResult> out, size_t min) override {
+    return target_->Wait(out, min);
+  }
+
+ protected:
+  Backend& target() { return *target_; }
+
+ private:
+  std::unique_ptr<Backend> target_;
+};
+
+// Factories. Each returns kUnavailable with the reason when the kernel or the
+// process's sandbox refuses the interface.
+StatusOr<std::unique_ptr<Backend>> NewUringBackend(const IoEngineOptions& o);
+StatusOr<std::unique_ptr<Backend>> NewAioBackend(const IoEngineOptions& o);
+StatusOr<std::unique_ptr<Backend>> NewThreadBackend(const IoEngineOptions& o);
+std::unique_ptr<Backend> NewMemoryBackend(const IoEngineOptions& o);
+
+// An engine over a given backend (tests use it with wrappers).
+std::unique_ptr<IoEngine> NewIoEngineWithBackend(
+    std::unique_ptr<Backend> backend, const IoEngineOptions& options,
+    std::string fallback_reason = "");
+
+}  // namespace strata::swap
+
+#endif  // STRATA_SWAP_BACKEND_H_
