@@ -1,6 +1,11 @@
 #include "strata/host_buffer.h"
 
 #include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -68,6 +73,51 @@ TEST(HostBufferTest, UnpinnedWhenNotAsked) {
   auto buf = HostBuffer::Allocate(4096, o);
   ASSERT_TRUE(buf.ok());
   EXPECT_FALSE(buf->pinned());
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Drops CAP_IPC_LOCK from the effective set (root bypasses RLIMIT_MEMLOCK
+// with it), then caps locked memory at 64 KiB.
+bool LimitMemlock() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  if (syscall(SYS_capset, &hdr, data) != 0) return false;
+  rlimit lim{64 << 10, 64 << 10};
+  return setrlimit(RLIMIT_MEMLOCK, &lim) == 0;
+}
+
+// Row 8 of the fault matrix: page-locking refused by RLIMIT_MEMLOCK.
+TEST(HostBufferTest, LowMemlockLimitContinuesUnpinnedOrFailsWhenRequired) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!LimitMemlock()) _exit(77);
+    auto soft = HostBuffer::Allocate(4 << 20);
+    if (!soft.ok() || soft->pinned() || soft->size() != (4u << 20)) _exit(1);
+    std::memset(soft->data(), 1, soft->size());  // usable
+    HostBufferOptions strict;
+    strict.require_pin = true;
+    auto hard = HostBuffer::Allocate(4 << 20, strict);
+    if (hard.ok() || hard.status().code() != StatusCode::kOutOfMemory) {
+      _exit(2);
+    }
+    if (hard.status().ToString().find("ulimit -l") == std::string::npos) {
+      _exit(3);
+    }
+    auto small = HostBuffer::Allocate(16 << 10);  // under the limit
+    _exit(small.ok() && small->pinned() ? 0 : 4);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot drop CAP_IPC_LOCK";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
