@@ -36,6 +36,7 @@ struct IoConfig {
   std::vector<bool> random = {false, true};
   bool fio = true;
   bool keep_file = false;
+  bool huge_pages = true;
 };
 
 struct IoResult {
@@ -116,8 +117,9 @@ double RunFio(const std::string& path, const IoConfig& cfg, IoBackend engine,
                     " --randrepeat=0 --group_reporting";
   switch (engine) {
     case IoBackend::kUring:
-      cmd += " --ioengine=io_uring --iodepth=" + std::to_string(qd) +
-             " --size=" + std::to_string(cfg.size);
+      // Registered buffers and files, as strata's io_uring engine uses.
+      cmd += " --ioengine=io_uring --fixedbufs --registerfiles --iodepth=" +
+             std::to_string(qd) + " --size=" + std::to_string(cfg.size);
       break;
     case IoBackend::kAio:
       cmd += " --ioengine=libaio --iodepth=" + std::to_string(qd) +
@@ -193,6 +195,10 @@ int Run(int argc, char** argv) {
                "Print the best settings as a DeepSpeed \"aio\" block");
   app.add_flag("--no-fio", no_fio, "Do not run fio beside strata");
   app.add_flag("--keep-file", cfg.keep_file, "Keep the test file afterwards");
+  bool no_thp = false;
+  app.add_flag("--no-thp", no_thp,
+               "Back the I/O buffers with 4 KiB pages instead of transparent "
+               "huge pages (shows what buffer contiguity is worth)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -245,6 +251,7 @@ int Run(int argc, char** argv) {
     }
   }
   cfg.fio = !no_fio && HaveFio();
+  cfg.huge_pages = !no_thp;
 
   nlohmann::json doc;
   doc["tool"] = "strata-bench io";
@@ -269,7 +276,9 @@ int Run(int argc, char** argv) {
       *std::max_element(cfg.queue_depths.begin(), cfg.queue_depths.end());
   uint64_t max_bs =
       *std::max_element(cfg.block_sizes.begin(), cfg.block_sizes.end());
-  auto buf = HostBuffer::Allocate(max_qd * max_bs);
+  HostBufferOptions bo;
+  bo.huge_pages = cfg.huge_pages;
+  auto buf = HostBuffer::Allocate(max_qd * max_bs, bo);
   if (!buf.ok()) return fail(buf.status());
   const size_t runs = cfg.engines.size() * cfg.block_sizes.size() *
                       cfg.queue_depths.size() * cfg.ops.size() *

@@ -243,7 +243,7 @@ class EngineImpl final : public IoEngine {
   StatusOr<size_t> Reap(std::span<IoCompletion> out,
                         size_t min_complete) override {
     size_t got = 0;
-    std::vector<RawResult> raw(backend_->capacity());
+    raw_.resize(backend_->capacity());
     for (;;) {
       while (got < out.size() && !completed_.empty()) {
         out[got++] = std::move(completed_.front());
@@ -260,9 +260,9 @@ class EngineImpl final : public IoEngine {
         }
         continue;  // Pump failed some requests; hand them out
       }
-      STRATA_ASSIGN_OR_RETURN(size_t n, backend_->Wait(raw, 1));
+      STRATA_ASSIGN_OR_RETURN(size_t n, backend_->Wait(raw_, 1));
       in_backend_ -= n;
-      for (size_t i = 0; i < n; ++i) OnResult(raw[i]);
+      for (size_t i = 0; i < n; ++i) OnResult(raw_[i]);
     }
   }
 
