@@ -85,17 +85,21 @@ StreamOrderedPool::StreamOrderedPool(Device* device, std::byte* base,
 }
 
 StreamOrderedPool::~StreamOrderedPool() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stats_.in_use_bytes != 0) {
-    STRATA_LOG_ERROR(
-        "{}: destroyed with {} of device memory still allocated; those "
-        "DeviceMemory objects now dangle",
-        device_name_, Bytes(stats_.in_use_bytes));
+  std::deque<std::shared_ptr<PendingFree>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stats_.in_use_bytes != 0) {
+      STRATA_LOG_ERROR(
+          "{}: destroyed with {} of device memory still allocated; those "
+          "DeviceMemory objects now dangle",
+          device_name_, Bytes(stats_.in_use_bytes));
+    }
+    pending.swap(pending_);
   }
-  // The events' streams may already be gone (a stream drains when destroyed),
-  // so a synchronize here returns at once; it keeps the region alive until
-  // queued work that touches it is done.
-  for (auto& p : pending_) {
+  // The events' streams may already be gone (a stream drains when
+  // destroyed), so these waits usually return at once; they keep the region
+  // alive until queued work that touches it is done.
+  for (auto& p : pending) {
     for (auto& e : p->events) device_->SynchronizeEvent(*e).IgnoreError();
   }
 }
