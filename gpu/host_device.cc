@@ -109,11 +109,11 @@ class HostStream final : public Stream {
 
 // ---- Events -----------------------------------------------------------------
 
+// The state of an event, shared with the marker tasks of its records, so an
+// Event may be destroyed with records still queued (as a cudaEvent may).
 // Thread-safe. Sequence numbers start at 1; 0 means "never recorded".
-class HostEvent final : public Event {
+class EventState {
  public:
-  explicit HostEvent(const void* owner) : Event(owner) {}
-
   uint64_t NextRecord() {
     std::lock_guard<std::mutex> lock(mu_);
     return ++latest_;
@@ -123,14 +123,14 @@ class HostEvent final : public Event {
     return latest_;
   }
   void MarkDone(uint64_t seq) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_above_.insert(seq);
-      while (!done_above_.empty() && *done_above_.begin() == watermark_ + 1) {
-        ++watermark_;
-        done_above_.erase(done_above_.begin());
-      }
+    std::lock_guard<std::mutex> lock(mu_);
+    done_above_.insert(seq);
+    while (!done_above_.empty() && *done_above_.begin() == watermark_ + 1) {
+      ++watermark_;
+      done_above_.erase(done_above_.begin());
     }
+    // Notified under the lock: a woken waiter may destroy the last owner
+    // of this state as soon as it can observe the completion.
     cv_.notify_all();
   }
   bool IsDone(uint64_t seq) {
@@ -152,6 +152,16 @@ class HostEvent final : public Event {
   uint64_t latest_ = 0;            // guarded by mu_: the latest record
   uint64_t watermark_ = 0;         // guarded by mu_: records 1..watermark_ done
   std::set<uint64_t> done_above_;  // guarded by mu_: done records > watermark_
+};
+
+class HostEvent final : public Event {
+ public:
+  explicit HostEvent(const void* owner)
+      : Event(owner), state_(std::make_shared<EventState>()) {}
+  const std::shared_ptr<EventState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<EventState> state_;
 };
 
 // ---- Registered host memory -------------------------------------------------
@@ -259,25 +269,27 @@ class HostEmulatedDevice final : public Device {
   Status RecordEvent(Event& event, Stream& stream) override {
     STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
     STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
-    const uint64_t seq = e->NextRecord();
-    s->Enqueue([e, seq] { e->MarkDone(seq); });
+    std::shared_ptr<EventState> state = e->state();
+    const uint64_t seq = state->NextRecord();
+    s->Enqueue([state, seq] { state->MarkDone(seq); });
     return Status::Ok();
   }
   Status WaitEvent(Stream& stream, const Event& event) override {
     STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
     STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
-    const uint64_t seq = e->latest();
+    std::shared_ptr<EventState> state = e->state();
+    const uint64_t seq = state->latest();
     if (seq == 0) return Status::Ok();  // never recorded: nothing to wait for
-    s->Enqueue([e, seq] { e->WaitDone(seq); });
+    s->Enqueue([state, seq] { state->WaitDone(seq); });
     return Status::Ok();
   }
   StatusOr<bool> QueryEvent(const Event& event) override {
     STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
-    return e->IsDone(e->latest());
+    return e->state()->IsDone(e->state()->latest());
   }
   Status SynchronizeEvent(const Event& event) override {
     STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
-    e->WaitDone(e->latest());
+    e->state()->WaitDone(e->state()->latest());
     return Status::Ok();
   }
   Status SynchronizeStream(Stream& stream) override {
