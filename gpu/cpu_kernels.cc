@@ -1,0 +1,167 @@
+#include "gpu/cpu_kernels.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace strata::internal {
+namespace {
+
+float LoadElement(const void* base, size_t i, ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32: {
+      float f;
+      std::memcpy(&f, static_cast<const std::byte*>(base) + 4 * i, 4);
+      return f;
+    }
+    case ElementType::kFloat16:
+    case ElementType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const std::byte*>(base) + 2 * i, 2);
+      return type == ElementType::kFloat16 ? HalfBitsToFloat(h)
+                                           : BFloat16BitsToFloat(h);
+    }
+  }
+  return 0;
+}
+
+void StoreElement(void* base, size_t i, ElementType type, float v) {
+  switch (type) {
+    case ElementType::kFloat32:
+      std::memcpy(static_cast<std::byte*>(base) + 4 * i, &v, 4);
+      return;
+    case ElementType::kFloat16:
+    case ElementType::kBFloat16: {
+      const uint16_t h = type == ElementType::kFloat16 ? FloatToHalfBits(v)
+                                                       : FloatToBFloat16Bits(v);
+      std::memcpy(static_cast<std::byte*>(base) + 2 * i, &h, 2);
+      return;
+    }
+  }
+}
+
+constexpr uint16_t kCanonicalNaN = 0x7fff;
+
+}  // namespace
+
+uint16_t FloatToHalfBits(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return kCanonicalNaN;
+  // 65520 is halfway between the largest half (65504, odd mantissa) and
+  // 2^16, so it and everything above round to infinity.
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;
+  if (abs >= 0x38800000u) {
+    // Normal half: rebias the exponent (127 -> 15) and round away 13 bits;
+    // a mantissa carry correctly bumps the exponent.
+    uint32_t m = abs - 0x38000000u;
+    m += 0x0fffu + ((m >> 13) & 1u);
+    return static_cast<uint16_t>(sign | (m >> 13));
+  }
+  // Below half's smallest subnormal / 2 (2^-25; a tie with zero rounds to
+  // the even zero): signed zero.
+  if (abs <= 0x33000000u) return sign;
+  // Subnormal half: the value in units of 2^-24 is mant * 2^(e - 126).
+  const uint32_t e = abs >> 23;  // 102..112
+  const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - e;  // 14..24
+  uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1);
+  const uint32_t halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x3ffu;
+  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    // Zero or subnormal: m * 2^-24, exact in fp32.
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((e + 112) << 23) | (m << 13));
+}
+
+uint16_t FloatToBFloat16Bits(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return kCanonicalNaN;
+  // Round the low 16 bits away, ties to even; the largest finite values
+  // carry into the exponent and become infinity, as they should.
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+float BFloat16BitsToFloat(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+void ConvertOnCpu(const ConvertArgs& args) {
+  for (size_t i = 0; i < args.count; ++i) {
+    const float v = LoadElement(args.src, i, args.src_type) * args.scale;
+    StoreElement(args.dst, i, args.dst_type, v);
+  }
+}
+
+uint64_t MatrixSpanBytes(int64_t rows, int64_t cols, int64_t ld, size_t elem) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return (static_cast<uint64_t>(ld) * static_cast<uint64_t>(cols - 1) +
+          static_cast<uint64_t>(rows)) *
+         elem;
+}
+
+Status CheckGemmArgs(const GemmArgs& g) {
+  if (g.m < 0 || g.n < 0 || g.k < 0) {
+    return Status::InvalidArgument("GEMM dimensions must be >= 0");
+  }
+  if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX ||
+      g.lda > INT32_MAX || g.ldb > INT32_MAX || g.ldc > INT32_MAX) {
+    return Status::NotSupported("GEMM dimensions above 2^31-1");
+  }
+  if (g.c_type != g.ab_type && g.c_type != ElementType::kFloat32) {
+    return Status::NotSupported(std::string("GEMM with A/B of ") +
+                                std::string(ElementTypeName(g.ab_type)) +
+                                " and C of " +
+                                std::string(ElementTypeName(g.c_type)) +
+                                "; C must match A/B or be float32");
+  }
+  const int64_t a_rows = g.op_a == GemmOp::kNoTranspose ? g.m : g.k;
+  const int64_t b_rows = g.op_b == GemmOp::kNoTranspose ? g.k : g.n;
+  if (g.lda < std::max<int64_t>(1, a_rows) ||
+      g.ldb < std::max<int64_t>(1, b_rows) ||
+      g.ldc < std::max<int64_t>(1, g.m)) {
+    return Status::InvalidArgument(
+        "GEMM leading dimension smaller than the stored rows (lda " +
+        std::to_string(g.lda) + ", ldb " + std::to_string(g.ldb) + ", ldc " +
+        std::to_string(g.ldc) + " for m " + std::to_string(g.m) + ", n " +
+        std::to_string(g.n) + ", k " + std::to_string(g.k) + ")");
+  }
+  return Status::Ok();
+}
+
+void GemmOnCpu(const GemmArgs& g) {
+  const bool ta = g.op_a == GemmOp::kTranspose;
+  const bool tb = g.op_b == GemmOp::kTranspose;
+  for (int64_t j = 0; j < g.n; ++j) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      float acc = 0;
+      for (int64_t p = 0; p < g.k; ++p) {
+        const int64_t ai = ta ? p + i * g.lda : i + p * g.lda;
+        const int64_t bi = tb ? j + p * g.ldb : p + j * g.ldb;
+        acc += LoadElement(g.a, static_cast<size_t>(ai), g.ab_type) *
+               LoadElement(g.b, static_cast<size_t>(bi), g.ab_type);
+      }
+      const size_t ci = static_cast<size_t>(i + j * g.ldc);
+      float out = g.alpha * acc;
+      if (g.beta != 0) out += g.beta * LoadElement(g.c, ci, g.c_type);
+      StoreElement(g.c, ci, g.c_type, out);
+    }
+  }
+}
+
+}  // namespace strata::internal

@@ -1,0 +1,470 @@
+// The CUDA backend. Policy:
+//   - Device memory: one cudaMalloc of the budget at creation, placed by the
+//     shared StreamOrderedPool (stream-ordered reuse with cudaEvents), so the
+//     engine never calls cudaMalloc/cudaFree on the hot path and an
+//     out-of-memory answer is about our budget, not the driver's.
+//   - Streams are cudaStreamNonBlocking (no implicit sync with the legacy
+//     default stream); copy streams get the highest priority.
+//   - Pinned host memory is a HostBuffer (mmap, exact size) registered with
+//     cudaHostRegister, so the swap tier's O_DIRECT buffers are DMA-able.
+//   - Every cudaError_t becomes a Status here, with context.
+//   - Every entry point makes this device current for the calling thread
+//     (cudaSetDevice is per thread and cheap when already current).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/cpu_kernels.h"
+#include "gpu/cublas.h"
+#include "gpu/cuda_kernels.h"
+#include "gpu/raw_copy.h"
+#include "gpu/stream_ordered_pool.h"
+#include "strata/device.h"
+#include "util/log.h"
+#include "util/unique_handle.h"
+
+namespace strata {
+namespace {
+
+static_assert(
+    static_cast<int>(ElementType::kFloat32) == internal::kKernelFloat32 &&
+    static_cast<int>(ElementType::kFloat16) == internal::kKernelFloat16 &&
+    static_cast<int>(ElementType::kBFloat16) == internal::kKernelBFloat16);
+
+Status CudaStatus(cudaError_t err, std::string_view context) {
+  if (err == cudaSuccess) return Status::Ok();
+  const std::string msg = std::string(context) + ": " +
+                          cudaGetErrorString(err) + " (" +
+                          cudaGetErrorName(err) + ")";
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return Status::OutOfMemory(msg);
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorInitializationError:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorNotPermitted:
+      return Status::Unavailable(msg);
+    case cudaErrorInvalidValue:
+      return Status::InvalidArgument(msg);
+    case cudaErrorNotSupported:
+      return Status::NotSupported(msg);
+    default:
+      // Launch failures, illegal addresses, ECC errors: the context is
+      // probably unusable; the message says which.
+      return Status::IoError(msg);
+  }
+}
+
+struct CudaStreamTraits {
+  using Handle = cudaStream_t;
+  static Handle Invalid() { return nullptr; }
+  static void Close(Handle s) { cudaStreamDestroy(s); }
+};
+struct CudaEventTraits {
+  using Handle = cudaEvent_t;
+  static Handle Invalid() { return nullptr; }
+  static void Close(Handle e) { cudaEventDestroy(e); }
+};
+struct CudaMallocTraits {
+  using Handle = void*;
+  static Handle Invalid() { return nullptr; }
+  static void Close(Handle p) { cudaFree(p); }
+};
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(const void* owner, StreamKind kind,
+             UniqueHandle<CudaStreamTraits> s)
+      : Stream(owner, kind), stream_(std::move(s)) {}
+  // As the interface promises: queued work finishes before the stream goes
+  // (it may still read host memory the caller frees next).
+  ~CudaStream() override { cudaStreamSynchronize(stream_.get()); }
+  cudaStream_t get() const { return stream_.get(); }
+
+ private:
+  UniqueHandle<CudaStreamTraits> stream_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(const void* owner, UniqueHandle<CudaEventTraits> e)
+      : Event(owner), event_(std::move(e)) {}
+  cudaEvent_t get() const { return event_.get(); }
+
+ private:
+  UniqueHandle<CudaEventTraits> event_;
+};
+
+class CudaHostRegistration final : public HostRegistration {
+ public:
+  explicit CudaHostRegistration(void* p) : p_(p) {}
+  ~CudaHostRegistration() override { cudaHostUnregister(p_); }
+
+ private:
+  void* p_;
+};
+
+void RunHostFunc(void* arg) {
+  std::unique_ptr<std::function<void()>> fn(
+      static_cast<std::function<void()>*>(arg));
+  (*fn)();
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string name,
+             UniqueHandle<CudaMallocTraits> arena, uint64_t budget)
+      : ordinal_(ordinal),
+        name_(std::move(name)),
+        arena_(std::move(arena)),
+        pool_(this, static_cast<std::byte*>(arena_.get()), budget, name_) {}
+
+  int ordinal() const { return ordinal_; }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  Status Enter() const {
+    return CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice");
+  }
+
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    STRATA_RETURN_IF_ERROR(Enter());
+    int least = 0, greatest = 0;
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                   "cudaDeviceGetStreamPriorityRange"));
+    cudaStream_t s = nullptr;
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamCreateWithPriority(
+                       &s, cudaStreamNonBlocking,
+                       options.kind == StreamKind::kCopy ? greatest : least),
+                   "cudaStreamCreateWithPriority"));
+    return std::unique_ptr<Stream>(
+        new CudaStream(this, options.kind, UniqueHandle<CudaStreamTraits>(s)));
+  }
+
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    STRATA_RETURN_IF_ERROR(Enter());
+    cudaEvent_t e = nullptr;
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags"));
+    return std::unique_ptr<Event>(
+        new CudaEvent(this, UniqueHandle<CudaEventTraits>(e)));
+  }
+
+  Status RecordEvent(Event& event, Stream& stream) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
+    STRATA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaEventRecord(e->get(), s->get()), "cudaEventRecord");
+  }
+  Status WaitEvent(Stream& stream, const Event& event) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
+    STRATA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaStreamWaitEvent(s->get(), e->get(), 0),
+                      "cudaStreamWaitEvent");
+  }
+  StatusOr<bool> QueryEvent(const Event& event) override {
+    STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
+    const cudaError_t err = cudaEventQuery(e->get());
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error; do not leave it pending
+      return false;
+    }
+    STRATA_RETURN_IF_ERROR(CudaStatus(err, "cudaEventQuery"));
+    return true;
+  }
+  Status SynchronizeEvent(const Event& event) override {
+    STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
+    return CudaStatus(cudaEventSynchronize(e->get()), "cudaEventSynchronize");
+  }
+  Status SynchronizeStream(Stream& stream) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    return CudaStatus(cudaStreamSynchronize(s->get()), "cudaStreamSynchronize");
+  }
+  Status LaunchHostFunc(Stream& stream, std::function<void()> fn) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    if (!fn) return Status::InvalidArgument("LaunchHostFunc: empty function");
+    STRATA_RETURN_IF_ERROR(Enter());
+    auto owned = std::make_unique<std::function<void()>>(std::move(fn));
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cudaLaunchHostFunc(s->get(), RunHostFunc, owned.get()),
+                   "cudaLaunchHostFunc"));
+    owned.release();  // RunHostFunc owns it now
+    return Status::Ok();
+  }
+
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    STRATA_RETURN_IF_ERROR(Mine(stream).status());
+    return pool_.Allocate(bytes, stream);
+  }
+  DeviceMemoryStats memory_stats() const override { return pool_.stats(); }
+
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    STRATA_ASSIGN_OR_RETURN(HostBuffer buf,
+                            HostBuffer::Allocate(bytes, options));
+    STRATA_RETURN_IF_ERROR(RegisterHostBuffer(buf));
+    return buf;
+  }
+  Status RegisterHostBuffer(HostBuffer& buffer) override {
+    if (buffer.empty()) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(Enter());
+    // Drop an earlier registration first: CUDA refuses to register a range
+    // twice.
+    buffer.AttachRegistration(nullptr);
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cudaHostRegister(buffer.data(), buffer.size(),
+                         cudaHostRegisterPortable),
+        "cudaHostRegister of " + std::to_string(buffer.size()) + " bytes"));
+    buffer.AttachRegistration(
+        std::make_unique<CudaHostRegistration>(buffer.data()));
+    return Status::Ok();
+  }
+
+  Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes,
+                   CopyKind kind) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    if (bytes == 0) return Status::Ok();
+    cudaMemcpyKind k = cudaMemcpyDefault;
+    switch (kind) {
+      case CopyKind::kHostToDevice:
+        STRATA_RETURN_IF_ERROR(pool_.CheckOutside(src, bytes, "h2d source"));
+        STRATA_RETURN_IF_ERROR(
+            pool_.CheckInside(dst, bytes, "h2d destination"));
+        k = cudaMemcpyHostToDevice;
+        break;
+      case CopyKind::kDeviceToHost:
+        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2h source"));
+        STRATA_RETURN_IF_ERROR(
+            pool_.CheckOutside(dst, bytes, "d2h destination"));
+        k = cudaMemcpyDeviceToHost;
+        break;
+      case CopyKind::kDeviceToDevice:
+        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2d source"));
+        STRATA_RETURN_IF_ERROR(
+            pool_.CheckInside(dst, bytes, "d2d destination"));
+        k = cudaMemcpyDeviceToDevice;
+        break;
+    }
+    STRATA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, k, s->get()),
+                      "cudaMemcpyAsync " + std::string(CopyKindName(kind)) +
+                          " of " + std::to_string(bytes) + " bytes");
+  }
+
+  Status MemsetAsync(Stream& stream, void* dst, uint8_t value,
+                     size_t bytes) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    if (bytes == 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(pool_.CheckInside(dst, bytes, "memset destination"));
+    STRATA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaMemsetAsync(dst, value, bytes, s->get()),
+                      "cudaMemsetAsync");
+  }
+
+  Status ConvertAsync(Stream& stream, const ConvertArgs& args) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    if (args.count == 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+        args.src, args.count * ElementSize(args.src_type), "convert source"));
+    STRATA_RETURN_IF_ERROR(
+        pool_.CheckInside(args.dst, args.count * ElementSize(args.dst_type),
+                          "convert destination"));
+    STRATA_RETURN_IF_ERROR(Enter());
+    const internal::ConvertLaunch launch{
+        args.src,   static_cast<int>(args.src_type),
+        args.dst,   static_cast<int>(args.dst_type),
+        args.count, args.scale};
+    return CudaStatus(internal::LaunchConvert(launch, s->get()),
+                      "conversion kernel launch");
+  }
+
+  Status GemmAsync(Stream& stream, const GemmArgs& g) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    STRATA_RETURN_IF_ERROR(internal::CheckGemmArgs(g));
+    if (g.m == 0 || g.n == 0) return Status::Ok();
+    const size_t ab = ElementSize(g.ab_type);
+    const bool ta = g.op_a == GemmOp::kTranspose;
+    const bool tb = g.op_b == GemmOp::kTranspose;
+    if (g.k > 0) {
+      STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+          g.a,
+          internal::MatrixSpanBytes(ta ? g.k : g.m, ta ? g.m : g.k, g.lda, ab),
+          "GEMM A"));
+      STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+          g.b,
+          internal::MatrixSpanBytes(tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, ab),
+          "GEMM B"));
+    }
+    STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+        g.c, internal::MatrixSpanBytes(g.m, g.n, g.ldc, ElementSize(g.c_type)),
+        "GEMM C"));
+    STRATA_ASSIGN_OR_RETURN(const internal::CublasApi* api,
+                            internal::CublasApi::Get());
+    STRATA_RETURN_IF_ERROR(Enter());
+    // One handle for the device; it is bound to a stream per call, so calls
+    // are serialized (they only enqueue).
+    std::lock_guard<std::mutex> lock(cublas_mu_);
+    if (!cublas_) {
+      cublasHandle_t h = nullptr;
+      STRATA_RETURN_IF_ERROR(api->ToStatus(api->create(&h), "cublasCreate"));
+      cublas_.reset(h);
+      // No TF32 for fp32 inputs: trainers compare against fp32 references.
+      STRATA_RETURN_IF_ERROR(api->ToStatus(
+          api->set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+    }
+    STRATA_RETURN_IF_ERROR(api->ToStatus(
+        api->set_stream(cublas_.get(), s->get()), "cublasSetStream"));
+    const float alpha = g.alpha, beta = g.beta;
+    return api->ToStatus(
+        api->gemm_ex(cublas_.get(), ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.m),
+                     static_cast<int>(g.n), static_cast<int>(g.k), &alpha, g.a,
+                     DataType(g.ab_type), static_cast<int>(g.lda), g.b,
+                     DataType(g.ab_type), static_cast<int>(g.ldb), &beta, g.c,
+                     DataType(g.c_type), static_cast<int>(g.ldc),
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  }
+
+  StatusOr<CudaStream*> Mine(Stream& stream) const {
+    if (stream.owner() != this) {
+      return Status::InvalidArgument("stream belongs to another device than " +
+                                     name_);
+    }
+    return static_cast<CudaStream*>(&stream);
+  }
+
+ private:
+  static cudaDataType DataType(ElementType t) {
+    switch (t) {
+      case ElementType::kFloat32:
+        return CUDA_R_32F;
+      case ElementType::kFloat16:
+        return CUDA_R_16F;
+      case ElementType::kBFloat16:
+        return CUDA_R_16BF;
+    }
+    return CUDA_R_32F;
+  }
+
+  StatusOr<CudaEvent*> Mine(const Event& event) const {
+    if (event.owner() != this) {
+      return Status::InvalidArgument("event belongs to another device than " +
+                                     name_);
+    }
+    return static_cast<CudaEvent*>(const_cast<Event*>(&event));
+  }
+
+  const int ordinal_;
+  const std::string name_;
+  UniqueHandle<CudaMallocTraits> arena_;
+  // After arena_: waits for pending frees before the arena is freed.
+  internal::StreamOrderedPool pool_;
+  std::mutex cublas_mu_;
+  // Guarded by cublas_mu_. Last member: destroyed first.
+  internal::UniqueCublasHandle cublas_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Device>> NewCudaDevice(const DeviceOptions& options) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CudaStatus(err, "cudaGetDeviceCount");
+  }
+  if (count == 0) return Status::Unavailable("no CUDA device is visible");
+  const int ordinal = options.cuda_ordinal;
+  if (ordinal < 0 || ordinal >= count) {
+    return Status::Unavailable("CUDA device " + std::to_string(ordinal) +
+                               " asked for, but " + std::to_string(count) +
+                               " visible");
+  }
+  STRATA_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+  cudaDeviceProp prop{};
+  STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, ordinal),
+                                    "cudaGetDeviceProperties"));
+  size_t free_bytes = 0, total_bytes = 0;
+  STRATA_RETURN_IF_ERROR(
+      CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  const std::string name = "cuda:" + std::to_string(ordinal) + " (" +
+                           prop.name + ", sm_" + std::to_string(prop.major) +
+                           std::to_string(prop.minor) + ")";
+  uint64_t budget = options.memory_budget_bytes;
+  if (budget == 0) {
+    budget = free_bytes > options.cuda_reserve_bytes
+                 ? free_bytes - options.cuda_reserve_bytes
+                 : 0;
+  }
+  if (budget == 0 || budget > free_bytes) {
+    return Status::OutOfMemory(
+        name + ": a device memory budget of " + std::to_string(budget) +
+        " bytes does not fit: " + std::to_string(free_bytes) + " of " +
+        std::to_string(total_bytes) + " bytes are free (reserve " +
+        std::to_string(options.cuda_reserve_bytes) + " bytes)");
+  }
+  void* base = nullptr;
+  STRATA_RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(&base, budget),
+      name + ": cudaMalloc of the " + std::to_string(budget) + "-byte budget"));
+  return std::unique_ptr<Device>(new CudaDevice(
+      ordinal, name, UniqueHandle<CudaMallocTraits>(base), budget));
+}
+
+namespace internal {
+
+StatusOr<double> TimeRawCudaCopies(Device& device,
+                                   std::span<const RawCopy> copies,
+                                   int iterations) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (cuda == nullptr) {
+    return Status::Unavailable("raw cudaMemcpyAsync needs a CUDA device");
+  }
+  STRATA_RETURN_IF_ERROR(cuda->Enter());
+  std::vector<UniqueHandle<CudaStreamTraits>> streams;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    cudaStream_t s = nullptr;
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags"));
+    streams.emplace_back(s);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const RawCopy& c = copies[i];
+      const cudaMemcpyKind k =
+          c.kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+          : c.kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                              : cudaMemcpyDeviceToDevice;
+      STRATA_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(c.dst, c.src, c.bytes, k, streams[i].get()),
+          "cudaMemcpyAsync"));
+    }
+  }
+  for (auto& s : streams) {
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize"));
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+}  // namespace internal
+}  // namespace strata

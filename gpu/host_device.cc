@@ -1,0 +1,465 @@
+// The host-emulated device: what stands in for a GPU on machines without one
+// (ours, and CI), faithful in ordering so that the engine's pipelines and
+// this module's policies are tested everywhere.
+//
+//   - Memory: one mapping of the budget's size (pages are committed when
+//     touched), placed by the shared StreamOrderedPool.
+//   - Streams: one executor thread each, running tasks in enqueue order.
+//   - Events: a record enqueues a marker with a sequence number; an event is
+//     complete when the marker of its latest record has run. Completion is
+//     tracked per sequence number, so a wait captured on an earlier record is
+//     not released by a later record that happens to finish first.
+//   - Copies: memcpy. With DeviceOptions::emulated_link_bytes_per_s each
+//     direction is a link that copies occupy in turn (two streams copying
+//     host-to-device share it, one each way run side by side), and a task
+//     lasts until its slot on the link ends, so overlap of copies with other
+//     work is observable. Copies from or to pageable memory return to the
+//     caller only when done, as CUDA's do.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "gpu/cpu_kernels.h"
+#include "gpu/stream_ordered_pool.h"
+#include "strata/device.h"
+#include "util/log.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Streams ----------------------------------------------------------------
+
+// One executor thread running tasks in order. Thread-safe.
+class HostStream final : public Stream {
+ public:
+  HostStream(const void* owner, StreamKind kind)
+      : Stream(owner, kind), thread_([this] { Run(); }) {}
+
+  // Drains the queue, then joins.
+  ~HostStream() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_one();
+    thread_.join();
+  }
+
+  // Returns the task's ticket; WaitFor(ticket) returns after it ran.
+  uint64_t Enqueue(std::function<void()> task) {
+    uint64_t ticket;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+      ticket = ++enqueued_;
+    }
+    work_cv_.notify_one();
+    return ticket;
+  }
+
+  void WaitFor(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+  }
+
+  void WaitAll() {
+    uint64_t ticket;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ticket = enqueued_;
+    }
+    WaitFor(ticket);
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      std::function<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++completed_;
+      done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;          // queue_ or stop_ changed
+  std::condition_variable done_cv_;          // completed_ grew
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  uint64_t enqueued_ = 0;                    // guarded by mu_
+  uint64_t completed_ = 0;                   // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::thread thread_;                       // last: starts in the ctor
+};
+
+// ---- Events -----------------------------------------------------------------
+
+// The state of an event, shared with the marker tasks of its records, so an
+// Event may be destroyed with records still queued (as a cudaEvent may).
+// Thread-safe. Sequence numbers start at 1; 0 means "never recorded".
+class EventState {
+ public:
+  uint64_t NextRecord() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ++latest_;
+  }
+  uint64_t latest() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return latest_;
+  }
+  void MarkDone(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_above_.insert(seq);
+    while (!done_above_.empty() && *done_above_.begin() == watermark_ + 1) {
+      ++watermark_;
+      done_above_.erase(done_above_.begin());
+    }
+    // Notified under the lock: a woken waiter may destroy the last owner
+    // of this state as soon as it can observe the completion.
+    cv_.notify_all();
+  }
+  bool IsDone(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return DoneLocked(seq);
+  }
+  void WaitDone(uint64_t seq) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return DoneLocked(seq); });
+  }
+
+ private:
+  bool DoneLocked(uint64_t seq) const {
+    return seq <= watermark_ || done_above_.count(seq) != 0;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;     // a record completed
+  uint64_t latest_ = 0;            // guarded by mu_: the latest record
+  uint64_t watermark_ = 0;         // guarded by mu_: records 1..watermark_ done
+  std::set<uint64_t> done_above_;  // guarded by mu_: done records > watermark_
+};
+
+class HostEvent final : public Event {
+ public:
+  explicit HostEvent(const void* owner)
+      : Event(owner), state_(std::make_shared<EventState>()) {}
+  const std::shared_ptr<EventState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<EventState> state_;
+};
+
+// ---- Registered host memory -------------------------------------------------
+
+// Host ranges registered with the device: copies from or to them are
+// "pinned". Shared with the registrations, which may outlive the device.
+// Thread-safe.
+class PinnedRanges {
+ public:
+  void Add(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_[Addr(p)] = Addr(p) + bytes;
+  }
+  void Remove(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_.erase(Addr(p));
+  }
+  bool Contains(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranges_.upper_bound(Addr(p));
+    if (it == ranges_.begin()) return false;
+    --it;
+    return Addr(p) + bytes <= it->second;
+  }
+
+ private:
+  static uintptr_t Addr(const void* p) {
+    return reinterpret_cast<uintptr_t>(p);
+  }
+  std::mutex mu_;
+  std::map<uintptr_t, uintptr_t> ranges_;  // guarded by mu_: start -> end
+};
+
+class HostRegistrationRecord final : public HostRegistration {
+ public:
+  HostRegistrationRecord(std::shared_ptr<PinnedRanges> ranges, const void* p,
+                         size_t bytes)
+      : ranges_(std::move(ranges)), p_(p) {
+    ranges_->Add(p, bytes);
+  }
+  ~HostRegistrationRecord() override { ranges_->Remove(p_); }
+
+ private:
+  std::shared_ptr<PinnedRanges> ranges_;
+  const void* p_;
+};
+
+// ---- The emulated link ------------------------------------------------------
+
+// One direction of the link. A copy occupies it from max(now, when the
+// previous copy's slot ends) for latency + bytes / rate. Thread-safe.
+class Link {
+ public:
+  // Returns when the copy's slot ends; Clock::time_point{} for "unthrottled".
+  Clock::time_point Reserve(uint64_t bytes, uint64_t bytes_per_s,
+                            uint64_t latency_ns) {
+    if (bytes_per_s == 0 && latency_ns == 0) return {};
+    const double seconds =
+        bytes_per_s == 0
+            ? 0.0
+            : static_cast<double>(bytes) / static_cast<double>(bytes_per_s);
+    const auto duration = std::chrono::nanoseconds(latency_ns) +
+                          std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(seconds));
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto start = std::max(Clock::now(), busy_until_);
+    busy_until_ = start + duration;
+    return busy_until_;
+  }
+
+ private:
+  std::mutex mu_;
+  Clock::time_point busy_until_{};  // guarded by mu_
+};
+
+// ---- The device -------------------------------------------------------------
+
+class HostEmulatedDevice final : public Device {
+ public:
+  HostEmulatedDevice(const DeviceOptions& options, HostBuffer region)
+      : options_(options),
+        region_(std::move(region)),
+        pool_(this, region_.data(), region_.size(), "host-emulated device"),
+        pinned_(std::make_shared<PinnedRanges>()) {}
+
+  DeviceKind kind() const override { return DeviceKind::kHostEmulated; }
+  std::string name() const override {
+    std::string s = "host-emulated";
+    if (options_.emulated_link_bytes_per_s != 0) {
+      s += " (link " +
+           std::to_string(options_.emulated_link_bytes_per_s / 1000000) +
+           " MB/s per direction)";
+    }
+    return s;
+  }
+
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    return std::unique_ptr<Stream>(new HostStream(this, options.kind));
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    return std::unique_ptr<Event>(new HostEvent(this));
+  }
+
+  Status RecordEvent(Event& event, Stream& stream) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    std::shared_ptr<EventState> state = e->state();
+    const uint64_t seq = state->NextRecord();
+    s->Enqueue([state, seq] { state->MarkDone(seq); });
+    return Status::Ok();
+  }
+  Status WaitEvent(Stream& stream, const Event& event) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    std::shared_ptr<EventState> state = e->state();
+    const uint64_t seq = state->latest();
+    if (seq == 0) return Status::Ok();  // never recorded: nothing to wait for
+    s->Enqueue([state, seq] { state->WaitDone(seq); });
+    return Status::Ok();
+  }
+  StatusOr<bool> QueryEvent(const Event& event) override {
+    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    return e->state()->IsDone(e->state()->latest());
+  }
+  Status SynchronizeEvent(const Event& event) override {
+    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    e->state()->WaitDone(e->state()->latest());
+    return Status::Ok();
+  }
+  Status SynchronizeStream(Stream& stream) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    s->WaitAll();
+    return Status::Ok();
+  }
+  Status LaunchHostFunc(Stream& stream, std::function<void()> fn) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    if (!fn) return Status::InvalidArgument("LaunchHostFunc: empty function");
+    s->Enqueue(std::move(fn));
+    return Status::Ok();
+  }
+
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    STRATA_RETURN_IF_ERROR(Mine(stream).status());
+    return pool_.Allocate(bytes, stream);
+  }
+  DeviceMemoryStats memory_stats() const override { return pool_.stats(); }
+
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    STRATA_ASSIGN_OR_RETURN(HostBuffer buf,
+                            HostBuffer::Allocate(bytes, options));
+    STRATA_RETURN_IF_ERROR(RegisterHostBuffer(buf));
+    return buf;
+  }
+  Status RegisterHostBuffer(HostBuffer& buffer) override {
+    if (buffer.empty()) return Status::Ok();
+    buffer.AttachRegistration(std::make_unique<HostRegistrationRecord>(
+        pinned_, buffer.data(), buffer.size()));
+    return Status::Ok();
+  }
+
+  Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes,
+                   CopyKind kind) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    if (bytes == 0) return Status::Ok();
+    const void* host = nullptr;
+    Link* link = nullptr;
+    switch (kind) {
+      case CopyKind::kHostToDevice:
+        STRATA_RETURN_IF_ERROR(pool_.CheckOutside(src, bytes, "h2d source"));
+        STRATA_RETURN_IF_ERROR(
+            pool_.CheckInside(dst, bytes, "h2d destination"));
+        host = src;
+        link = &h2d_;
+        break;
+      case CopyKind::kDeviceToHost:
+        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2h source"));
+        STRATA_RETURN_IF_ERROR(
+            pool_.CheckOutside(dst, bytes, "d2h destination"));
+        host = dst;
+        link = &d2h_;
+        break;
+      case CopyKind::kDeviceToDevice:
+        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2d source"));
+        STRATA_RETURN_IF_ERROR(
+            pool_.CheckInside(dst, bytes, "d2d destination"));
+        break;
+    }
+    const bool pinned = host == nullptr || pinned_->Contains(host, bytes);
+    uint64_t rate = options_.emulated_link_bytes_per_s;
+    if (!pinned && options_.emulated_pageable_bytes_per_s != 0) {
+      rate = options_.emulated_pageable_bytes_per_s;
+    }
+    const uint64_t latency = options_.emulated_copy_latency_ns;
+    const uint64_t ticket = s->Enqueue([=] {
+      const Clock::time_point end = link != nullptr
+                                        ? link->Reserve(bytes, rate, latency)
+                                        : Clock::time_point{};
+      std::memmove(dst, src, bytes);
+      if (end != Clock::time_point{}) std::this_thread::sleep_until(end);
+    });
+    // Pageable memory: the caller may reuse it on return (CUDA's contract).
+    if (!pinned) s->WaitFor(ticket);
+    return Status::Ok();
+  }
+
+  Status MemsetAsync(Stream& stream, void* dst, uint8_t value,
+                     size_t bytes) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    if (bytes == 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(pool_.CheckInside(dst, bytes, "memset destination"));
+    s->Enqueue([=] { std::memset(dst, value, bytes); });
+    return Status::Ok();
+  }
+
+  Status ConvertAsync(Stream& stream, const ConvertArgs& args) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    if (args.count == 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+        args.src, args.count * ElementSize(args.src_type), "convert source"));
+    STRATA_RETURN_IF_ERROR(
+        pool_.CheckInside(args.dst, args.count * ElementSize(args.dst_type),
+                          "convert destination"));
+    s->Enqueue([args] { internal::ConvertOnCpu(args); });
+    return Status::Ok();
+  }
+
+  Status GemmAsync(Stream& stream, const GemmArgs& args) override {
+    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_RETURN_IF_ERROR(internal::CheckGemmArgs(args));
+    if (args.m == 0 || args.n == 0) return Status::Ok();
+    const size_t ab = ElementSize(args.ab_type);
+    const bool ta = args.op_a == GemmOp::kTranspose;
+    const bool tb = args.op_b == GemmOp::kTranspose;
+    if (args.k > 0) {
+      STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+          args.a,
+          internal::MatrixSpanBytes(ta ? args.k : args.m, ta ? args.m : args.k,
+                                    args.lda, ab),
+          "GEMM A"));
+      STRATA_RETURN_IF_ERROR(pool_.CheckInside(
+          args.b,
+          internal::MatrixSpanBytes(tb ? args.n : args.k, tb ? args.k : args.n,
+                                    args.ldb, ab),
+          "GEMM B"));
+    }
+    STRATA_RETURN_IF_ERROR(
+        pool_.CheckInside(args.c,
+                          internal::MatrixSpanBytes(args.m, args.n, args.ldc,
+                                                    ElementSize(args.c_type)),
+                          "GEMM C"));
+    s->Enqueue([args] { internal::GemmOnCpu(args); });
+    return Status::Ok();
+  }
+
+ private:
+  StatusOr<HostStream*> Mine(Stream& stream) const {
+    if (stream.owner() != this) {
+      return Status::InvalidArgument(
+          "stream belongs to another device than host-emulated");
+    }
+    return static_cast<HostStream*>(&stream);
+  }
+  StatusOr<HostEvent*> Mine(const Event& event) const {
+    if (event.owner() != this) {
+      return Status::InvalidArgument(
+          "event belongs to another device than host-emulated");
+    }
+    return static_cast<HostEvent*>(const_cast<Event*>(&event));
+  }
+
+  const DeviceOptions options_;
+  HostBuffer region_;  // the "device memory"
+  Link h2d_;
+  Link d2h_;
+  // Declared after region_: waits for pending frees before it is unmapped.
+  internal::StreamOrderedPool pool_;
+  std::shared_ptr<PinnedRanges> pinned_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Device>> NewHostEmulatedDevice(
+    const DeviceOptions& options) {
+  const uint64_t budget = options.memory_budget_bytes != 0
+                              ? options.memory_budget_bytes
+                              : uint64_t{1} << 30;
+  HostBufferOptions region_options;
+  region_options.pin = false;         // it stands for device memory
+  region_options.huge_pages = false;  // commit pages only as they are used
+  auto region = HostBuffer::Allocate(budget, region_options);
+  if (!region.ok()) {
+    return std::move(region).status().WithContext(
+        "host-emulated device memory budget");
+  }
+  return std::unique_ptr<Device>(
+      new HostEmulatedDevice(options, std::move(*region)));
+}
+
+}  // namespace strata

@@ -1,0 +1,258 @@
+#include "gpu/stream_ordered_pool.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "util/log.h"
+
+namespace strata {
+
+// ---- DeviceMemory (declared in strata/device.h) -----------------------------
+
+DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      offset_(std::exchange(other.offset_, 0)),
+      reserved_(std::exchange(other.reserved_, 0)),
+      streams_(std::move(other.streams_)) {
+  other.streams_.clear();
+}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = std::exchange(other.pool_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    offset_ = std::exchange(other.offset_, 0);
+    reserved_ = std::exchange(other.reserved_, 0);
+    streams_ = std::move(other.streams_);
+    other.streams_.clear();
+  }
+  return *this;
+}
+
+void DeviceMemory::RecordUse(Stream& stream) {
+  if (pool_ == nullptr) return;
+  if (std::find(streams_.begin(), streams_.end(), &stream) == streams_.end()) {
+    streams_.push_back(&stream);
+  }
+}
+
+void DeviceMemory::Reset() noexcept {
+  if (pool_ != nullptr) pool_->Free(*this);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+  offset_ = 0;
+  reserved_ = 0;
+  streams_.clear();
+}
+
+namespace internal {
+namespace {
+
+// "1536 bytes (1.50 KiB)": exact for people who compare, readable for others.
+std::string Bytes(uint64_t n) {
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  std::string s = std::to_string(n) + " bytes";
+  if (n >= 1024) {
+    double v = static_cast<double>(n) / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 3) {
+      v /= 1024;
+      ++u;
+    }
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " (%.2f %s)", v, kUnits[u]);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace
+
+StreamOrderedPool::StreamOrderedPool(Device* device, std::byte* base,
+                                     uint64_t budget, std::string device_name)
+    : device_(device),
+      base_(base),
+      budget_(budget),
+      device_name_(std::move(device_name)),
+      planner_(budget) {
+  stats_.budget_bytes = planner_.capacity();
+}
+
+StreamOrderedPool::~StreamOrderedPool() {
+  std::deque<std::shared_ptr<PendingFree>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stats_.in_use_bytes != 0) {
+      STRATA_LOG_ERROR(
+          "{}: destroyed with {} of device memory still allocated; those "
+          "DeviceMemory objects now dangle",
+          device_name_, Bytes(stats_.in_use_bytes));
+    }
+    pending.swap(pending_);
+  }
+  // The events' streams may already be gone (a stream drains when
+  // destroyed), so these waits usually return at once; they keep the region
+  // alive until queued work that touches it is done.
+  for (auto& p : pending) {
+    for (auto& e : p->events) device_->SynchronizeEvent(*e).IgnoreError();
+  }
+}
+
+StatusOr<DeviceMemory> StreamOrderedPool::Allocate(size_t bytes,
+                                                   Stream& stream) {
+  DeviceMemory m;
+  if (bytes == 0) return m;
+  for (;;) {
+    std::shared_ptr<PendingFree> oldest;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ReclaimLocked();
+      if (auto offset = planner_.Allocate(bytes)) {
+        m.pool_ = this;
+        m.data_ = base_ + *offset;
+        m.size_ = bytes;
+        m.offset_ = *offset;
+        m.reserved_ = BlockPlanner::RoundUp(bytes);
+        m.streams_.push_back(&stream);
+        stats_.in_use_bytes += m.reserved_;
+        stats_.peak_in_use_bytes =
+            std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+        ++stats_.allocations;
+        return m;
+      }
+      if (pending_.empty()) {
+        ++stats_.failed_allocations;
+        return Status::OutOfMemory(OutOfMemoryMessage(bytes));
+      }
+      oldest = pending_.front();
+      ++stats_.reuse_waits;
+    }
+    // Outside mu_: this blocks until the streams reach the free.
+    for (auto& e : oldest->events) {
+      STRATA_RETURN_IF_ERROR(device_->SynchronizeEvent(*e).WithContext(
+          "waiting for freed device memory to become reusable"));
+    }
+  }
+}
+
+void StreamOrderedPool::Free(DeviceMemory& memory) noexcept {
+  auto pending = std::make_shared<PendingFree>();
+  pending->offset = memory.offset_;
+  pending->bytes = memory.reserved_;
+  Status failed;
+  for (Stream* s : memory.streams_) {
+    auto event = device_->NewEvent();
+    if (!event.ok()) {
+      failed = event.status();
+      break;
+    }
+    failed = device_->RecordEvent(**event, *s);
+    if (!failed.ok()) break;
+    pending->events.push_back(std::move(*event));
+  }
+  if (!failed.ok()) {
+    // Without events the only safe order is to wait for the streams now.
+    pending->events.clear();
+    for (Stream* s : memory.streams_) {
+      Status st = device_->SynchronizeStream(*s);
+      if (!st.ok()) {
+        STRATA_LOG_ERROR(
+            "{}: cannot order the free of {} at offset {} ({}; then {}); the "
+            "block is leaked",
+            device_name_, Bytes(pending->bytes), pending->offset,
+            failed.ToString(), st.ToString());
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.in_use_bytes -= pending->bytes;
+        ++stats_.frees;
+        return;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.in_use_bytes -= pending->bytes;
+  ++stats_.frees;
+  if (pending->events.empty()) {
+    planner_.Free(pending->offset, pending->bytes);
+  } else {
+    stats_.pending_free_bytes += pending->bytes;
+    pending_.push_back(std::move(pending));
+  }
+}
+
+void StreamOrderedPool::ReclaimLocked() {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    bool done = true;
+    for (auto& e : (*it)->events) {
+      auto q = device_->QueryEvent(*e);
+      // An error (a failed CUDA context) keeps the block pending: it is not
+      // known to be idle. The error itself surfaces on the next sync.
+      if (!q.ok() || !*q) {
+        done = false;
+        break;
+      }
+    }
+    if (done) {
+      planner_.Free((*it)->offset, (*it)->bytes);
+      stats_.pending_free_bytes -= (*it)->bytes;
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+DeviceMemoryStats StreamOrderedPool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceMemoryStats s = stats_;
+  s.free_bytes = planner_.free_bytes();
+  s.largest_free_block = planner_.largest_free_block();
+  return s;
+}
+
+std::string StreamOrderedPool::OutOfMemoryMessage(size_t bytes) const {
+  return device_name_ + ": out of device memory: asked for " + Bytes(bytes) +
+         " (" + std::to_string(BlockPlanner::RoundUp(bytes)) +
+         " after rounding to 256), " + Bytes(planner_.free_bytes()) +
+         " free (largest free block " + Bytes(planner_.largest_free_block()) +
+         "), " + Bytes(stats_.in_use_bytes) + " in use, of a budget of " +
+         Bytes(planner_.capacity()) +
+         "; raise DeviceOptions::memory_budget_bytes or free blocks first";
+}
+
+Status StreamOrderedPool::CheckInside(const void* p, size_t bytes,
+                                      std::string_view what) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto lo = reinterpret_cast<uintptr_t>(base_);
+  if (p != nullptr && a >= lo && a - lo <= budget_ &&
+      bytes <= budget_ - (a - lo)) {
+    return Status::Ok();
+  }
+  char range[96];
+  std::snprintf(range, sizeof range, " [%p, +%zu bytes) ", p, bytes);
+  char region[64];
+  std::snprintf(region, sizeof region, "%p", static_cast<const void*>(base_));
+  return Status::InvalidArgument(
+      std::string(what) + range + "is not device memory of " + device_name_ +
+      " (region " + region + ", " + std::to_string(budget_) + " bytes)");
+}
+
+Status StreamOrderedPool::CheckOutside(const void* p, size_t bytes,
+                                       std::string_view what) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto lo = reinterpret_cast<uintptr_t>(base_);
+  if (p == nullptr && bytes > 0) {
+    return Status::InvalidArgument(std::string(what) + " is null");
+  }
+  if (a + bytes <= lo || a >= lo + budget_) return Status::Ok();
+  return Status::InvalidArgument(std::string(what) +
+                                 " is device memory; expected host memory");
+}
+
+}  // namespace internal
+}  // namespace strata

@@ -1,0 +1,391 @@
+// The device interface: everything strata does on a GPU goes through it, so
+// the tier manager, the prefetcher and the optimizer pipeline are the same
+// code with or without a GPU.
+//
+// Backends:
+//   - CUDA (NewCudaDevice): device memory in one arena under a byte budget,
+//     cudaStreams, cudaEvents, cudaMemcpyAsync, conversion kernels, cuBLAS
+//     (loaded at run time, see GemmAsync).
+//   - Host-emulated (NewHostEmulatedDevice): "device" memory is host memory
+//     under the same budget, every stream is an in-order executor thread,
+//     events behave as CUDA's, copies are memcpy optionally throttled to a
+//     link bandwidth and latency, so that overlap is observable anywhere.
+//   - DeviceWrapper forwards every call; it is the base for test doubles.
+//
+// Device memory is stream-ordered (docs/gpu.md, Note [Stream-ordered reuse]):
+// a block handed back by ~DeviceMemory returns to the free list only after
+// every stream that used it (the allocation stream plus those named with
+// DeviceMemory::RecordUse) has completed the work enqueued before the free.
+//
+// This header includes no CUDA header; streams and events are opaque.
+//
+// Lifetimes: Streams, Events and DeviceMemory made by a device must be
+// destroyed before it. A stream named in DeviceMemory::RecordUse (or used to
+// allocate) must outlive that DeviceMemory.
+#ifndef STRATA_DEVICE_H_
+#define STRATA_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/export.h"
+#include "strata/host_buffer.h"
+#include "strata/status.h"
+
+namespace strata {
+
+class Device;
+namespace internal {
+class StreamOrderedPool;
+}  // namespace internal
+
+enum class DeviceKind : uint8_t { kHostEmulated, kCuda };
+// "host-emulated" or "cuda".
+STRATA_EXPORT std::string_view DeviceKindName(DeviceKind kind);
+
+// Element types of conversions and GEMM.
+enum class ElementType : uint8_t { kFloat32, kFloat16, kBFloat16 };
+STRATA_EXPORT size_t ElementSize(ElementType type);  // bytes: 4, 2, 2
+STRATA_EXPORT std::string_view ElementTypeName(ElementType type);
+
+enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+STRATA_EXPORT std::string_view CopyKindName(CopyKind kind);  // "h2d"...
+
+// Copy streams carry transfers (CUDA: created with the highest priority so the
+// few kernels they run are not queued behind long compute kernels); compute
+// streams carry kernels. Both accept every operation.
+enum class StreamKind : uint8_t { kCompute, kCopy };
+
+struct StreamOptions {
+  StreamKind kind = StreamKind::kCompute;
+};
+
+// An in-order queue of device work. Made by Device::NewStream; destroying it
+// waits for its queued work to finish. Thread-safe: operations enqueued from
+// several threads run in the order the enqueue calls returned.
+class STRATA_EXPORT Stream {
+ public:
+  virtual ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  StreamKind kind() const noexcept { return kind_; }
+  // The backend device that made this stream (for ownership checks).
+  const void* owner() const noexcept { return owner_; }
+
+ protected:
+  Stream(const void* owner, StreamKind kind) : owner_(owner), kind_(kind) {}
+
+ private:
+  const void* owner_;
+  StreamKind kind_;
+};
+
+// A marker in a stream, as a cudaEvent: complete when the work enqueued
+// before its most recent record has finished; never recorded = complete.
+// Made by Device::NewEvent. Thread-safe.
+class STRATA_EXPORT Event {
+ public:
+  virtual ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  const void* owner() const noexcept { return owner_; }
+
+ protected:
+  explicit Event(const void* owner) : owner_(owner) {}
+
+ private:
+  const void* owner_;
+};
+
+// A block of device memory; move-only. Destruction (or Reset) frees it in
+// stream order: the block is handed out again only after the allocation
+// stream and every stream named in RecordUse have completed the work they
+// had been given before the free. Thread-compatible.
+class STRATA_EXPORT DeviceMemory final {
+ public:
+  DeviceMemory() noexcept = default;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  DeviceMemory(DeviceMemory&& other) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  ~DeviceMemory() { Reset(); }
+
+  // The device address (a host address on the host-emulated device).
+  // Aligned to 256 bytes. Null for an empty block.
+  void* data() const noexcept { return data_; }
+  // Bytes asked for (the block may be larger, rounded to 256 bytes).
+  size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  // data() + offset, as bytes. REQUIRES: offset <= size().
+  std::byte* at(size_t offset) const noexcept {
+    return static_cast<std::byte*>(data_) + offset;
+  }
+
+  // Records that work on `stream` uses this memory, so that reuse after the
+  // free also waits for it (PyTorch's recordStream). Call it any time before
+  // the free; recording the allocation stream again is harmless.
+  void RecordUse(Stream& stream);
+
+  // Frees the block (stream-ordered, see above). The object becomes empty.
+  void Reset() noexcept;
+
+ private:
+  friend class internal::StreamOrderedPool;
+
+  internal::StreamOrderedPool* pool_ = nullptr;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  uint64_t offset_ = 0;           // in the pool's region
+  uint64_t reserved_ = 0;         // bytes taken from the pool (size_ rounded)
+  std::vector<Stream*> streams_;  // streams whose work must finish first
+};
+
+// Counters of the device memory pool. Bytes are SUM gauges unless marked
+// COUNT; all are for this device object's lifetime.
+struct DeviceMemoryStats {
+  uint64_t budget_bytes = 0;        // the pool's size
+  uint64_t in_use_bytes = 0;        // handed out now (rounded sizes)
+  uint64_t peak_in_use_bytes = 0;   // high-water mark of in_use_bytes
+  uint64_t pending_free_bytes = 0;  // freed, waiting for streams to finish
+  uint64_t free_bytes = 0;          // reusable now
+  uint64_t largest_free_block = 0;  // bytes; bounds the largest Allocate
+  uint64_t allocations = 0;         // COUNT of successful Allocate calls
+  uint64_t frees = 0;               // COUNT of freed blocks
+  uint64_t failed_allocations = 0;  // COUNT of out-of-memory results
+  uint64_t reuse_waits = 0;         // COUNT of host waits on pending frees
+};
+
+// out = convert(in * scale), element-wise, for `count` elements. The product
+// is computed in fp32 (one rounding), then rounded to the output type with
+// round-to-nearest-even; overflow gives +-inf, NaN gives the canonical NaN.
+// Both pointers are device memory; they must not overlap unless equal and the
+// types have the same size.
+struct ConvertArgs {
+  const void* src = nullptr;
+  ElementType src_type = ElementType::kFloat32;
+  void* dst = nullptr;
+  ElementType dst_type = ElementType::kFloat16;
+  size_t count = 0;    // elements
+  float scale = 1.0f;  // e.g. the loss scale, or 1/loss scale to unscale
+};
+
+enum class GemmOp : uint8_t { kNoTranspose, kTranspose };
+
+// C = alpha * op(A) * op(B) + beta * C with BLAS's column-major convention:
+// element (i, j) of a matrix with leading dimension ld is at i + j * ld.
+// op(A) is m x k, op(B) is k x n, C is m x n. A and B have the same type;
+// C has that type or kFloat32. Products accumulate in fp32. When beta is 0,
+// C is not read (NaNs in it do not propagate). All pointers are device memory.
+struct GemmArgs {
+  GemmOp op_a = GemmOp::kNoTranspose;
+  GemmOp op_b = GemmOp::kNoTranspose;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  ElementType ab_type = ElementType::kFloat32;
+  ElementType c_type = ElementType::kFloat32;
+  const void* a = nullptr;
+  int64_t lda = 0;  // >= rows of A as stored: m (kNoTranspose) or k
+  const void* b = nullptr;
+  int64_t ldb = 0;  // >= k (kNoTranspose) or n
+  void* c = nullptr;
+  int64_t ldc = 0;  // >= m
+};
+
+// Which backend NewDevice builds.
+enum class DeviceChoice : uint8_t {
+  kAuto,          // CUDA when a device works, else host-emulated
+  kCuda,          // CUDA or an Unavailable error
+  kHostEmulated,  // always the host-emulated device
+};
+
+struct DeviceOptions {
+  // kAuto defers to the environment variable STRATA_DEVICE (auto, cuda or
+  // host) when it is set; an explicit choice here wins over it.
+  DeviceChoice choice = DeviceChoice::kAuto;
+
+  // Bytes of device memory this device may hand out. 0 = automatic: for CUDA
+  // the free memory at creation minus cuda_reserve_bytes; for the
+  // host-emulated device 1 GiB (address space; pages are used when touched).
+  uint64_t memory_budget_bytes = 0;
+
+  // ---- CUDA ----
+  int cuda_ordinal = 0;  // which GPU
+  // Bytes left outside the budget when it is automatic, for the CUDA
+  // context, cuBLAS workspaces and kernels' own needs. Default 1 GiB.
+  uint64_t cuda_reserve_bytes = uint64_t{1} << 30;
+
+  // ---- Host-emulated ----
+  // Bandwidth of each direction of the emulated link, bytes/s; the two
+  // directions are independent (full duplex) and streams copying in the same
+  // direction share it. 0 = unthrottled (memcpy speed). PCIe Gen4 x16 is
+  // about 25e9.
+  uint64_t emulated_link_bytes_per_s = 0;
+  // Bandwidth for copies from or to pageable (unregistered) host memory,
+  // bytes/s. 0 = same as emulated_link_bytes_per_s.
+  uint64_t emulated_pageable_bytes_per_s = 0;
+  // Fixed cost of each host<->device copy on the link, nanoseconds. Default 0.
+  uint64_t emulated_copy_latency_ns = 0;
+};
+
+// A device: memory under a budget, pinned host memory, streams, events and
+// work on streams. Thread-safe: every method may be called from any thread.
+// Methods ending in Async only enqueue; their errors about arguments come
+// back at once, while a CUDA failure during execution may surface from a
+// later synchronization.
+class STRATA_EXPORT Device {
+ public:
+  virtual ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual DeviceKind kind() const = 0;
+  // Human-readable identity, e.g. "cuda:0 (NVIDIA H100, sm_90)".
+  virtual std::string name() const = 0;
+
+  // ---- Streams and events ----
+  virtual StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) = 0;
+  virtual StatusOr<std::unique_ptr<Event>> NewEvent() = 0;
+  // Marks the current end of `stream`'s queue; supersedes earlier records.
+  virtual Status RecordEvent(Event& event, Stream& stream) = 0;
+  // Work enqueued on `stream` after this call waits for `event`'s most
+  // recent record at the time of this call (later records do not matter).
+  // The host does not wait.
+  virtual Status WaitEvent(Stream& stream, const Event& event) = 0;
+  // True when the event is complete. Never blocks.
+  virtual StatusOr<bool> QueryEvent(const Event& event) = 0;
+  // Blocks the calling thread until the event is complete.
+  virtual Status SynchronizeEvent(const Event& event) = 0;
+  // Blocks the calling thread until all work enqueued on `stream` is done.
+  virtual Status SynchronizeStream(Stream& stream) = 0;
+  // Runs `fn` on a host thread when the work enqueued before it is done;
+  // work enqueued after waits for `fn` to return (cudaLaunchHostFunc). `fn`
+  // must not call this Device.
+  virtual Status LaunchHostFunc(Stream& stream, std::function<void()> fn) = 0;
+
+  // ---- Memory ----
+  // `bytes` of device memory whose first user is `stream`. kOutOfMemory
+  // when the budget cannot hold it even after waiting for pending frees; the
+  // message says what was asked, what is free and the budget. bytes == 0
+  // gives an empty DeviceMemory.
+  virtual StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) = 0;
+  virtual DeviceMemoryStats memory_stats() const = 0;
+
+  // Exact-size page-locked host memory registered with this device (CUDA:
+  // cudaHostRegister), so copies from and to it are truly asynchronous. The
+  // registration is released with the buffer.
+  virtual StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) = 0;
+  // Registers an existing buffer (e.g. a swap tier's bounce buffer) with this
+  // device; replaces any earlier registration of that buffer.
+  virtual Status RegisterHostBuffer(HostBuffer& buffer) = 0;
+
+  // ---- Work on a stream ----
+  // Host memory must stay valid until the copy completes. Copies from or to
+  // unregistered (pageable) host memory return only once the host memory may
+  // be reused, as CUDA's do; registered ones return at once.
+  virtual Status CopyAsync(Stream& stream, void* dst, const void* src,
+                           size_t bytes, CopyKind kind) = 0;
+  virtual Status MemsetAsync(Stream& stream, void* dst, uint8_t value,
+                             size_t bytes) = 0;
+  virtual Status ConvertAsync(Stream& stream, const ConvertArgs& args) = 0;
+  // (Optional) Default: NotSupported. CUDA: cuBLAS, Unavailable when
+  // libcublas cannot be loaded. Host-emulated: a scalar loop.
+  virtual Status GemmAsync(Stream& stream, const GemmArgs& args);
+
+ protected:
+  Device() = default;
+};
+
+// Forwards every call to another device; override what a test double needs.
+class STRATA_EXPORT DeviceWrapper : public Device {
+ public:
+  explicit DeviceWrapper(Device* target) : target_(target) {}
+  Device* target() const { return target_; }
+
+  DeviceKind kind() const override { return target_->kind(); }
+  std::string name() const override { return target_->name(); }
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    return target_->NewStream(options);
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    return target_->NewEvent();
+  }
+  Status RecordEvent(Event& event, Stream& stream) override {
+    return target_->RecordEvent(event, stream);
+  }
+  Status WaitEvent(Stream& stream, const Event& event) override {
+    return target_->WaitEvent(stream, event);
+  }
+  StatusOr<bool> QueryEvent(const Event& event) override {
+    return target_->QueryEvent(event);
+  }
+  Status SynchronizeEvent(const Event& event) override {
+    return target_->SynchronizeEvent(event);
+  }
+  Status SynchronizeStream(Stream& stream) override {
+    return target_->SynchronizeStream(stream);
+  }
+  Status LaunchHostFunc(Stream& stream, std::function<void()> fn) override {
+    return target_->LaunchHostFunc(stream, std::move(fn));
+  }
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    return target_->Allocate(bytes, stream);
+  }
+  DeviceMemoryStats memory_stats() const override {
+    return target_->memory_stats();
+  }
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    return target_->AllocatePinnedHost(bytes, options);
+  }
+  Status RegisterHostBuffer(HostBuffer& buffer) override {
+    return target_->RegisterHostBuffer(buffer);
+  }
+  Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes,
+                   CopyKind kind) override {
+    return target_->CopyAsync(stream, dst, src, bytes, kind);
+  }
+  Status MemsetAsync(Stream& stream, void* dst, uint8_t value,
+                     size_t bytes) override {
+    return target_->MemsetAsync(stream, dst, value, bytes);
+  }
+  Status ConvertAsync(Stream& stream, const ConvertArgs& args) override {
+    return target_->ConvertAsync(stream, args);
+  }
+  Status GemmAsync(Stream& stream, const GemmArgs& args) override {
+    return target_->GemmAsync(stream, args);
+  }
+
+ private:
+  Device* target_;  // not owned
+};
+
+// The host-emulated device. Fails only when its memory cannot be mapped.
+STRATA_EXPORT StatusOr<std::unique_ptr<Device>> NewHostEmulatedDevice(
+    const DeviceOptions& options = {});
+
+// The CUDA device options.cuda_ordinal. kUnavailable with the reason when
+// there is no driver or device ("CUDA driver version is insufficient...") or
+// when strata was built without CUDA.
+STRATA_EXPORT StatusOr<std::unique_ptr<Device>> NewCudaDevice(
+    const DeviceOptions& options = {});
+
+// The device chosen by options.choice or STRATA_DEVICE (see DeviceOptions).
+// Logs once which device was chosen and why; `why`, when not null, receives
+// the same sentence. kInvalidArgument for a bad STRATA_DEVICE value.
+STRATA_EXPORT StatusOr<std::unique_ptr<Device>> NewDevice(
+    const DeviceOptions& options = {}, std::string* why = nullptr);
+
+}  // namespace strata
+
+#endif  // STRATA_DEVICE_H_

@@ -1,0 +1,605 @@
+// One conformance suite for every Device backend: ordering, events, memory
+// budget, stream-ordered reuse, copies, conversions and GEMM. Built twice
+// (tests/gpu/CMakeLists.txt): the host-emulated backends, and CUDA, whose
+// cases skip with the factory's reason when no GPU works.
+//
+// Determinism: no test sleeps to order work. A Gate is a host function
+// enqueued on a stream that blocks it until the test opens the gate, so
+// "work not yet run" is a state the test controls.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "tests/gpu/conversion_reference.h"
+
+namespace strata {
+namespace {
+
+StatusOr<std::unique_ptr<Device>> MakeDevice(const std::string& backend,
+                                             uint64_t budget) {
+  DeviceOptions o;
+  o.memory_budget_bytes = budget;
+  if (backend == "cuda") return NewCudaDevice(o);
+  if (backend == "host-throttled") {
+    // Slow enough that a missing dependency would let later work overtake.
+    o.emulated_link_bytes_per_s = 2'000'000'000;
+    o.emulated_copy_latency_ns = 20'000;
+  }
+  return NewHostEmulatedDevice(o);
+}
+
+// Blocks a stream until Open(); opens itself on destruction so a failing
+// test never leaves a stream blocked.
+class Gate {
+ public:
+  Gate() : future_(promise_.get_future().share()) {}
+  ~Gate() { Open(); }
+  Status Close(Device& d, Stream& s) {
+    auto f = future_;
+    return d.LaunchHostFunc(s, [f] { f.wait(); });
+  }
+  void Open() {
+    if (!open_) promise_.set_value();
+    open_ = true;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_;
+  bool open_ = false;
+};
+
+class DeviceConformanceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { Init(64 << 20); }
+
+  void Init(uint64_t budget) {
+    streams_.clear();
+    device_.reset();
+    auto d = MakeDevice(GetParam(), budget);
+    if (!d.ok() && GetParam() == "cuda" &&
+        d.status().code() == StatusCode::kUnavailable) {
+      GTEST_SKIP() << "CUDA backend unavailable: " << d.status().ToString();
+    }
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    device_ = std::move(*d);
+  }
+
+  Stream& NewStream(StreamKind kind = StreamKind::kCompute) {
+    auto s = device_->NewStream({kind});
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    streams_.push_back(std::move(*s));
+    return *streams_.back();
+  }
+
+  std::unique_ptr<Event> NewEvent() {
+    auto e = device_->NewEvent();
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return std::move(*e);
+  }
+
+  DeviceMemory Alloc(size_t bytes, Stream& s) {
+    auto m = device_->Allocate(bytes, s);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(*m) : DeviceMemory();
+  }
+
+  HostBuffer Pinned(size_t bytes) {
+    auto b = device_->AllocatePinnedHost(bytes, {});
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return std::move(*b);
+  }
+
+  bool Done(const Event& e) {
+    auto q = device_->QueryEvent(e);
+    EXPECT_TRUE(q.ok()) << q.status().ToString();
+    return q.ok() && *q;
+  }
+
+  // Declared first: destroyed last, after the streams.
+  std::unique_ptr<Device> device_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
+void Fill(std::byte* p, size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<std::byte>(rng());
+}
+
+TEST_P(DeviceConformanceTest, StreamRunsWorkInOrder) {
+  Stream& s = NewStream();
+  const size_t n = 1 << 20;
+  DeviceMemory a = Alloc(n, s), b = Alloc(n, s);
+  HostBuffer in = Pinned(n), out = Pinned(n);
+  // Each step overwrites what the previous one wrote; only in-order
+  // execution leaves exactly the expected bytes.
+  for (int round = 0; round < 8; ++round) {
+    Fill(in.data(), n, round);
+    ASSERT_TRUE(
+        device_->CopyAsync(s, a.data(), in.data(), n, CopyKind::kHostToDevice)
+            .ok());
+    ASSERT_TRUE(device_->MemsetAsync(s, a.at(100), round, 1000).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(s, b.data(), a.data(), n, CopyKind::kDeviceToDevice)
+            .ok());
+    ASSERT_TRUE(device_->MemsetAsync(s, a.data(), 0xee, n).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(s, out.data(), b.data(), n, CopyKind::kDeviceToHost)
+            .ok());
+    ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+    std::memset(in.data() + 100, round, 1000);
+    ASSERT_EQ(std::memcmp(out.data(), in.data(), n), 0) << "round " << round;
+  }
+}
+
+TEST_P(DeviceConformanceTest, CrossStreamWaitOrdersWork) {
+  Stream& producer = NewStream(StreamKind::kCopy);
+  Stream& consumer = NewStream(StreamKind::kCopy);
+  const size_t n = (4 << 20) + 3;
+  DeviceMemory x = Alloc(n, producer);
+  x.RecordUse(consumer);
+  HostBuffer in = Pinned(n), out = Pinned(n);
+  Fill(in.data(), n, 1);
+  std::memset(out.data(), 0, n);
+  ASSERT_TRUE(device_->MemsetAsync(producer, x.data(), 0, n).ok());
+  ASSERT_TRUE(device_->SynchronizeStream(producer).ok());
+
+  auto ready = NewEvent();
+  auto consumed = NewEvent();
+  Gate gate;
+  ASSERT_TRUE(gate.Close(*device_, producer).ok());
+  ASSERT_TRUE(
+      device_
+          ->CopyAsync(producer, x.data(), in.data(), n, CopyKind::kHostToDevice)
+          .ok());
+  ASSERT_TRUE(device_->RecordEvent(*ready, producer).ok());
+  ASSERT_TRUE(device_->WaitEvent(consumer, *ready).ok());
+  ASSERT_TRUE(device_
+                  ->CopyAsync(consumer, out.data(), x.data(), n,
+                              CopyKind::kDeviceToHost)
+                  .ok());
+  ASSERT_TRUE(device_->RecordEvent(*consumed, consumer).ok());
+  // The producer is gated, so neither event can be complete.
+  EXPECT_FALSE(Done(*ready));
+  EXPECT_FALSE(Done(*consumed));
+  gate.Open();
+  ASSERT_TRUE(device_->SynchronizeEvent(*consumed).ok());
+  EXPECT_TRUE(Done(*ready));
+  EXPECT_TRUE(Done(*consumed));
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0)
+      << "the consumer copied before the producer's copy finished";
+}
+
+TEST_P(DeviceConformanceTest, EventQuerySemantics) {
+  Stream& a = NewStream();
+  Stream& b = NewStream();
+  Stream& c = NewStream();
+  auto e = NewEvent();
+  EXPECT_TRUE(Done(*e)) << "a never-recorded event is complete";
+  EXPECT_TRUE(device_->SynchronizeEvent(*e).ok());
+  EXPECT_TRUE(device_->WaitEvent(c, *e).ok());  // no-op
+
+  Gate gate;
+  ASSERT_TRUE(gate.Close(*device_, a).ok());
+  ASSERT_TRUE(device_->RecordEvent(*e, a).ok());
+  EXPECT_FALSE(Done(*e));
+  // c waits for the record on gated a ...
+  ASSERT_TRUE(device_->WaitEvent(c, *e).ok());
+  auto c_done = NewEvent();
+  ASSERT_TRUE(device_->RecordEvent(*c_done, c).ok());
+  // ... and a later record on idle b supersedes it for queries only.
+  ASSERT_TRUE(device_->RecordEvent(*e, b).ok());
+  ASSERT_TRUE(device_->SynchronizeStream(b).ok());
+  EXPECT_TRUE(Done(*e)) << "the latest record decides";
+  EXPECT_FALSE(Done(*c_done)) << "a wait keeps the record it captured";
+  gate.Open();
+  ASSERT_TRUE(device_->SynchronizeStream(c).ok());
+  EXPECT_TRUE(Done(*c_done));
+}
+
+TEST_P(DeviceConformanceTest, HostFuncsRunInStreamOrder) {
+  Stream& s = NewStream();
+  std::vector<int> order;  // written by the stream only, read after sync
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(
+        device_->LaunchHostFunc(s, [&order, i] { order.push_back(i); }).ok());
+  }
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST_P(DeviceConformanceTest, BudgetExhaustionSaysWhatAndHowMuch) {
+  Init(1 << 20);
+  if (IsSkipped()) return;
+  Stream& s = NewStream();
+  DeviceMemory a = Alloc(768 << 10, s);
+  auto b = device_->Allocate(512 << 10, s);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kOutOfMemory);
+  const std::string msg(b.status().message());
+  EXPECT_NE(msg.find("asked for 524288 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("262144 bytes (256.00 KiB) free"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("budget of 1048576 bytes"), std::string::npos) << msg;
+  EXPECT_EQ(device_->Allocate(2 << 20, s).status().code(),
+            StatusCode::kOutOfMemory);
+  const DeviceMemoryStats st = device_->memory_stats();
+  EXPECT_EQ(st.failed_allocations, 2u);
+  EXPECT_EQ(st.in_use_bytes, 768u << 10);
+  EXPECT_EQ(st.budget_bytes, 1u << 20);
+  a.Reset();
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  EXPECT_TRUE(device_->Allocate(1 << 20, s).ok()) << "freed memory returns";
+}
+
+TEST_P(DeviceConformanceTest, OddSizesAndOffsetsCopyExactly) {
+  Stream& s = NewStream(StreamKind::kCopy);
+  const size_t cap = (1 << 20) + 4096;
+  DeviceMemory d1 = Alloc(cap, s), d2 = Alloc(cap, s);
+  HostBuffer src = Pinned(cap), dst = Pinned(cap);
+  std::vector<std::byte> pageable_src(cap), pageable_dst(cap);
+  Fill(src.data(), cap, 3);
+  std::memcpy(pageable_src.data(), src.data(), cap);
+  const size_t sizes[] = {1, 3, 255, 257, 4095, 4097, (1 << 20) + 13};
+  const size_t offsets[] = {0, 1, 7, 255, 4093};
+  for (bool pinned : {true, false}) {
+    std::byte* in = pinned ? src.data() : pageable_src.data();
+    std::byte* out = pinned ? dst.data() : pageable_dst.data();
+    for (size_t n : sizes) {
+      for (size_t off : offsets) {
+        if (off + n + 11 > cap) continue;
+        SCOPED_TRACE("pinned " + std::to_string(pinned) + " bytes " +
+                     std::to_string(n) + " offset " + std::to_string(off));
+        ASSERT_TRUE(device_->MemsetAsync(s, d1.data(), 0x11, cap).ok());
+        ASSERT_TRUE(device_->MemsetAsync(s, d2.data(), 0x22, cap).ok());
+        std::memset(out, 0x33, cap);
+        ASSERT_TRUE(
+            device_
+                ->CopyAsync(s, d1.at(off), in + off, n, CopyKind::kHostToDevice)
+                .ok());
+        ASSERT_TRUE(device_
+                        ->CopyAsync(s, d2.at(off + 11), d1.at(off), n,
+                                    CopyKind::kDeviceToDevice)
+                        .ok());
+        ASSERT_TRUE(device_
+                        ->CopyAsync(s, out + 5, d2.at(off + 11 - 5), n + 10,
+                                    CopyKind::kDeviceToHost)
+                        .ok());
+        ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+        // 5 guard bytes of d2's fill either side, the payload in between.
+        for (size_t i = 0; i < 5; ++i) {
+          ASSERT_EQ(out[i + 5], std::byte{0x22});
+          ASSERT_EQ(out[n + 10 + i], std::byte{0x22});
+        }
+        ASSERT_EQ(std::memcmp(out + 10, in + off, n), 0);
+        ASSERT_EQ(out[4], std::byte{0x33}) << "host bytes before the copy";
+        ASSERT_EQ(out[n + 15], std::byte{0x33}) << "host bytes after it";
+      }
+    }
+  }
+}
+
+TEST_P(DeviceConformanceTest, PageableDeviceToHostIsDoneOnReturn) {
+  Stream& s = NewStream(StreamKind::kCopy);
+  const size_t n = 1 << 20;
+  DeviceMemory d = Alloc(n, s);
+  std::vector<std::byte> out(n, std::byte{0});
+  ASSERT_TRUE(device_->MemsetAsync(s, d.data(), 0x5a, n).ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(s, out.data(), d.data(), n, CopyKind::kDeviceToHost)
+          .ok());
+  // No synchronization: CUDA's contract for pageable destinations.
+  EXPECT_EQ(out[0], std::byte{0x5a});
+  EXPECT_EQ(out[n - 1], std::byte{0x5a});
+}
+
+TEST_P(DeviceConformanceTest, PinnedHostMemoryIsExactAndRegistered) {
+  for (size_t n : {size_t{1}, size_t{4097}, size_t{3} << 20}) {
+    HostBuffer b = Pinned(n);
+    EXPECT_EQ(b.size(), n);
+    EXPECT_NE(b.registration(), nullptr);
+  }
+  auto plain = HostBuffer::Allocate(8192);
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(device_->RegisterHostBuffer(*plain).ok());
+  EXPECT_NE(plain->registration(), nullptr);
+  ASSERT_TRUE(device_->RegisterHostBuffer(*plain).ok()) << "re-registering";
+}
+
+TEST_P(DeviceConformanceTest, RejectsForeignPointersAndHandles) {
+  Stream& s = NewStream();
+  DeviceMemory d = Alloc(4096, s);
+  std::vector<std::byte> host(8192);
+  EXPECT_EQ(device_
+                ->CopyAsync(s, host.data(), host.data() + 4096, 16,
+                            CopyKind::kHostToDevice)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      device_->CopyAsync(s, d.data(), d.data(), 16, CopyKind::kHostToDevice)
+          .code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->MemsetAsync(s, d.at(0) + (64 << 20), 0, 1).code(),
+            StatusCode::kInvalidArgument);
+  auto other = NewHostEmulatedDevice({});
+  ASSERT_TRUE(other.ok());
+  auto foreign = (*other)->NewStream({});
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_EQ(device_->MemsetAsync(**foreign, d.data(), 0, 16).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->Allocate(16, **foreign).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// Note [Stream-ordered reuse] in gpu/stream_ordered_pool.h.
+TEST_P(DeviceConformanceTest, FreedBlockIsReusedOnlyAfterItsStreamsFinish) {
+  Init(1 << 20);
+  if (IsSkipped()) return;
+  Stream& alloc_stream = NewStream();
+  Stream& user = NewStream();
+  Stream& other = NewStream();
+  const size_t n = 1 << 20;  // the whole budget: reuse must be this block
+  HostBuffer in = Pinned(n), out = Pinned(n);
+  Fill(in.data(), n, 9);
+  Gate gate;
+  {
+    DeviceMemory m = Alloc(n, alloc_stream);
+    m.RecordUse(user);
+    ASSERT_TRUE(gate.Close(*device_, user).ok());
+    ASSERT_TRUE(
+        device_
+            ->CopyAsync(user, m.data(), in.data(), n, CopyKind::kHostToDevice)
+            .ok());
+  }  // freed while `user` still has a queued write into it
+  DeviceMemoryStats st = device_->memory_stats();
+  EXPECT_EQ(st.pending_free_bytes, n);
+  EXPECT_EQ(st.in_use_bytes, 0u);
+
+  auto next = std::async(std::launch::async,
+                         [&] { return device_->Allocate(n, other); });
+  // While the gate is closed the allocation cannot be satisfied.
+  EXPECT_EQ(next.wait_for(std::chrono::milliseconds(20)),
+            std::future_status::timeout);
+  gate.Open();
+  StatusOr<DeviceMemory> m2 = next.get();
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  EXPECT_GE(device_->memory_stats().reuse_waits, 1u);
+  // The earlier owner's write is complete before the new owner gets it.
+  ASSERT_TRUE(
+      device_
+          ->CopyAsync(other, out.data(), m2->data(), n, CopyKind::kDeviceToHost)
+          .ok());
+  ASSERT_TRUE(device_->SynchronizeStream(other).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0);
+  m2->Reset();
+
+  // Idle streams: the block comes back without a wait.
+  ASSERT_TRUE(device_->SynchronizeStream(other).ok());
+  const uint64_t waits = device_->memory_stats().reuse_waits;
+  DeviceMemory m3 = Alloc(n, alloc_stream);
+  EXPECT_EQ(m3.size(), n);
+  EXPECT_EQ(device_->memory_stats().reuse_waits, waits);
+}
+
+TEST_P(DeviceConformanceTest, ConversionsMatchCpuReferenceBitForBit) {
+  using strata::testing::Decode16;
+  using strata::testing::FormatOf;
+  using strata::testing::Round16;
+  Stream& s = NewStream();
+  // Every 16-bit pattern and tricky fp32 values, an odd count.
+  std::vector<float> f32;
+  for (uint32_t p = 0; p <= 0xffff; ++p) {
+    f32.push_back(std::bit_cast<float>(p << 16));
+    f32.push_back(static_cast<float>(
+        Decode16(static_cast<uint16_t>(p), strata::testing::kHalf)));
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 20001; ++i)
+    f32.push_back(std::bit_cast<float>(static_cast<uint32_t>(rng())));
+  const size_t n = f32.size();
+  std::vector<uint16_t> all16(0x10000 + 3);
+  for (uint32_t p = 0; p < all16.size(); ++p) all16[p] = p & 0xffff;
+
+  DeviceMemory df = Alloc(n * 4, s), dh = Alloc(n * 2, s),
+               dback = Alloc(all16.size() * 4, s);
+  HostBuffer hf = Pinned(n * 4), hh = Pinned(n * 2),
+             hback = Pinned(all16.size() * 4);
+  std::memcpy(hf.data(), f32.data(), n * 4);
+  for (ElementType t : {ElementType::kFloat16, ElementType::kBFloat16}) {
+    for (float scale : {1.0f, 1024.0f, 1.0f / 3}) {
+      SCOPED_TRACE(std::string(ElementTypeName(t)) + " scale " +
+                   std::to_string(scale));
+      ASSERT_TRUE(device_
+                      ->CopyAsync(s, df.data(), hf.data(), n * 4,
+                                  CopyKind::kHostToDevice)
+                      .ok());
+      ASSERT_TRUE(device_
+                      ->ConvertAsync(s, {df.data(), ElementType::kFloat32,
+                                         dh.data(), t, n, scale})
+                      .ok());
+      ASSERT_TRUE(device_
+                      ->CopyAsync(s, hh.data(), dh.data(), n * 2,
+                                  CopyKind::kDeviceToHost)
+                      .ok());
+      ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+      const auto* got = reinterpret_cast<const uint16_t*>(hh.data());
+      for (size_t i = 0; i < n; ++i) {
+        const float x = f32[i] * scale;  // fp32 product, as the contract says
+        const uint16_t want = Round16(x, FormatOf(t));
+        if (std::isnan(x)) {
+          ASSERT_TRUE(std::isnan(Decode16(got[i], FormatOf(t)))) << i;
+        } else {
+          ASSERT_EQ(got[i], want) << "x=" << x << " i=" << i;
+        }
+      }
+      // Back: every pattern to fp32, scaled.
+      std::memcpy(hh.data(), all16.data(), all16.size() * 2);
+      ASSERT_TRUE(device_
+                      ->CopyAsync(s, dh.data(), hh.data(), all16.size() * 2,
+                                  CopyKind::kHostToDevice)
+                      .ok());
+      ASSERT_TRUE(device_
+                      ->ConvertAsync(
+                          s, {dh.data(), t, dback.data(), ElementType::kFloat32,
+                              all16.size(), 1.0f / scale})
+                      .ok());
+      ASSERT_TRUE(device_
+                      ->CopyAsync(s, hback.data(), dback.data(),
+                                  all16.size() * 4, CopyKind::kDeviceToHost)
+                      .ok());
+      ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+      const auto* back = reinterpret_cast<const float*>(hback.data());
+      for (size_t i = 0; i < all16.size(); ++i) {
+        const float want = static_cast<float>(Decode16(all16[i], FormatOf(t))) *
+                           (1.0f / scale);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(back[i])) << i;
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(back[i]),
+                    std::bit_cast<uint32_t>(want))
+              << "pattern " << all16[i];
+        }
+      }
+    }
+  }
+}
+
+// C = alpha op(A) op(B) + beta C against a double-precision loop.
+TEST_P(DeviceConformanceTest, GemmMatchesReference) {
+  Stream& s = NewStream();
+  const int64_t m = 37, n = 19, k = 23;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (ElementType t :
+       {ElementType::kFloat32, ElementType::kFloat16, ElementType::kBFloat16}) {
+    for (GemmOp op_a : {GemmOp::kNoTranspose, GemmOp::kTranspose}) {
+      for (GemmOp op_b : {GemmOp::kNoTranspose, GemmOp::kTranspose}) {
+        SCOPED_TRACE(std::string(ElementTypeName(t)) + " opA " +
+                     std::to_string(int(op_a)) + " opB " +
+                     std::to_string(int(op_b)));
+        const int64_t ar = op_a == GemmOp::kNoTranspose ? m : k;
+        const int64_t ac = op_a == GemmOp::kNoTranspose ? k : m;
+        const int64_t br = op_b == GemmOp::kNoTranspose ? k : n;
+        const int64_t bc = op_b == GemmOp::kNoTranspose ? n : k;
+        const int64_t lda = ar + 3, ldb = br + 1, ldc = m + 2;
+        const size_t es = ElementSize(t);
+        // Values exactly representable in every type, so inputs agree.
+        std::vector<float> a(lda * ac), b(ldb * bc), c(ldc * n);
+        for (auto& v : a) v = std::round(u(rng) * 64) / 64;
+        for (auto& v : b) v = std::round(u(rng) * 64) / 64;
+        for (auto& v : c) v = std::round(u(rng) * 64) / 64;
+        auto pack = [&](const std::vector<float>& v, ElementType ty) {
+          std::vector<std::byte> out(v.size() * ElementSize(ty));
+          for (size_t i = 0; i < v.size(); ++i) {
+            if (ty == ElementType::kFloat32) {
+              std::memcpy(&out[i * 4], &v[i], 4);
+            } else {
+              const auto f = ty == ElementType::kFloat16
+                                 ? strata::testing::kHalf
+                                 : strata::testing::kBf16;
+              const uint16_t h = Round16(v[i], f);
+              std::memcpy(&out[i * 2], &h, 2);
+            }
+          }
+          return out;
+        };
+        const auto pa = pack(a, t), pb = pack(b, t);
+        const auto pc = pack(c, ElementType::kFloat32);
+        DeviceMemory da = Alloc(pa.size(), s), db = Alloc(pb.size(), s),
+                     dc = Alloc(pc.size(), s);
+        HostBuffer h = Pinned(pa.size() + pb.size() + pc.size());
+        std::memcpy(h.data(), pa.data(), pa.size());
+        std::memcpy(h.data() + pa.size(), pb.data(), pb.size());
+        std::memcpy(h.data() + pa.size() + pb.size(), pc.data(), pc.size());
+        ASSERT_TRUE(device_
+                        ->CopyAsync(s, da.data(), h.data(), pa.size(),
+                                    CopyKind::kHostToDevice)
+                        .ok());
+        ASSERT_TRUE(device_
+                        ->CopyAsync(s, db.data(), h.data() + pa.size(),
+                                    pb.size(), CopyKind::kHostToDevice)
+                        .ok());
+        ASSERT_TRUE(device_
+                        ->CopyAsync(s, dc.data(),
+                                    h.data() + pa.size() + pb.size(), pc.size(),
+                                    CopyKind::kHostToDevice)
+                        .ok());
+        GemmArgs g;
+        g.op_a = op_a;
+        g.op_b = op_b;
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        g.alpha = 0.5f;
+        g.beta = -2.0f;
+        g.ab_type = t;
+        g.c_type = ElementType::kFloat32;
+        g.a = da.data();
+        g.lda = lda;
+        g.b = db.data();
+        g.ldb = ldb;
+        g.c = dc.data();
+        g.ldc = ldc;
+        Status st = device_->GemmAsync(s, g);
+        if (st.code() == StatusCode::kUnavailable) {
+          GTEST_SKIP() << "GEMM unavailable: " << st.ToString();
+        }
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        std::vector<float> got(c.size());
+        ASSERT_TRUE(device_
+                        ->CopyAsync(s, got.data(), dc.data(), pc.size(),
+                                    CopyKind::kDeviceToHost)
+                        .ok());
+        ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+        (void)es;
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t i = 0; i < m; ++i) {
+            double acc = 0, mag = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double av = op_a == GemmOp::kNoTranspose ? a[i + p * lda]
+                                                             : a[p + i * lda];
+              const double bv = op_b == GemmOp::kNoTranspose ? b[p + j * ldb]
+                                                             : b[j + p * ldb];
+              acc += av * bv;
+              mag += std::fabs(av * bv);
+            }
+            const double want = 0.5 * acc - 2.0 * c[i + j * ldc];
+            // fp32 accumulation of exactly representable products.
+            ASSERT_NEAR(got[i + j * ldc], want, 1e-5 + 1e-6 * mag)
+                << i << "," << j;
+          }
+        }
+        // Padding rows of C are untouched.
+        EXPECT_EQ(got[m], c[m]);
+      }
+    }
+  }
+}
+
+#ifdef STRATA_TEST_CUDA_BACKEND
+INSTANTIATE_TEST_SUITE_P(Cuda, DeviceConformanceTest,
+                         ::testing::Values("cuda"));
+#else
+std::string HostParamName(const ::testing::TestParamInfo<std::string>& p) {
+  std::string s = p.param;
+  for (auto& ch : s) {
+    if (ch == '-') ch = '_';
+  }
+  return s;
+}
+INSTANTIATE_TEST_SUITE_P(Host, DeviceConformanceTest,
+                         ::testing::Values("host", "host-throttled"),
+                         HostParamName);
+#endif
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,146 @@
+// What only the host-emulated backend promises: its link model.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+
+#include "strata/device.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class ThrottledLinkTest : public ::testing::Test {
+ protected:
+  // ~84 ms a copy: long against the memcpy itself, even under TSan.
+  static constexpr size_t kBytes = 1 << 20;
+  static constexpr uint64_t kRate = 12'500'000;
+
+  void SetUp() override {
+    DeviceOptions o;
+    o.memory_budget_bytes = 64 << 20;
+    o.emulated_link_bytes_per_s = kRate;
+    auto d = NewHostEmulatedDevice(o);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    device_ = std::move(*d);
+    for (auto& s : streams_) {
+      auto made = device_->NewStream({StreamKind::kCopy});
+      ASSERT_TRUE(made.ok());
+      s = std::move(*made);
+    }
+    for (auto* m : {&d1_, &d2_}) {
+      auto a = device_->Allocate(kBytes, *streams_[0]);
+      ASSERT_TRUE(a.ok());
+      *m = std::move(*a);
+      m->RecordUse(*streams_[1]);
+    }
+    for (auto* h : {&h1_, &h2_}) {
+      auto b = device_->AllocatePinnedHost(kBytes, {});
+      ASSERT_TRUE(b.ok());
+      *h = std::move(*b);
+    }
+  }
+
+  // Seconds for the copies, each enqueued on its own stream.
+  double Time(std::initializer_list<CopyKind> kinds) {
+    const auto start = Clock::now();
+    int i = 0;
+    for (CopyKind k : kinds) {
+      Stream& s = *streams_[i];
+      DeviceMemory& d = i == 0 ? d1_ : d2_;
+      HostBuffer& h = i == 0 ? h1_ : h2_;
+      Status st = k == CopyKind::kHostToDevice
+                      ? device_->CopyAsync(s, d.data(), h.data(), kBytes, k)
+                      : device_->CopyAsync(s, h.data(), d.data(), kBytes, k);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      ++i;
+    }
+    for (auto& s : streams_) EXPECT_TRUE(device_->SynchronizeStream(*s).ok());
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Stream> streams_[2];
+  DeviceMemory d1_, d2_;
+  HostBuffer h1_, h2_;
+};
+
+// Timing bounds are one-sided or loose (factor 1.5) so a loaded machine does
+// not fail them; the ordering they check is what matters.
+TEST_F(ThrottledLinkTest, CopiesTakeAtLeastBytesOverBandwidth) {
+  const double one = static_cast<double>(kBytes) / kRate;
+  EXPECT_GE(Time({CopyKind::kHostToDevice}), 0.95 * one);
+  EXPECT_GE(Time({CopyKind::kDeviceToHost}), 0.95 * one);
+}
+
+TEST_F(ThrottledLinkTest, SameDirectionSharesTheLink) {
+  const double one = static_cast<double>(kBytes) / kRate;
+  EXPECT_GE(Time({CopyKind::kHostToDevice, CopyKind::kHostToDevice}),
+            1.9 * one);
+}
+
+TEST_F(ThrottledLinkTest, OppositeDirectionsOverlap) {
+  const double one = static_cast<double>(kBytes) / kRate;
+  const double both = Time({CopyKind::kHostToDevice, CopyKind::kDeviceToHost});
+  EXPECT_GE(both, 0.95 * one);
+  EXPECT_LT(both, 1.5 * one) << "the directions should not serialize";
+}
+
+TEST(HostEmulatedDeviceTest, PageableCopyUsesItsOwnRateAndReturnsDone) {
+  DeviceOptions o;
+  o.memory_budget_bytes = 8 << 20;
+  o.emulated_link_bytes_per_s = 1'000'000'000'000;  // fast pinned path
+  o.emulated_pageable_bytes_per_s = 100'000'000;    // slow pageable path
+  auto d = NewHostEmulatedDevice(o);
+  ASSERT_TRUE(d.ok());
+  auto s = (*d)->NewStream({StreamKind::kCopy});
+  ASSERT_TRUE(s.ok());
+  auto m = (*d)->Allocate(2 << 20, **s);
+  ASSERT_TRUE(m.ok());
+  std::vector<std::byte> pageable(2 << 20, std::byte{7});
+  const auto start = Clock::now();
+  ASSERT_TRUE((*d)->CopyAsync(**s, m->data(), pageable.data(), 2 << 20,
+                              CopyKind::kHostToDevice)
+                  .ok());
+  // Returned only after the ~21 ms copy: the host may reuse the buffer.
+  EXPECT_GE(std::chrono::duration<double>(Clock::now() - start).count(),
+            0.95 * (2 << 20) / 1e8);
+  EXPECT_EQ(static_cast<std::byte*>(m->data())[(2 << 20) - 1], std::byte{7});
+}
+
+TEST(HostEmulatedDeviceTest, NameAndKind) {
+  auto d = NewHostEmulatedDevice({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ((*d)->kind(), DeviceKind::kHostEmulated);
+  EXPECT_EQ((*d)->name(), "host-emulated");
+  EXPECT_EQ((*d)->memory_stats().budget_bytes, uint64_t{1} << 30);
+}
+
+// DeviceWrapper is the base of test doubles: overriding one method changes
+// only that behaviour.
+TEST(DeviceWrapperTest, ForwardsAndLetsADoubleInjectFailures) {
+  auto inner = NewHostEmulatedDevice({});
+  ASSERT_TRUE(inner.ok());
+  class FailingCopies : public DeviceWrapper {
+   public:
+    using DeviceWrapper::DeviceWrapper;
+    Status CopyAsync(Stream&, void*, const void*, size_t, CopyKind) override {
+      return Status::IoError("injected");
+    }
+  } wrapped(inner->get());
+  auto s = wrapped.NewStream({});
+  ASSERT_TRUE(s.ok());
+  auto m = wrapped.Allocate(256, **s);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(wrapped.MemsetAsync(**s, m->data(), 1, 256).ok());
+  std::byte host[256];
+  EXPECT_EQ(
+      wrapped.CopyAsync(**s, host, m->data(), 256, CopyKind::kDeviceToHost)
+          .code(),
+      StatusCode::kIoError);
+  EXPECT_EQ(wrapped.kind(), DeviceKind::kHostEmulated);
+}
+
+}  // namespace
+}  // namespace strata
