@@ -407,6 +407,7 @@ class EngineImpl final : public IoEngine {
   std::deque<uint64_t> pending_;        // slots waiting for the backend
   std::deque<IoCompletion> completed_;  // finished, not yet reaped
   std::vector<RawOp> ops_;              // scratch for Pump
+  std::vector<RawResult> raw_;          // scratch for Reap
   size_t in_flight_ = 0;                // submitted, not yet reaped
   size_t in_backend_ = 0;               // handed to the backend
 };
