@@ -213,13 +213,6 @@ class CudaDevice final : public Device {
   }
   DeviceMemoryStats memory_stats() const override { return pool_.stats(); }
 
-  StatusOr<HostBuffer> AllocatePinnedHost(
-      size_t bytes, const HostBufferOptions& options) override {
-    STRATA_ASSIGN_OR_RETURN(HostBuffer buf,
-                            HostBuffer::Allocate(bytes, options));
-    STRATA_RETURN_IF_ERROR(RegisterHostBuffer(buf));
-    return buf;
-  }
   Status RegisterHostBuffer(HostBuffer& buffer) override {
     if (buffer.empty()) return Status::Ok();
     STRATA_RETURN_IF_ERROR(Enter());

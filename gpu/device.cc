@@ -50,6 +50,13 @@ Stream::~Stream() = default;
 Event::~Event() = default;
 Device::~Device() = default;
 
+StatusOr<HostBuffer> Device::AllocatePinnedHost(
+    size_t bytes, const HostBufferOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(bytes, options));
+  STRATA_RETURN_IF_ERROR(RegisterHostBuffer(buf));
+  return buf;
+}
+
 Status Device::GemmAsync(Stream&, const GemmArgs&) {
   return Status::NotSupported(name() + " has no GEMM");
 }

@@ -310,13 +310,6 @@ class HostEmulatedDevice final : public Device {
   }
   DeviceMemoryStats memory_stats() const override { return pool_.stats(); }
 
-  StatusOr<HostBuffer> AllocatePinnedHost(
-      size_t bytes, const HostBufferOptions& options) override {
-    STRATA_ASSIGN_OR_RETURN(HostBuffer buf,
-                            HostBuffer::Allocate(bytes, options));
-    STRATA_RETURN_IF_ERROR(RegisterHostBuffer(buf));
-    return buf;
-  }
   Status RegisterHostBuffer(HostBuffer& buffer) override {
     if (buffer.empty()) return Status::Ok();
     buffer.AttachRegistration(std::make_unique<HostRegistrationRecord>(

@@ -281,9 +281,10 @@ class STRATA_EXPORT Device {
 
   // Exact-size page-locked host memory registered with this device (CUDA:
   // cudaHostRegister), so copies from and to it are truly asynchronous. The
-  // registration is released with the buffer.
+  // registration is released with the buffer. Default: HostBuffer::Allocate
+  // then RegisterHostBuffer.
   virtual StatusOr<HostBuffer> AllocatePinnedHost(
-      size_t bytes, const HostBufferOptions& options) = 0;
+      size_t bytes, const HostBufferOptions& options);
   // Registers an existing buffer (e.g. a swap tier's bounce buffer) with this
   // device; replaces any earlier registration of that buffer.
   virtual Status RegisterHostBuffer(HostBuffer& buffer) = 0;
