@@ -1,6 +1,7 @@
 // The engine over a Backend: validation, request bookkeeping, and the one
 // place where raw results are classified (done, short -> resubmit the rest,
-// EINTR/EAGAIN -> bounded retry, error -> Status with file and offset).
+// EINTR/EAGAIN/ECANCELED -> bounded retry, error -> Status with file and
+// offset).
 #include "strata/io_engine.h"
 
 #include <fcntl.h>
@@ -97,7 +98,7 @@ struct FileState {
 struct Slot {
   IoRequest req;
   uint64_t done = 0;     // bytes transferred so far
-  uint32_t retries = 0;  // EINTR/EAGAIN retries so far
+  uint32_t retries = 0;  // EINTR/EAGAIN/ECANCELED retries so far
   bool active = false;
 };
 
@@ -346,7 +347,11 @@ class EngineImpl final : public IoEngine {
     const uint64_t want = s.req.buf.size() - s.done;
     if (r.res < 0) {
       const int err = static_cast<int>(-r.res);
-      if ((err == EINTR || err == EAGAIN) && s.retries < options_.max_retries) {
+      // ECANCELED: strata never cancels its own requests, so it means the
+      // kernel gave up starting one (io_uring cancels work it cannot hand to
+      // an io-wq worker while a signal is pending). Retried like EINTR.
+      if ((err == EINTR || err == EAGAIN || err == ECANCELED) &&
+          s.retries < options_.max_retries) {
         ++s.retries;
         pending_.push_front(r.slot);
         return;

@@ -11,8 +11,10 @@
 //   - a negative result becomes a Status naming the file, offset and length;
 //   - a short transfer is resubmitted for the rest; a read that reaches end of
 //     file early is kCorruption (the data that should be there is not);
-//   - EINTR and EAGAIN are retried a bounded number of times
-//     (Options::max_retries), then reported.
+//   - EINTR, EAGAIN and ECANCELED (which io_uring returns when a signal
+//     keeps it from starting a request; strata never cancels requests) are
+//     retried a bounded number of times (Options::max_retries), then
+//     reported.
 // Files opened with direct I/O (O_DIRECT) require buffer address, offset and
 // length aligned to alignment(file); misaligned requests are refused with
 // kInvalidArgument before anything is submitted. Where the filesystem refuses
@@ -84,7 +86,7 @@ struct IoEngineOptions {
   bool register_files = true;
   // Thread-pool backend: worker threads. 0 means queue_depth.
   uint32_t threads = 0;
-  // Bounded retries of a request that fails with EINTR or EAGAIN.
+  // Bounded retries of a request failing with EINTR, EAGAIN or ECANCELED.
   uint32_t max_retries = 16;
 };
 

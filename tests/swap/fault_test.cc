@@ -223,11 +223,12 @@ TEST_P(SwapFaultTest, ShortTransfersAreResubmitted) {
   EXPECT_GT(plan_->injected(), 2 * (kBlock / 4096));
 }
 
-// Row 5: EINTR and EAGAIN are retried a bounded number of times.
+// Row 5: EINTR, EAGAIN and ECANCELED are retried a bounded number of times.
 TEST_P(SwapFaultTest, InterruptedRequestsRetryThenGiveUp) {
   auto s = Space();
   ASSERT_NE(s, nullptr);
   plan_->Add({.err = EINTR, .nth = 1, .count = 3});
+  plan_->Add({.err = ECANCELED, .nth = 9, .count = 2});
   plan_->Add({.err = EAGAIN, .nth = 5, .count = 3});
   auto h = s->Write(9, Data(4 * kBlock, 10));
   ASSERT_TRUE(h.ok()) << h.status().ToString();
@@ -511,8 +512,10 @@ TEST(SwapKernelFaultTest, SignalStormDoesNotLoseData) {
     HostBuffer w = MustAllocate(1 << 20), r = MustAllocate(1 << 20);
     for (int rep = 0; rep < 40; ++rep) {
       Stamp(w.span(), 0, rep);
-      ASSERT_TRUE((*e)->WriteAt(*f, 0, w.span()).ok()) << IoBackendName(b);
-      ASSERT_TRUE((*e)->ReadAt(*f, 0, r.span()).ok()) << IoBackendName(b);
+      Status ws = (*e)->WriteAt(*f, 0, w.span());
+      ASSERT_TRUE(ws.ok()) << IoBackendName(b) << ": " << ws.ToString();
+      Status rs = (*e)->ReadAt(*f, 0, r.span());
+      ASSERT_TRUE(rs.ok()) << IoBackendName(b) << ": " << rs.ToString();
       ASSERT_EQ(FirstMismatch(r.span(), 0, rep), -1) << IoBackendName(b);
     }
   }
