@@ -30,6 +30,24 @@
 #include "strata/cpu_adam.h"
 #include "util/log.h"
 
+// Note [TSan and oneTBB]: the distribution's libtbb is not built with
+// ThreadSanitizer, so TSan cannot see the happens-before edges of a fork and
+// join that happen inside it, and reports every access to the arrays as a
+// race between the caller and the workers. ParallelTiles states those edges
+// itself: the caller releases g_fork_sync before handing out tiles and each
+// run of tiles acquires it; each run releases g_join_sync when done and the
+// caller acquires it after the join. Races in oneTBB's own inline code are
+// suppressed in tests/cpu_adam/tsan_suppressions.cc.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+#define STRATA_TSAN_ACQUIRE(addr) __tsan_acquire(addr)
+#define STRATA_TSAN_RELEASE(addr) __tsan_release(addr)
+#else
+#define STRATA_TSAN_ACQUIRE(addr) static_cast<void>(addr)
+#define STRATA_TSAN_RELEASE(addr) static_cast<void>(addr)
+#endif
+
 namespace strata {
 namespace cpu_adam {
 
@@ -79,6 +97,38 @@ StatusOr<CpuKernelVariant> ResolveVariant(CpuKernelVariant requested) {
   return requested;
 }
 
+// Addresses for the TSan annotations only (Note [TSan and oneTBB]).
+char g_fork_sync = 0;
+char g_join_sync = 0;
+
+// One parallel call: fn(tile, begin, end) for the tiles of [0, n).
+struct TileJob {
+  const void* fn;
+  void (*call)(const void* fn, size_t tile, size_t begin, size_t end);
+  size_t n;
+  size_t tile;
+};
+
+void RunTiles(const TileJob* job, size_t first, size_t last) {
+  STRATA_TSAN_ACQUIRE(&g_fork_sync);
+  for (size_t tile = first; tile != last; ++tile) {
+    job->call(job->fn, tile, tile * job->tile,
+              std::min(job->n, (tile + 1) * job->tile));
+  }
+  STRATA_TSAN_RELEASE(&g_join_sync);
+}
+
+// The parallel_for body. oneTBB copies it into its task after the caller's
+// release, so reading its one field must stay uninstrumented; everything
+// RunTiles touches is ordered by the annotations.
+struct TileBody {
+  const TileJob* job;
+  __attribute__((no_sanitize_thread)) void operator()(
+      const tbb::blocked_range<size_t>& r) const {
+    RunTiles(job, r.begin(), r.end());
+  }
+};
+
 // One arena per NUMA node in use (one in all on a single-node machine).
 struct NodeArena {
   int threads = 0;
@@ -113,7 +163,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       hwloc_topology_destroy(topology_);
       topology_ = nullptr;
     }
-    const std::vector<tbb::numa_node_id> tbb_nodes = tbb::info::numa_nodes();
+    // tbb::info::numa_nodes() loads tbbbind (with RTLD_DEEPBIND, which the
+    // sanitizer runtimes refuse); only multi-node machines need it.
+    std::vector<tbb::numa_node_id> tbb_nodes;
+    if (hw_nodes > 1) tbb_nodes = tbb::info::numa_nodes();
     const bool per_node = hw_nodes > 1 && threads_ >= hw_nodes &&
                           static_cast<int>(tbb_nodes.size()) == hw_nodes &&
                           tbb_nodes[0] >= 0;
@@ -341,20 +394,23 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   template <class Fn>
   void ParallelTiles(size_t n, const Fn& fn) {
     const std::vector<size_t> cuts = NodeCuts(n);
+    TileJob job;
+    job.fn = &fn;
+    job.call = [](const void* f, size_t tile, size_t b, size_t e) {
+      (*static_cast<const Fn*>(f))(tile, b, e);
+    };
+    job.n = n;
+    job.tile = tile_;
     auto run_part = [&](size_t k) {
       const size_t first = cuts[k] / tile_;
       const size_t last = (cuts[k + 1] + tile_ - 1) / tile_;
-      tbb::parallel_for(
-          tbb::blocked_range<size_t>(first, last, 1),
-          [&](const tbb::blocked_range<size_t>& r) {
-            for (size_t tile = r.begin(); tile != r.end(); ++tile) {
-              fn(tile, tile * tile_, std::min(n, (tile + 1) * tile_));
-            }
-          },
-          tbb::static_partitioner());
+      tbb::parallel_for(tbb::blocked_range<size_t>(first, last, 1),
+                        TileBody{&job}, tbb::static_partitioner());
     };
+    STRATA_TSAN_RELEASE(&g_fork_sync);
     if (arenas_.size() == 1) {
       arenas_[0]->arena->execute([&] { run_part(0); });
+      STRATA_TSAN_ACQUIRE(&g_join_sync);
       return;
     }
     for (size_t k = 0; k < arenas_.size(); ++k) {
@@ -364,6 +420,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     for (auto& a : arenas_) {
       a->arena->execute([&] { a->group.wait(); });
     }
+    STRATA_TSAN_ACQUIRE(&g_join_sync);
   }
 
   CpuOptimizerOptions options_;
