@@ -1,0 +1,545 @@
+// The optimizer driver: variant choice, argument checks, the per-step
+// scalars, and the parallel split of an update into tiles over oneTBB.
+//
+// Parallel policy: the n elements are cut into tiles of tile_elems; a
+// static_partitioner gives each arena thread one contiguous run of tiles, so
+// each thread streams its own region (good for the hardware prefetchers and
+// for NUMA locality) and the split is the same on every call. With more than
+// one NUMA node (and tbbbind present), there is one arena per node, each
+// constrained to its node's cores, and the element range is split between
+// nodes in proportion to their threads; PlaceOnNumaNodes binds the pages of
+// each node's share there.
+#include <hwloc.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_group.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu_adam/kernels.h"
+#include "strata/cpu_adam.h"
+#include "util/log.h"
+
+// Note [TSan and oneTBB]: the distribution's libtbb is not built with
+// ThreadSanitizer, so TSan cannot see the happens-before edges of a fork and
+// join that happen inside it, and reports every access to the arrays as a
+// race between the caller and the workers. ParallelTiles states those edges
+// itself: the caller releases g_fork_sync before handing out tiles and each
+// run of tiles acquires it; each run releases g_join_sync when done and the
+// caller acquires it after the join. Races in oneTBB's own inline code are
+// suppressed in tests/cpu_adam/tsan_suppressions.cc.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+#define STRATA_TSAN_ACQUIRE(addr) __tsan_acquire(addr)
+#define STRATA_TSAN_RELEASE(addr) __tsan_release(addr)
+#else
+#define STRATA_TSAN_ACQUIRE(addr) static_cast<void>(addr)
+#define STRATA_TSAN_RELEASE(addr) static_cast<void>(addr)
+#endif
+
+namespace strata {
+namespace cpu_adam {
+
+size_t DTypeSize(CpuDType t) { return t == CpuDType::kFloat32 ? 4 : 2; }
+
+const KernelTable& KernelsFor(CpuKernelVariant v) {
+  switch (v) {
+    case CpuKernelVariant::kAvx2:
+      return Avx2Kernels();
+    case CpuKernelVariant::kAvx512:
+      return Avx512Kernels();
+    case CpuKernelVariant::kAvx512Bf16:
+      return Avx512Bf16Kernels();
+    case CpuKernelVariant::kAuto:
+    case CpuKernelVariant::kScalar:
+      break;
+  }
+  return ScalarKernels();
+}
+
+namespace {
+
+bool IsAligned(const void* p, size_t a) {
+  return reinterpret_cast<uintptr_t>(p) % a == 0;
+}
+
+// Resolves kAuto (and STRATA_CPU_ADAM_VARIANT) and checks support.
+StatusOr<CpuKernelVariant> ResolveVariant(CpuKernelVariant requested) {
+  if (requested == CpuKernelVariant::kAuto) {
+    const char* env = std::getenv("STRATA_CPU_ADAM_VARIANT");
+    if (env != nullptr && *env != '\0') {
+      auto parsed = ParseCpuKernelVariant(env);
+      if (!parsed.ok()) {
+        return parsed.status().WithContext("STRATA_CPU_ADAM_VARIANT");
+      }
+      requested = *parsed;
+    }
+  }
+  if (requested == CpuKernelVariant::kAuto) return BestCpuKernelVariant();
+  if (!CpuKernelVariantSupported(requested)) {
+    return Status::NotSupported(
+        std::string("CPU optimizer variant '") +
+        std::string(CpuKernelVariantName(requested)) +
+        "' needs instructions this CPU does not report (avx2: AVX2+FMA+F16C; "
+        "avx512: AVX-512 F/BW/VL/DQ; avx512bf16: also AVX512-BF16)");
+  }
+  return requested;
+}
+
+// Addresses for the TSan annotations only (Note [TSan and oneTBB]).
+char g_fork_sync = 0;
+char g_join_sync = 0;
+
+// One parallel call: fn(tile, begin, end) for the tiles of [0, n).
+struct TileJob {
+  const void* fn;
+  void (*call)(const void* fn, size_t tile, size_t begin, size_t end);
+  size_t n;
+  size_t tile;
+};
+
+void RunTiles(const TileJob* job, size_t first, size_t last) {
+  STRATA_TSAN_ACQUIRE(&g_fork_sync);
+  for (size_t tile = first; tile != last; ++tile) {
+    job->call(job->fn, tile, tile * job->tile,
+              std::min(job->n, (tile + 1) * job->tile));
+  }
+  STRATA_TSAN_RELEASE(&g_join_sync);
+}
+
+// The parallel_for body. oneTBB copies it into its task after the caller's
+// release, so reading its one field must stay uninstrumented; everything
+// RunTiles touches is ordered by the annotations.
+struct TileBody {
+  const TileJob* job;
+  __attribute__((no_sanitize_thread)) void operator()(
+      const tbb::blocked_range<size_t>& r) const {
+    RunTiles(job, r.begin(), r.end());
+  }
+};
+
+// One arena per NUMA node in use (one in all on a single-node machine).
+struct NodeArena {
+  int threads = 0;
+  int hwloc_node = -1;  // logical index of the NUMA node, -1 = unbound
+  std::unique_ptr<tbb::task_arena> arena;
+  tbb::task_group group;
+};
+
+class CpuOptimizerImpl final : public CpuOptimizer {
+ public:
+  CpuOptimizerImpl(const CpuOptimizerOptions& options, CpuKernelVariant variant)
+      : options_(options), kernels_(&KernelsFor(variant)) {
+    options_.variant = variant;
+    tile_ = std::max<size_t>(64, (options_.tile_elems + 63) / 64 * 64);
+    options_.tile_elems = tile_;
+  }
+
+  ~CpuOptimizerImpl() override {
+    if (topology_ != nullptr) hwloc_topology_destroy(topology_);
+  }
+
+  Status Init() {
+    threads_ = options_.threads > 0 ? options_.threads
+                                    : tbb::info::default_concurrency();
+    options_.threads = threads_;
+    int hw_nodes = 1;
+    if (hwloc_topology_init(&topology_) == 0 &&
+        hwloc_topology_load(topology_) == 0) {
+      hw_nodes =
+          std::max(1, hwloc_get_nbobjs_by_type(topology_, HWLOC_OBJ_NUMANODE));
+    } else if (topology_ != nullptr) {
+      hwloc_topology_destroy(topology_);
+      topology_ = nullptr;
+    }
+    // tbb::info::numa_nodes() loads tbbbind (with RTLD_DEEPBIND, which the
+    // sanitizer runtimes refuse); only multi-node machines need it.
+    std::vector<tbb::numa_node_id> tbb_nodes;
+    if (hw_nodes > 1) tbb_nodes = tbb::info::numa_nodes();
+    const bool per_node = hw_nodes > 1 && threads_ >= hw_nodes &&
+                          static_cast<int>(tbb_nodes.size()) == hw_nodes &&
+                          tbb_nodes[0] >= 0;
+    if (hw_nodes > 1 && !per_node) {
+      STRATA_LOG_ONCE(WARN,
+                      "cpu_adam: {} NUMA nodes but oneTBB sees {} (tbbbind "
+                      "missing?) or only {} threads; running one arena "
+                      "without NUMA placement",
+                      hw_nodes, tbb_nodes.size(), threads_);
+    }
+    const int nodes = per_node ? hw_nodes : 1;
+    for (int k = 0; k < nodes; ++k) {
+      arenas_.push_back(std::make_unique<NodeArena>());
+      NodeArena& a = *arenas_.back();
+      a.threads = threads_ / nodes + (k < threads_ % nodes ? 1 : 0);
+      if (per_node) {
+        a.hwloc_node = k;
+        tbb::task_arena::constraints c;
+        c.numa_id = tbb_nodes[k];
+        c.max_concurrency = a.threads;
+        a.arena = std::make_unique<tbb::task_arena>(c);
+      } else {
+        a.arena = std::make_unique<tbb::task_arena>(a.threads);
+      }
+    }
+    return Status::Ok();
+  }
+
+  StatusOr<CpuStepResult> Step(const CpuOptimizerTensors& t,
+                               const CpuStepArgs& args) override {
+    STRATA_RETURN_IF_ERROR(Validate(t, args));
+    CpuStepResult result;
+    if (t.n == 0) {
+      result.applied = true;
+      return result;
+    }
+    const cpu_adam::StepParams p = MakeParams(t, args);
+    if (args.check_overflow) {
+      GradStats stats = GradStatsOf(t.grad, t.grad_dtype, t.n, p.gscale);
+      if (!stats.finite) return result;  // nothing written
+    }
+    const cpu_adam::StepArrays arrays{t.master, t.grad, t.exp_avg, t.exp_avg_sq,
+                                      t.working};
+    const auto step = kernels_->step;
+    ParallelTiles(t.n,
+                  [&](size_t, size_t b, size_t e) { step(p, arrays, b, e); });
+    result.applied = true;
+    return result;
+  }
+
+  StatusOr<GradStats> ComputeGradStats(const void* grad, CpuDType dtype,
+                                       size_t n, double scale) override {
+    if (n > 0 && grad == nullptr) {
+      return Status::InvalidArgument("ComputeGradStats: null gradient");
+    }
+    if (!IsAligned(grad, cpu_adam::DTypeSize(dtype))) {
+      return Status::InvalidArgument("ComputeGradStats: misaligned gradient");
+    }
+    if (!std::isfinite(scale)) {
+      return Status::InvalidArgument("ComputeGradStats: non-finite scale");
+    }
+    return GradStatsOf(grad, dtype, n, static_cast<float>(scale));
+  }
+
+  Status PlaceOnNumaNodes(void* ptr, size_t elem_size, size_t n) override {
+    if (arenas_.size() < 2 || n == 0) return Status::Ok();
+    if (ptr == nullptr || elem_size == 0) {
+      return Status::InvalidArgument("PlaceOnNumaNodes: null or empty array");
+    }
+    const std::vector<size_t> cuts = NodeCuts(n);
+    char* base = static_cast<char*>(ptr);
+    for (size_t k = 0; k < arenas_.size(); ++k) {
+      hwloc_obj_t node = hwloc_get_obj_by_type(topology_, HWLOC_OBJ_NUMANODE,
+                                               arenas_[k]->hwloc_node);
+      if (node == nullptr) continue;
+      const size_t bytes = (cuts[k + 1] - cuts[k]) * elem_size;
+      if (bytes == 0) continue;
+      if (hwloc_set_area_membind(
+              topology_, base + cuts[k] * elem_size, bytes, node->nodeset,
+              HWLOC_MEMBIND_BIND,
+              HWLOC_MEMBIND_MIGRATE | HWLOC_MEMBIND_BYNODESET) != 0) {
+        return Status::FromErrno(
+            errno, "PlaceOnNumaNodes: hwloc_set_area_membind of " +
+                       std::to_string(bytes) + " bytes to node " +
+                       std::to_string(k));
+      }
+    }
+    return Status::Ok();
+  }
+
+  CpuKernelVariant variant() const override { return kernels_->variant; }
+  int threads() const override { return threads_; }
+  int numa_nodes() const override { return static_cast<int>(arenas_.size()); }
+  const CpuOptimizerOptions& options() const override { return options_; }
+
+  void RunBound(const cpu_adam::BoundArrays& a, size_t n) {
+    const auto bound = kernels_->bound;
+    ParallelTiles(n, [&](size_t, size_t b, size_t e) { bound(a, b, e); });
+  }
+
+ private:
+  Status Validate(const CpuOptimizerTensors& t, const CpuStepArgs& args) const {
+    if (!std::isfinite(args.lr) || args.lr < 0) {
+      return Status::InvalidArgument("Step: lr must be finite and >= 0");
+    }
+    if (!std::isfinite(args.inv_loss_scale) || args.inv_loss_scale <= 0 ||
+        !std::isfinite(args.clip_coef) || args.clip_coef <= 0) {
+      return Status::InvalidArgument(
+          "Step: inv_loss_scale and clip_coef must be finite and > 0");
+    }
+    const CpuOptimizerAlgo algo = options_.algo;
+    const bool adam =
+        algo == CpuOptimizerAlgo::kAdam || algo == CpuOptimizerAlgo::kAdamW;
+    if (adam && options_.bias_correction && args.step < 1) {
+      return Status::InvalidArgument("Step: step counts from 1");
+    }
+    if (t.n == 0) return Status::Ok();
+    const bool need_m = adam || algo == CpuOptimizerAlgo::kLion;
+    const bool need_v = adam || algo == CpuOptimizerAlgo::kAdagrad;
+    if (t.master == nullptr || t.grad == nullptr ||
+        (need_m && t.exp_avg == nullptr) ||
+        (need_v && t.exp_avg_sq == nullptr)) {
+      return Status::InvalidArgument(
+          "Step: null master, gradient or optimizer state array");
+    }
+    if (t.moment_dtype == CpuDType::kFloat16) {
+      return Status::InvalidArgument(
+          "Step: moments are kFloat32 or kBFloat16 (fp16 lacks the range for "
+          "the second moment)");
+    }
+    if (t.working != nullptr && t.working_dtype == CpuDType::kFloat32) {
+      return Status::InvalidArgument(
+          "Step: the working copy is kFloat16 or kBFloat16");
+    }
+    const size_t msize = cpu_adam::DTypeSize(t.moment_dtype);
+    if (!IsAligned(t.master, 4) ||
+        !IsAligned(t.grad, cpu_adam::DTypeSize(t.grad_dtype)) ||
+        !IsAligned(t.exp_avg, msize) || !IsAligned(t.exp_avg_sq, msize) ||
+        !IsAligned(t.working, 2)) {
+      return Status::InvalidArgument(
+          "Step: arrays must be naturally aligned for their types");
+    }
+    return Status::Ok();
+  }
+
+  cpu_adam::StepParams MakeParams(const CpuOptimizerTensors& t,
+                                  const CpuStepArgs& args) const {
+    const CpuOptimizerOptions& o = options_;
+    cpu_adam::StepParams p{};
+    p.algo = o.algo;
+    p.grad_dtype = t.grad_dtype;
+    p.moment_dtype = t.moment_dtype;
+    p.working_dtype = t.working_dtype;
+    p.has_working = t.working != nullptr;
+    p.gscale = static_cast<float>(args.inv_loss_scale * args.clip_coef);
+    p.beta1 = static_cast<float>(o.beta1);
+    p.beta2 = static_cast<float>(o.beta2);
+    p.omb1 = static_cast<float>(1.0 - o.beta1);
+    p.omb2 = static_cast<float>(1.0 - o.beta2);
+    p.eps = static_cast<float>(o.eps);
+    p.l2 = static_cast<float>(o.weight_decay);
+    p.use_l2 = o.weight_decay != 0.0;
+    p.decay = static_cast<float>(1.0 - args.lr * o.weight_decay);
+    p.use_decay = p.decay != 1.0f;
+    p.bc2_sqrt = 1.0f;
+    switch (o.algo) {
+      case CpuOptimizerAlgo::kAdam:
+      case CpuOptimizerAlgo::kAdamW: {
+        double bc1 = 1.0, bc2 = 1.0;
+        if (o.bias_correction) {
+          const double step = static_cast<double>(args.step);
+          bc1 = 1.0 - std::pow(o.beta1, step);
+          bc2 = 1.0 - std::pow(o.beta2, step);
+        }
+        p.neg_step = static_cast<float>(-(args.lr / bc1));
+        p.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+        break;
+      }
+      case CpuOptimizerAlgo::kAdagrad:
+      case CpuOptimizerAlgo::kLion:
+        p.neg_step = static_cast<float>(-args.lr);
+        break;
+    }
+    return p;
+  }
+
+  GradStats GradStatsOf(const void* grad, CpuDType dtype, size_t n,
+                        float scale) {
+    const size_t tiles = (n + tile_ - 1) / tile_;
+    partial_sum_.assign(tiles, 0.0);
+    partial_finite_.assign(tiles, 1);
+    const auto stats = kernels_->grad_stats;
+    ParallelTiles(n, [&](size_t tile, size_t b, size_t e) {
+      bool finite = true;
+      stats(grad, dtype, b, e, scale, &partial_sum_[tile], &finite);
+      partial_finite_[tile] = finite ? 1 : 0;
+    });
+    GradStats s;
+    for (size_t k = 0; k < tiles; ++k) {  // fixed order: deterministic
+      s.sum_sq += partial_sum_[k];
+      s.finite = s.finite && partial_finite_[k] != 0;
+    }
+    return s;
+  }
+
+  // Element boundaries between node arenas: proportional to their threads,
+  // rounded to whole tiles.
+  std::vector<size_t> NodeCuts(size_t n) const {
+    std::vector<size_t> cuts(arenas_.size() + 1, 0);
+    const size_t tiles = (n + tile_ - 1) / tile_;
+    int before = 0;
+    for (size_t k = 0; k < arenas_.size(); ++k) {
+      before += arenas_[k]->threads;
+      const size_t t =
+          tiles * static_cast<size_t>(before) / static_cast<size_t>(threads_);
+      cuts[k + 1] = std::min(n, t * tile_);
+    }
+    cuts.back() = n;
+    return cuts;
+  }
+
+  // Calls fn(tile_index, begin, end) for every tile of [0, n) on the
+  // arenas' threads and returns when all are done. The arena execute/wait
+  // returns after every task's writes are visible to the caller.
+  template <class Fn>
+  void ParallelTiles(size_t n, const Fn& fn) {
+    const std::vector<size_t> cuts = NodeCuts(n);
+    TileJob job;
+    job.fn = &fn;
+    job.call = [](const void* f, size_t tile, size_t b, size_t e) {
+      (*static_cast<const Fn*>(f))(tile, b, e);
+    };
+    job.n = n;
+    job.tile = tile_;
+    auto run_part = [&](size_t k) {
+      const size_t first = cuts[k] / tile_;
+      const size_t last = (cuts[k + 1] + tile_ - 1) / tile_;
+      tbb::parallel_for(tbb::blocked_range<size_t>(first, last, 1),
+                        TileBody{&job}, tbb::static_partitioner());
+    };
+    STRATA_TSAN_RELEASE(&g_fork_sync);
+    if (arenas_.size() == 1) {
+      arenas_[0]->arena->execute([&] { run_part(0); });
+      STRATA_TSAN_ACQUIRE(&g_join_sync);
+      return;
+    }
+    for (size_t k = 0; k < arenas_.size(); ++k) {
+      NodeArena& a = *arenas_[k];
+      a.arena->execute([&, k] { a.group.run([&, k] { run_part(k); }); });
+    }
+    for (auto& a : arenas_) {
+      a->arena->execute([&] { a->group.wait(); });
+    }
+    STRATA_TSAN_ACQUIRE(&g_join_sync);
+  }
+
+  CpuOptimizerOptions options_;
+  const cpu_adam::KernelTable* kernels_;
+  size_t tile_ = 0;
+  int threads_ = 1;
+  hwloc_topology_t topology_ = nullptr;
+  std::vector<std::unique_ptr<NodeArena>> arenas_;
+  std::vector<double> partial_sum_;  // per tile, reused across calls
+  std::vector<uint8_t> partial_finite_;
+};
+
+}  // namespace
+
+void RunBoundKernel(CpuOptimizer& opt, const BoundArrays& a, size_t n) {
+  static_cast<CpuOptimizerImpl&>(opt).RunBound(a, n);
+}
+
+}  // namespace cpu_adam
+
+std::string_view CpuKernelVariantName(CpuKernelVariant v) {
+  switch (v) {
+    case CpuKernelVariant::kAuto:
+      return "auto";
+    case CpuKernelVariant::kScalar:
+      return "scalar";
+    case CpuKernelVariant::kAvx2:
+      return "avx2";
+    case CpuKernelVariant::kAvx512:
+      return "avx512";
+    case CpuKernelVariant::kAvx512Bf16:
+      return "avx512bf16";
+  }
+  return "unknown";
+}
+
+StatusOr<CpuKernelVariant> ParseCpuKernelVariant(std::string_view name) {
+  for (CpuKernelVariant v : {CpuKernelVariant::kAuto, CpuKernelVariant::kScalar,
+                             CpuKernelVariant::kAvx2, CpuKernelVariant::kAvx512,
+                             CpuKernelVariant::kAvx512Bf16}) {
+    if (name == CpuKernelVariantName(v)) return v;
+  }
+  return Status::InvalidArgument(
+      "unknown CPU optimizer variant '" + std::string(name) +
+      "' (expected auto, scalar, avx2, avx512 or avx512bf16)");
+}
+
+bool CpuKernelVariantSupported(CpuKernelVariant v) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") &&
+                    __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  switch (v) {
+    case CpuKernelVariant::kAuto:
+    case CpuKernelVariant::kScalar:
+      return true;
+    case CpuKernelVariant::kAvx2:
+      return avx2;
+    case CpuKernelVariant::kAvx512:
+      return avx512;
+    case CpuKernelVariant::kAvx512Bf16:
+      return avx512 && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+#else
+  return v == CpuKernelVariant::kAuto || v == CpuKernelVariant::kScalar;
+#endif
+}
+
+CpuKernelVariant BestCpuKernelVariant() {
+  for (CpuKernelVariant v :
+       {CpuKernelVariant::kAvx512Bf16, CpuKernelVariant::kAvx512,
+        CpuKernelVariant::kAvx2}) {
+    if (CpuKernelVariantSupported(v)) return v;
+  }
+  return CpuKernelVariant::kScalar;
+}
+
+StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(
+    const CpuOptimizerOptions& options) {
+  const bool betas_ok = options.beta1 >= 0 && options.beta1 < 1 &&
+                        options.beta2 >= 0 && options.beta2 < 1;
+  if (!betas_ok) {
+    return Status::InvalidArgument("NewCpuOptimizer: betas must be in [0, 1)");
+  }
+  if (!(options.eps >= 0) || !std::isfinite(options.eps) ||
+      !(options.weight_decay >= 0) || !std::isfinite(options.weight_decay)) {
+    return Status::InvalidArgument(
+        "NewCpuOptimizer: eps and weight_decay must be finite and >= 0");
+  }
+  if (options.threads < 0) {
+    return Status::InvalidArgument("NewCpuOptimizer: threads must be >= 0");
+  }
+  STRATA_ASSIGN_OR_RETURN(CpuKernelVariant variant,
+                          cpu_adam::ResolveVariant(options.variant));
+  auto opt = std::make_unique<cpu_adam::CpuOptimizerImpl>(options, variant);
+  STRATA_RETURN_IF_ERROR(opt->Init());
+  return std::unique_ptr<CpuOptimizer>(std::move(opt));
+}
+
+Status ConvertCpuArray(const void* src, CpuDType src_dtype, void* dst,
+                       CpuDType dst_dtype, size_t n, CpuKernelVariant variant) {
+  if (n == 0) return Status::Ok();
+  if (src == nullptr || dst == nullptr) {
+    return Status::InvalidArgument("ConvertCpuArray: null array");
+  }
+  if (!cpu_adam::IsAligned(src, cpu_adam::DTypeSize(src_dtype)) ||
+      !cpu_adam::IsAligned(dst, cpu_adam::DTypeSize(dst_dtype))) {
+    return Status::InvalidArgument("ConvertCpuArray: misaligned array");
+  }
+  STRATA_ASSIGN_OR_RETURN(CpuKernelVariant v,
+                          cpu_adam::ResolveVariant(variant));
+  cpu_adam::KernelsFor(v).convert(src, src_dtype, dst, dst_dtype, n);
+  return Status::Ok();
+}
+
+}  // namespace strata

@@ -1,0 +1,99 @@
+// Internal interface between the optimizer driver (cpu_adam.cc) and the
+// per-ISA kernel translation units. Each kernels_<isa>.cc is compiled with
+// its own -m flags and exports one KernelTable; the driver picks a table at
+// run time after checking the CPU, so no code compiled for an ISA the CPU
+// lacks is ever called.
+//
+// The strata-bench adam command also uses this header for the streaming
+// bound kernel, which must be compiled with the same flags as the optimizer
+// it is compared with.
+#ifndef STRATA_CPU_ADAM_KERNELS_H_
+#define STRATA_CPU_ADAM_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/cpu_adam.h"
+
+namespace strata::cpu_adam {
+
+// Per-step scalars, formed in double by the driver and rounded once to
+// float, as torch does with Python floats.
+struct StepParams {
+  CpuOptimizerAlgo algo;
+  CpuDType grad_dtype;
+  CpuDType moment_dtype;
+  CpuDType working_dtype;
+  bool has_working;
+  float gscale;    // inv_loss_scale * clip_coef
+  float beta1;     // Adam: m decay. Lion: update interpolation
+  float beta2;     // Adam: v decay. Lion: momentum decay
+  float omb1;      // 1 - beta1
+  float omb2;      // 1 - beta2
+  float eps;       // Adam, Adagrad
+  float l2;        // Adam, Adagrad: weight decay added to the gradient
+  float decay;     // AdamW, Lion: 1 - lr * weight_decay
+  bool use_l2;     // l2 != 0
+  bool use_decay;  // decay != 1
+  float neg_step;  // Adam: -lr / bias_correction1. Adagrad: -lr. Lion: -lr
+  float bc2_sqrt;  // Adam: sqrt(bias_correction2)
+};
+
+// Raw array pointers of one update (types per StepParams).
+struct StepArrays {
+  float* master;
+  const void* grad;
+  void* m;
+  void* v;
+  void* working;
+};
+
+// Arrays of the streaming bound kernel: the same element sizes and access
+// pattern as a Step (master, grad, m, v read; master, m, v written in place;
+// working write-only with non-temporal stores when present), with trivial
+// arithmetic. moment_bytes is 4 or 2, grad_bytes 4 or 2.
+struct BoundArrays {
+  float* master;
+  const void* grad;
+  void* m;
+  void* v;
+  uint16_t* working;  // may be null
+  int grad_bytes;
+  int moment_bytes;
+};
+
+struct KernelTable {
+  CpuKernelVariant variant;
+  // Updates elements [begin, end). Non-temporal stores are fenced before
+  // return, so completion of the call orders them for other threads.
+  void (*step)(const StepParams& p, const StepArrays& a, size_t begin,
+               size_t end);
+  // Sum of squares (double) and whether all of [begin, end) of g * scale are
+  // finite.
+  void (*grad_stats)(const void* g, CpuDType dtype, size_t begin, size_t end,
+                     float scale, double* sum_sq, bool* finite);
+  // Converts n elements (src and dst types differ or are equal).
+  void (*convert)(const void* src, CpuDType src_dtype, void* dst,
+                  CpuDType dst_dtype, size_t n);
+  // The bandwidth bound kernel over [begin, end).
+  void (*bound)(const BoundArrays& a, size_t begin, size_t end);
+};
+
+const KernelTable& ScalarKernels();
+const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
+const KernelTable& Avx512Bf16Kernels();
+
+// The table of a supported variant (not kAuto); the caller checked support.
+const KernelTable& KernelsFor(CpuKernelVariant v);
+
+size_t DTypeSize(CpuDType t);
+
+// Runs the bound kernel of `opt`'s variant over [0, n) with the threads,
+// tiles and NUMA split that opt->Step uses (strata-bench adam).
+// REQUIRES: opt was made by NewCpuOptimizer.
+void RunBoundKernel(CpuOptimizer& opt, const BoundArrays& a, size_t n);
+
+}  // namespace strata::cpu_adam
+
+#endif  // STRATA_CPU_ADAM_KERNELS_H_

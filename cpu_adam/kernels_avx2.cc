@@ -1,0 +1,158 @@
+// The AVX2 + FMA + F16C variant: 8 lanes. Built with -mavx2 -mfma -mf16c;
+// the driver calls it only after __builtin_cpu_supports says all three.
+#include <immintrin.h>
+
+#define STRATA_CPU_ADAM_ISA avx2
+#include "cpu_adam/kernel_impl.h"
+
+namespace strata::cpu_adam::avx2 {
+namespace {
+
+// fp32 -> bf16 of 8 lanes with FloatToBf16's contract (RNE, NaN quieted,
+// denormals to signed zero).
+inline __m128i ToBf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  // abs <= 0x7fffffff, so the signed compare is the unsigned one.
+  const __m256i nan = _mm256_cmpgt_epi32(abs, exp_mask);
+  const __m256i den =
+      _mm256_cmpeq_epi32(_mm256_and_si256(u, exp_mask), _mm256_setzero_si256());
+  const __m256i lsb =
+      _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r =
+      _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                         nan);
+  r = _mm256_blendv_epi8(
+      r, _mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0x80000000u))),
+      den);
+  r = _mm256_srli_epi32(r, 16);
+  // packus works within 128-bit lanes: gather lanes 0 and 2 afterwards.
+  r = _mm256_packus_epi32(r, r);
+  r = _mm256_permute4x64_epi64(r, 0x08);
+  return _mm256_castsi256_si128(r);
+}
+
+inline __m128i ToF16(__m256 x) {
+  return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+inline __m128i Load128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+struct Avx2 {
+  using F = __m256;
+  struct D {
+    __m256d lo, hi;
+  };
+  using Bad = __m256i;
+  static constexpr size_t kN = 8;
+
+  static F Set(float x) { return _mm256_set1_ps(x); }
+  static F Load(const float* p) { return _mm256_loadu_ps(p); }
+  static F Load(const F16* p) { return _mm256_cvtph_ps(Load128(p)); }
+  static F Load(const Bf16* p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(Load128(p)), 16));
+  }
+  static void Store(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static void Store(F16* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), ToF16(x));
+  }
+  static void Store(Bf16* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), ToBf16(x));
+  }
+  // REQUIRES: p is 16-byte aligned (StreamHead).
+  static void Stream(F16* p, F x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToF16(x));
+  }
+  static void Stream(Bf16* p, F x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToBf16(x));
+  }
+  static void Fence() { _mm_sfence(); }
+  static F Add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F Sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F Sign(F a) {
+    const F zero = _mm256_setzero_ps();
+    const F pos =
+        _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));
+    const F neg = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ),
+                                _mm256_set1_ps(-1.0f));
+    return _mm256_or_ps(pos, neg);
+  }
+
+  static D DZero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+  static D SqAcc(D acc, F x) {
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    return {_mm256_fmadd_pd(lo, lo, acc.lo), _mm256_fmadd_pd(hi, hi, acc.hi)};
+  }
+  static double DSum(D acc) {
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, _mm256_add_pd(acc.lo, acc.hi));
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  }
+  static Bad BadZero() { return _mm256_setzero_si256(); }
+  static Bad BadOr(Bad bad, F x) {
+    const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+    const __m256i e = _mm256_and_si256(_mm256_castps_si256(x), exp_mask);
+    return _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exp_mask));
+  }
+  static bool BadAny(Bad bad) { return !_mm256_testz_si256(bad, bad); }
+
+  template <int kGradBytes, int kMomentBytes, bool kWork, bool kStream>
+  static void BoundAt(const BoundArrays& a, size_t i) {
+    __m256i* p = reinterpret_cast<__m256i*>(a.master + i);
+    __m256i g;
+    if constexpr (kGradBytes == 4) {
+      g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+          static_cast<const uint32_t*>(a.grad) + i));
+    } else {
+      g = _mm256_cvtepu16_epi32(
+          Load128(static_cast<const uint16_t*>(a.grad) + i));
+    }
+    const __m256i x = _mm256_add_epi32(_mm256_loadu_si256(p), g);
+    _mm256_storeu_si256(p, x);
+    if constexpr (kMomentBytes == 4) {
+      __m256i* m = reinterpret_cast<__m256i*>(static_cast<uint32_t*>(a.m) + i);
+      __m256i* v = reinterpret_cast<__m256i*>(static_cast<uint32_t*>(a.v) + i);
+      _mm256_storeu_si256(m, _mm256_xor_si256(_mm256_loadu_si256(m), g));
+      _mm256_storeu_si256(v, _mm256_add_epi32(_mm256_loadu_si256(v), g));
+    } else {
+      __m128i* m = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(a.m) + i);
+      __m128i* v = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(a.v) + i);
+      const __m128i g16 = _mm256_castsi256_si128(g);
+      _mm_storeu_si128(m, _mm_xor_si128(_mm_loadu_si128(m), g16));
+      _mm_storeu_si128(v, _mm_add_epi16(_mm_loadu_si128(v), g16));
+    }
+    if constexpr (kWork) {
+      __m256i h = _mm256_packus_epi32(_mm256_srli_epi32(x, 16),
+                                      _mm256_srli_epi32(x, 16));
+      h = _mm256_permute4x64_epi64(h, 0x08);
+      __m128i* w = reinterpret_cast<__m128i*>(a.working + i);
+      if constexpr (kStream) {
+        _mm_stream_si128(w, _mm256_castsi256_si128(h));
+      } else {
+        _mm_storeu_si128(w, _mm256_castsi256_si128(h));
+      }
+    }
+  }
+};
+
+}  // namespace
+}  // namespace strata::cpu_adam::avx2
+
+namespace strata::cpu_adam {
+
+const KernelTable& Avx2Kernels() {
+  static const KernelTable table =
+      avx2::MakeTable<avx2::Avx2>(CpuKernelVariant::kAvx2);
+  return table;
+}
+
+}  // namespace strata::cpu_adam

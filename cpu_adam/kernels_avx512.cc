@@ -1,0 +1,169 @@
+// The AVX-512 variants: 16 lanes. Built with -mavx512f/bw/vl/dq/bf16 (and
+// FMA, F16C). Two tables: kAvx512 rounds fp32 -> bf16 in integer arithmetic;
+// kAvx512Bf16 uses VCVTNEPS2BF16, whose results are the same by contract
+// (FloatToBf16 flushes denormals as the instruction does). The driver hands
+// out the second only where the CPU reports avx512bf16.
+// GCC 12's avx512fintrin.h makes _mm512_undefined_*() from a self-initialized
+// variable, which -Wuninitialized then reports at every inlined use (GCC bug
+// 105593); the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#define STRATA_CPU_ADAM_ISA avx512
+#include "cpu_adam/kernel_impl.h"
+
+namespace strata::cpu_adam::avx512 {
+namespace {
+
+inline __m256i ToBf16Int(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, exp_mask);
+  const __mmask16 den = _mm512_testn_epi32_mask(u, exp_mask);
+  const __m512i lsb =
+      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r =
+      _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+  r = _mm512_mask_and_epi32(r, den, u,
+                            _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+inline __m256i ToBf16Hw(__m512 x) {
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+}
+
+inline __m256i ToF16(__m512 x) {
+  return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+inline __m256i Load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline void Store256(void* p, __m256i x) {
+  _mm256_storeu_si256(static_cast<__m256i*>(p), x);
+}
+inline __m512i Load512(const void* p) { return _mm512_loadu_si512(p); }
+inline void Store512(void* p, __m512i x) { _mm512_storeu_si512(p, x); }
+
+template <bool kHwBf16>
+struct Avx512 {
+  using F = __m512;
+  struct D {
+    __m512d lo, hi;
+  };
+  using Bad = __mmask16;
+  static constexpr size_t kN = 16;
+
+  static __m256i ToBf16(F x) {
+    if constexpr (kHwBf16) {
+      return ToBf16Hw(x);
+    } else {
+      return ToBf16Int(x);
+    }
+  }
+
+  static F Set(float x) { return _mm512_set1_ps(x); }
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static F Load(const F16* p) { return _mm512_cvtph_ps(Load256(p)); }
+  static F Load(const Bf16* p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(Load256(p)), 16));
+  }
+  static void Store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static void Store(F16* p, F x) { Store256(p, ToF16(x)); }
+  static void Store(Bf16* p, F x) { Store256(p, ToBf16(x)); }
+  // REQUIRES: p is 32-byte aligned (StreamHead).
+  static void Stream(F16* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToF16(x));
+  }
+  static void Stream(Bf16* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToBf16(x));
+  }
+  static void Fence() { _mm_sfence(); }
+  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F Sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F Sign(F a) {
+    const F zero = _mm512_setzero_ps();
+    const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);
+    const __mmask16 neg = _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ);
+    const F r = _mm512_mask_mov_ps(zero, pos, _mm512_set1_ps(1.0f));
+    return _mm512_mask_mov_ps(r, neg, _mm512_set1_ps(-1.0f));
+  }
+
+  static D DZero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+  static D SqAcc(D acc, F x) {
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+    return {_mm512_fmadd_pd(lo, lo, acc.lo), _mm512_fmadd_pd(hi, hi, acc.hi)};
+  }
+  static double DSum(D acc) {
+    return _mm512_reduce_add_pd(_mm512_add_pd(acc.lo, acc.hi));
+  }
+  static Bad BadZero() { return 0; }
+  static Bad BadOr(Bad bad, F x) {
+    const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+    const __m512i e = _mm512_and_si512(_mm512_castps_si512(x), exp_mask);
+    return static_cast<Bad>(bad | _mm512_cmpeq_epi32_mask(e, exp_mask));
+  }
+  static bool BadAny(Bad bad) { return bad != 0; }
+
+  template <int kGradBytes, int kMomentBytes, bool kWork, bool kStream>
+  static void BoundAt(const BoundArrays& a, size_t i) {
+    uint32_t* p = reinterpret_cast<uint32_t*>(a.master) + i;
+    __m512i g;
+    if constexpr (kGradBytes == 4) {
+      g = Load512(static_cast<const uint32_t*>(a.grad) + i);
+    } else {
+      g = _mm512_cvtepu16_epi32(
+          Load256(static_cast<const uint16_t*>(a.grad) + i));
+    }
+    const __m512i x = _mm512_add_epi32(Load512(p), g);
+    Store512(p, x);
+    if constexpr (kMomentBytes == 4) {
+      uint32_t* m = static_cast<uint32_t*>(a.m) + i;
+      uint32_t* v = static_cast<uint32_t*>(a.v) + i;
+      Store512(m, _mm512_xor_si512(Load512(m), g));
+      Store512(v, _mm512_add_epi32(Load512(v), g));
+    } else {
+      uint16_t* m = static_cast<uint16_t*>(a.m) + i;
+      uint16_t* v = static_cast<uint16_t*>(a.v) + i;
+      const __m256i g16 = _mm512_castsi512_si256(g);
+      Store256(m, _mm256_xor_si256(Load256(m), g16));
+      Store256(v, _mm256_add_epi16(Load256(v), g16));
+    }
+    if constexpr (kWork) {
+      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16));
+      if constexpr (kStream) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.working + i), h);
+      } else {
+        Store256(a.working + i, h);
+      }
+    }
+  }
+};
+
+}  // namespace
+}  // namespace strata::cpu_adam::avx512
+
+namespace strata::cpu_adam {
+
+const KernelTable& Avx512Kernels() {
+  static const KernelTable table =
+      avx512::MakeTable<avx512::Avx512<false>>(CpuKernelVariant::kAvx512);
+  return table;
+}
+
+const KernelTable& Avx512Bf16Kernels() {
+  static const KernelTable table =
+      avx512::MakeTable<avx512::Avx512<true>>(CpuKernelVariant::kAvx512Bf16);
+  return table;
+}
+
+}  // namespace strata::cpu_adam

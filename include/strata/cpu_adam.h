@@ -1,0 +1,208 @@
+// CPU optimizers for offloaded training: Adam, AdamW, Adagrad and Lion over
+// fp32 master weights, in one fused, vectorized, multi-threaded pass that is
+// bound by memory bandwidth, not by arithmetic.
+//
+// One Step() reads the master weights, the gradient and the optimizer state,
+// writes the master weights and the state back in place and, optionally, a
+// fp16/bf16 working copy of the updated weights into a caller buffer (e.g. a
+// pinned staging buffer on its way to the GPU). Gradient unscaling
+// (1/loss_scale) and a clip coefficient are applied in the same pass.
+// ComputeGradStats() is the separate read-only pass that gives the squared
+// norm (for clipping) and detects inf/nan (for loss-scale overflow).
+//
+// Overflow contract: Step() returns a CpuStepResult with applied == false,
+// and writes nothing at all, when the scaled gradient holds an inf or nan.
+// An overflow is an expected event of fp16 training, so it is reported in the
+// result, not as an error Status; a non-OK Status means a caller bug
+// (null pointers, bad hyper-parameters, an unsupported variant).
+//
+// Numerics follow torch.optim (1.13) operation by operation: hyper-parameter
+// scalars are formed in double and rounded once to float, and every kernel
+// variant produces bit-identical results to the scalar reference
+// (docs/cpu_adam.md).
+//
+// Kernel variants (scalar, AVX2+FMA+F16C, AVX-512, AVX-512 with the
+// AVX512-BF16 conversion instructions) are chosen at run time from what the
+// CPU supports. Options::variant or the environment variable
+// STRATA_CPU_ADAM_VARIANT (scalar, avx2, avx512, avx512bf16) forces one.
+#ifndef STRATA_CPU_ADAM_H_
+#define STRATA_CPU_ADAM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "strata/export.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// Element types of the arrays a CPU optimizer reads and writes.
+enum class CpuDType : uint8_t {
+  kFloat32,
+  kFloat16,   // IEEE binary16
+  kBFloat16,  // the upper 16 bits of a binary32
+};
+
+enum class CpuOptimizerAlgo : uint8_t {
+  kAdam,     // torch.optim.Adam: L2 weight decay added to the gradient
+  kAdamW,    // torch.optim.AdamW: decoupled weight decay on the weights
+  kAdagrad,  // torch.optim.Adagrad (lr_decay 0): uses exp_avg_sq as the sum
+  kLion,     // Lion (Chen et al. 2023), decoupled weight decay: uses exp_avg
+};
+
+enum class CpuKernelVariant : uint8_t {
+  kAuto,        // the best the CPU supports (or STRATA_CPU_ADAM_VARIANT)
+  kScalar,      // portable reference; every other variant matches it bitwise
+  kAvx2,        // AVX2 + FMA + F16C
+  kAvx512,      // AVX-512 F/BW/VL/DQ, bf16 conversion in integer arithmetic
+  kAvx512Bf16,  // kAvx512 plus AVX512-BF16 conversion instructions
+};
+
+// "auto", "scalar", "avx2", "avx512", "avx512bf16".
+STRATA_EXPORT std::string_view CpuKernelVariantName(CpuKernelVariant v);
+// The inverse of CpuKernelVariantName; kInvalidArgument otherwise.
+STRATA_EXPORT StatusOr<CpuKernelVariant> ParseCpuKernelVariant(
+    std::string_view name);
+// Whether this CPU (and OS) can run `v`. kAuto and kScalar always can.
+STRATA_EXPORT bool CpuKernelVariantSupported(CpuKernelVariant v);
+// The fastest supported variant, ignoring the environment.
+STRATA_EXPORT CpuKernelVariant BestCpuKernelVariant();
+
+struct CpuOptimizerOptions {
+  CpuOptimizerAlgo algo = CpuOptimizerAlgo::kAdamW;
+  // Adam/AdamW: moment decay rates. Lion: beta1 interpolates the update
+  // direction, beta2 decays the momentum. Unused by Adagrad.
+  // Hyper-parameters are double, like the Python floats torch takes: the
+  // derived scalars (1 - beta, lr / (1 - beta^t), ...) are formed in double
+  // and rounded to float once, which is what makes results match torch.
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  // Added to the denominator (Adam, AdamW, Adagrad). Must be >= 0.
+  double eps = 1e-8;
+  // L2 coefficient (Adam, Adagrad) or decoupled decay (AdamW, Lion); >= 0.
+  double weight_decay = 0.0;
+  // Adam/AdamW: divide by (1 - beta^step). torch always does; off gives
+  // DeepSpeed's bias_correction=False.
+  bool bias_correction = true;
+  // Kernel variant; kNotSupported from NewCpuOptimizer if the CPU lacks it.
+  CpuKernelVariant variant = CpuKernelVariant::kAuto;
+  // Worker threads of the optimizer's own oneTBB arena, including the
+  // calling thread. 0 = all cores the process may use. The engine lowers it
+  // to leave cores to I/O threads.
+  int threads = 0;
+  // Elements per parallel tile (rounded up to a multiple of 64). A tile is
+  // the unit of work a thread streams through; 64 Ki elements keep the
+  // per-tile arrays (about 2 MiB) near the L2 size while leaving hundreds
+  // of tiles for load balance at the sizes where bandwidth matters.
+  size_t tile_elems = size_t{1} << 16;
+};
+
+// The arrays of one update: views the caller owns, all of length n,
+// naturally aligned for their type. They must not overlap.
+struct CpuOptimizerTensors {
+  size_t n = 0;
+  float* master = nullptr;  // fp32 master weights, updated in place
+  const void* grad = nullptr;
+  CpuDType grad_dtype = CpuDType::kFloat32;
+  // Adam/AdamW: first and second moment. Adagrad: exp_avg_sq is the sum of
+  // squares, exp_avg unused (may be null). Lion: exp_avg, exp_avg_sq unused.
+  // Zero-initialized by the caller before step 1 (Adagrad: its initial
+  // accumulator value).
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  CpuDType moment_dtype = CpuDType::kFloat32;  // kFloat32 or kBFloat16
+  // Optional working copy of the updated master (null: not written),
+  // written with round-to-nearest-even. Written with non-temporal stores:
+  // it is write-only here and read next by another device (DMA).
+  void* working = nullptr;
+  CpuDType working_dtype = CpuDType::kBFloat16;  // kFloat16 or kBFloat16
+};
+
+// Per-step values (they change over training).
+struct CpuStepArgs {
+  // The 1-based number of this step (bias correction; Adagrad and Lion
+  // ignore it). The caller counts: a skipped step does not count.
+  int64_t step = 1;
+  double lr = 1e-3;  // >= 0
+  // The gradient is multiplied by inv_loss_scale * clip_coef (rounded to
+  // float) before use: 1/loss_scale of mixed precision and the
+  // global-norm clip coefficient min(1, max_norm / norm). Finite, > 0.
+  double inv_loss_scale = 1.0;
+  double clip_coef = 1.0;
+  // Run the inf/nan check (a read of the gradient) before updating. A
+  // caller that already ran ComputeGradStats on the same gradient with the
+  // same scale (it needs the norm for clipping anyway) may set this false to
+  // save that read; an inf/nan then reaches the weights.
+  bool check_overflow = true;
+};
+
+struct CpuStepResult {
+  // false: the scaled gradient held an inf or nan and nothing was written
+  // (master, moments and working copy are as before the call).
+  bool applied = false;
+};
+
+struct GradStats {
+  // Sum of (g * scale)^2 over the elements, accumulated in double; inf or
+  // nan when finite is false.
+  double sum_sq = 0.0;
+  // No element of g * scale is inf or nan.
+  bool finite = true;
+};
+
+// A CPU optimizer with its own thread arena. Thread-compatible: calls on one
+// object must not overlap (Step uses all of the arena's threads); distinct
+// objects may be used concurrently.
+class STRATA_EXPORT CpuOptimizer {
+ public:
+  virtual ~CpuOptimizer() = default;
+  CpuOptimizer(const CpuOptimizer&) = delete;
+  CpuOptimizer& operator=(const CpuOptimizer&) = delete;
+
+  // One fused update of `t`. kInvalidArgument for null or mismatched
+  // arrays, or non-finite lr/scale; see CpuStepResult for overflow.
+  virtual StatusOr<CpuStepResult> Step(const CpuOptimizerTensors& t,
+                                       const CpuStepArgs& args) = 0;
+
+  // The read-only pass over `grad` (n elements of `dtype`), scaled by
+  // `scale` (e.g. 1/loss_scale). Deterministic for a given n, tile size and
+  // variant (partial sums are combined in a fixed order).
+  virtual StatusOr<GradStats> ComputeGradStats(const void* grad, CpuDType dtype,
+                                               size_t n,
+                                               double scale = 1.0) = 0;
+
+  // Binds the pages of [ptr, ptr + n * elem_size) to the NUMA nodes whose
+  // threads will update them (the same split of n that Step uses), so that
+  // every thread streams node-local memory. Call it once per array before
+  // the first step. A no-op on one-node machines.
+  virtual Status PlaceOnNumaNodes(void* ptr, size_t elem_size, size_t n) = 0;
+
+  virtual CpuKernelVariant variant() const = 0;
+  virtual int threads() const = 0;
+  virtual int numa_nodes() const = 0;
+  virtual const CpuOptimizerOptions& options() const = 0;
+
+ protected:
+  CpuOptimizer() = default;
+};
+
+// kInvalidArgument for out-of-range hyper-parameters (betas outside [0, 1),
+// negative eps or weight decay, threads < 0), kNotSupported when the forced
+// variant is not supported by this CPU.
+STRATA_EXPORT StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(
+    const CpuOptimizerOptions& options);
+
+// Converts n elements from `src` to `dst` (any pair of CpuDType) on the
+// calling thread: exact up-conversions, round-to-nearest-even
+// down-conversions. fp32 -> bf16 flushes fp32 denormals to signed zero, as
+// the AVX512-BF16 instruction does, and quiets NaNs; fp32 -> fp16 is IEEE
+// (denormals kept, overflow to inf).
+STRATA_EXPORT Status ConvertCpuArray(
+    const void* src, CpuDType src_dtype, void* dst, CpuDType dst_dtype,
+    size_t n, CpuKernelVariant variant = CpuKernelVariant::kAuto);
+
+}  // namespace strata
+
+#endif  // STRATA_CPU_ADAM_H_

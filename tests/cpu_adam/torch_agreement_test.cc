@@ -1,0 +1,164 @@
+// Agreement with torch.optim.Adam and AdamW, the optimizers users compare
+// against: the same random initial weights and 100 steps of the same random
+// gradients, with weight decay, in fp32. Runs tests/cpu_adam/
+// torch_trajectory.py with the first python3 that can import torch
+// ($STRATA_PYTHON, python3 on PATH, /usr/bin/python3); skips when none can.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/cpu_adam.h"
+
+#ifndef STRATA_TORCH_SCRIPT
+#error "STRATA_TORCH_SCRIPT must name torch_trajectory.py"
+#endif
+
+namespace strata {
+namespace {
+
+std::string FindTorchPython() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("STRATA_PYTHON")) candidates.push_back(env);
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  for (const std::string& py : candidates) {
+    const std::string cmd = py + " -c 'import torch, numpy' > /dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) return py;
+  }
+  return "";
+}
+
+void WriteFile(const std::filesystem::path& path, const std::vector<float>& v) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()),
+            static_cast<std::streamsize>(v.size() * sizeof(float)));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::vector<float> ReadFile(const std::filesystem::path& path, size_t n) {
+  std::vector<float> v(n);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(v.data()),
+          static_cast<std::streamsize>(n * sizeof(float)));
+  EXPECT_TRUE(in.good()) << path;
+  return v;
+}
+
+struct Agreement {
+  double max_param_rel = 0;
+  double max_m_rel = 0;
+  double max_v_rel = 0;
+};
+
+class TorchAgreementTest
+    : public ::testing::TestWithParam<std::tuple<CpuOptimizerAlgo, int>> {};
+
+// Relative error per element: |ours - torch| / |torch|. The bound is 1e-6
+// for all three arrays. It holds because strata performs torch's float
+// operations in torch's order with the same float scalars (see
+// kernel_impl.h); what remains are the few places where the two may fuse
+// differently (torch's compiled addcmul may contract to an fma), each worth
+// half an ulp of one step's update. Measured with torch 1.13: max relative
+// error 1.3e-7 and over 99% of weights bitwise equal after 100 steps. Weights
+// are drawn away from zero (|w| >= 0.5) because a weight that crosses zero
+// has no meaningful relative error; moments are compared where torch's
+// value is a normal float.
+TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
+  const std::string py = FindTorchPython();
+  if (py.empty()) GTEST_SKIP() << "no python3 with torch and numpy found";
+  const auto [algo, variant_index] = GetParam();
+  const CpuKernelVariant variant = static_cast<CpuKernelVariant>(variant_index);
+  if (!CpuKernelVariantSupported(variant)) {
+    GTEST_SKIP() << CpuKernelVariantName(variant) << " not supported here";
+  }
+  constexpr size_t kN = 4099;
+  constexpr int kSteps = 100;
+  constexpr double kLr = 1e-3, kWd = 0.01;
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> init(kN), grads(kN * kSteps);
+  for (float& w : init) {
+    const float x = normal(rng);
+    w = x >= 0 ? x + 0.5f : x - 0.5f;
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    // Mixed magnitudes, so that eps matters for some elements.
+    grads[i] = normal(rng) * ((i % kN) % 7 == 0 ? 1e-6f : 1.0f);
+  }
+  char tmpl[] = "/tmp/strata_torch_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::filesystem::path dir(tmpl);
+  WriteFile(dir / "init.f32", init);
+  WriteFile(dir / "grads.f32", grads);
+  const char* name = algo == CpuOptimizerAlgo::kAdam ? "adam" : "adamw";
+  const std::string cmd = py + " " + STRATA_TORCH_SCRIPT + " " + dir.string() +
+                          " " + name + " " + std::to_string(kN) + " " +
+                          std::to_string(kSteps) + " 0.001 0.01";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::vector<float> tp = ReadFile(dir / "param.f32", kN);
+  const std::vector<float> tm = ReadFile(dir / "exp_avg.f32", kN);
+  const std::vector<float> tv = ReadFile(dir / "exp_avg_sq.f32", kN);
+  std::filesystem::remove_all(dir);
+
+  CpuOptimizerOptions o;
+  o.algo = algo;
+  o.weight_decay = kWd;
+  o.variant = variant;
+  auto opt = NewCpuOptimizer(o);
+  ASSERT_TRUE(opt.ok());
+  std::vector<float> p = init, m(kN, 0.0f), v(kN, 0.0f);
+  for (int s = 0; s < kSteps; ++s) {
+    CpuOptimizerTensors t;
+    t.n = kN;
+    t.master = p.data();
+    t.grad = grads.data() + s * kN;
+    t.exp_avg = m.data();
+    t.exp_avg_sq = v.data();
+    CpuStepArgs args;
+    args.step = s + 1;
+    args.lr = kLr;
+    auto r = (*opt)->Step(t, args);
+    ASSERT_TRUE(r.ok() && r->applied);
+  }
+  Agreement a;
+  size_t exact = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    auto rel = [](float ours, float want) {
+      return std::fabs(static_cast<double>(ours) - want) / std::fabs(want);
+    };
+    a.max_param_rel = std::max(a.max_param_rel, rel(p[i], tp[i]));
+    if (std::isnormal(tm[i]))
+      a.max_m_rel = std::max(a.max_m_rel, rel(m[i], tm[i]));
+    if (std::isnormal(tv[i]))
+      a.max_v_rel = std::max(a.max_v_rel, rel(v[i], tv[i]));
+    exact += p[i] == tp[i];
+  }
+  RecordProperty("max_param_rel", std::to_string(a.max_param_rel));
+  RecordProperty("bitwise_equal_params", std::to_string(exact));
+  std::printf(
+      "%s %s: max rel err param %.3g m %.3g v %.3g; %zu/%zu params "
+      "bitwise equal\n",
+      name, std::string(CpuKernelVariantName(variant)).c_str(), a.max_param_rel,
+      a.max_m_rel, a.max_v_rel, exact, kN);
+  EXPECT_LE(a.max_param_rel, 1e-6);
+  EXPECT_LE(a.max_m_rel, 1e-6);
+  EXPECT_LE(a.max_v_rel, 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AdamAndAdamW, TorchAgreementTest,
+    ::testing::Combine(
+        ::testing::Values(CpuOptimizerAlgo::kAdam, CpuOptimizerAlgo::kAdamW),
+        ::testing::Values(static_cast<int>(CpuKernelVariant::kScalar),
+                          static_cast<int>(BestCpuKernelVariant()))));
+
+}  // namespace
+}  // namespace strata
