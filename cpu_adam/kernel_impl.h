@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "cpu_adam/kernels.h"
+#include "util/half.h"
 
 namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA {
 
@@ -67,29 +68,17 @@ inline uint16_t FloatToBf16(float x) {
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
-  // Adding 0x7fff plus the lsb of the kept half rounds to nearest even;
-  // a carry into the exponent is the correct result (up to inf).
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return Bf16FromFloatBits(u);
 }
 
 // Exact. NaN: quiet bit set, payload kept (as VCVTPH2PS does).
 inline float F16ToFloat(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
-  uint32_t e = (h >> 10) & 0x1fu;
-  uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) {
+  const uint32_t m = h & 0x3ffu;
+  if ((h & 0x7c00u) == 0x7c00u) {
     return BitsFloat(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
   }
-  if (e == 0) {
-    if (m == 0) return BitsFloat(sign);
-    e = 113;  // 127 - 15 + 1, lowered once per normalizing shift
-    while ((m & 0x400u) == 0) {
-      m <<= 1;
-      --e;
-    }
-    return BitsFloat(sign | (e << 23) | ((m & 0x3ffu) << 13));
-  }
-  return BitsFloat(sign | ((e + 112) << 23) | (m << 13));
+  return BitsFloat(sign | FloatBitsFromHalfMagnitude(h & 0x7fffu));
 }
 
 // IEEE round to nearest even, subnormals kept, overflow to inf. NaN:
@@ -101,23 +90,7 @@ inline uint16_t FloatToF16(float x) {
   if (a > 0x7f800000u) {
     return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x1ffu));
   }
-  // 65520 = 0x477ff000 is halfway between 65504 (odd) and 2^16: rounds up.
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (a >= 0x38800000u) {                // >= 2^-14: a normal half
-    const uint32_t r = a - 0x38000000u;  // rebias the exponent 127 -> 15
-    return static_cast<uint16_t>(sign |
-                                 ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
-  }
-  if (a <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25
-  // Subnormal half: count units of 2^-24.
-  const uint32_t e = a >> 23;
-  const uint32_t m = (a & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - e;  // 14..24
-  uint32_t q = m >> shift;
-  const uint32_t rem = m & ((1u << shift) - 1);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
+  return static_cast<uint16_t>(sign | HalfMagnitudeFromFloatBits(a));
 }
 
 // ---- The streaming bound ---------------------------------------------------

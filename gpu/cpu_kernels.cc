@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "util/half.h"
+
 namespace strata::internal {
 namespace {
 
@@ -49,52 +51,24 @@ constexpr uint16_t kCanonicalNaN = 0x7fff;
 
 uint16_t FloatToHalfBits(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t abs = x & 0x7fffffffu;
   if (abs > 0x7f800000u) return kCanonicalNaN;
-  // 65520 is halfway between the largest half (65504, odd mantissa) and
-  // 2^16, so it and everything above round to infinity.
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;
-  if (abs >= 0x38800000u) {
-    // Normal half: rebias the exponent (127 -> 15) and round away 13 bits;
-    // a mantissa carry correctly bumps the exponent.
-    uint32_t m = abs - 0x38000000u;
-    m += 0x0fffu + ((m >> 13) & 1u);
-    return static_cast<uint16_t>(sign | (m >> 13));
-  }
-  // Below half's smallest subnormal / 2 (2^-25; a tie with zero rounds to
-  // the even zero): signed zero.
-  if (abs <= 0x33000000u) return sign;
-  // Subnormal half: the value in units of 2^-24 is mant * 2^(e - 126).
-  const uint32_t e = abs >> 23;  // 102..112
-  const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - e;  // 14..24
-  uint32_t q = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1);
-  const uint32_t halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
+  return static_cast<uint16_t>(((x >> 16) & 0x8000u) |
+                               HalfMagnitudeFromFloatBits(abs));
 }
 
 float HalfBitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu;
-  const uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  if (e == 0) {
-    // Zero or subnormal: m * 2^-24, exact in fp32.
-    const float v = std::ldexp(static_cast<float>(m), -24);
-    return sign ? -v : v;
+  if ((h & 0x7c00u) == 0x7c00u) {  // inf or NaN, payload kept
+    return std::bit_cast<float>(sign | 0x7f800000u | ((h & 0x3ffu) << 13));
   }
-  return std::bit_cast<float>(sign | ((e + 112) << 23) | (m << 13));
+  return std::bit_cast<float>(sign | FloatBitsFromHalfMagnitude(h & 0x7fffu));
 }
 
 uint16_t FloatToBFloat16Bits(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return kCanonicalNaN;
-  // Round the low 16 bits away, ties to even; the largest finite values
-  // carry into the exponent and become infinity, as they should.
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  return Bf16FromFloatBits(x);
 }
 
 float BFloat16BitsToFloat(uint16_t b) {

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -108,6 +109,18 @@ class BackendWrapper : public Backend {
  private:
   std::unique_ptr<Backend> target_;
 };
+
+// Moves results from the front of `queue` into `out` until either runs out;
+// returns how many moved. The backends that complete in user space share it.
+inline size_t DrainResults(std::deque<RawResult>& queue,
+                           std::span<RawResult> out) {
+  size_t n = 0;
+  while (n < out.size() && !queue.empty()) {
+    out[n++] = queue.front();
+    queue.pop_front();
+  }
+  return n;
+}
 
 // Factories. Each returns kUnavailable with the reason when the kernel or the
 // process's sandbox refuses the interface.

@@ -88,12 +88,7 @@ class MemoryBackend final : public Backend {
   }
 
   StatusOr<size_t> Wait(std::span<RawResult> out, size_t) override {
-    size_t n = 0;
-    while (n < out.size() && !done_.empty()) {
-      out[n++] = done_.front();
-      done_.pop_front();
-    }
-    return n;
+    return DrainResults(done_, out);
   }
 
  private:

@@ -50,12 +50,7 @@ class ThreadBackend final : public Backend {
   StatusOr<size_t> Wait(std::span<RawResult> out, size_t min) override {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return done_.size() >= min; });
-    size_t n = 0;
-    while (n < out.size() && !done_.empty()) {
-      out[n++] = done_.front();
-      done_.pop_front();
-    }
-    return n;
+    return DrainResults(done_, out);
   }
 
  private:

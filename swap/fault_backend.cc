@@ -109,11 +109,7 @@ StatusOr<size_t> FaultInjectingBackend::Submit(std::span<const RawOp> ops) {
 
 StatusOr<size_t> FaultInjectingBackend::Wait(std::span<RawResult> out,
                                              size_t min) {
-  size_t got = 0;
-  while (got < out.size() && !injected_.empty()) {
-    out[got++] = injected_.front();
-    injected_.pop_front();
-  }
+  size_t got = DrainResults(injected_, out);
   if (target_in_flight_ > 0 && got < out.size()) {
     const size_t need = got >= min ? 0 : std::min(min - got, target_in_flight_);
     STRATA_ASSIGN_OR_RETURN(size_t n,
