@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
-scripts/build.sh build
+scripts/build.sh build -DSTRATA_BUILD_TESTS=ON
 args=(--test-dir build --output-on-failure -j "$(nproc)")
 if [[ -n "${STRATA_TEST_LABELS:-}" ]]; then
   args+=(-L "$STRATA_TEST_LABELS")
