@@ -232,27 +232,11 @@ class CudaDevice final : public Device {
                    CopyKind kind) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     if (bytes == 0) return Status::Ok();
-    cudaMemcpyKind k = cudaMemcpyDefault;
-    switch (kind) {
-      case CopyKind::kHostToDevice:
-        STRATA_RETURN_IF_ERROR(pool_.CheckOutside(src, bytes, "h2d source"));
-        STRATA_RETURN_IF_ERROR(
-            pool_.CheckInside(dst, bytes, "h2d destination"));
-        k = cudaMemcpyHostToDevice;
-        break;
-      case CopyKind::kDeviceToHost:
-        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2h source"));
-        STRATA_RETURN_IF_ERROR(
-            pool_.CheckOutside(dst, bytes, "d2h destination"));
-        k = cudaMemcpyDeviceToHost;
-        break;
-      case CopyKind::kDeviceToDevice:
-        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2d source"));
-        STRATA_RETURN_IF_ERROR(
-            pool_.CheckInside(dst, bytes, "d2d destination"));
-        k = cudaMemcpyDeviceToDevice;
-        break;
-    }
+    STRATA_RETURN_IF_ERROR(pool_.CheckCopy(dst, src, bytes, kind));
+    const cudaMemcpyKind k =
+        kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+        : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                          : cudaMemcpyDeviceToDevice;
     STRATA_RETURN_IF_ERROR(Enter());
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, k, s->get()),
                       "cudaMemcpyAsync " + std::string(CopyKindName(kind)) +

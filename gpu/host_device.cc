@@ -321,28 +321,15 @@ class HostEmulatedDevice final : public Device {
                    CopyKind kind) override {
     STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
     if (bytes == 0) return Status::Ok();
-    const void* host = nullptr;
-    Link* link = nullptr;
-    switch (kind) {
-      case CopyKind::kHostToDevice:
-        STRATA_RETURN_IF_ERROR(pool_.CheckOutside(src, bytes, "h2d source"));
-        STRATA_RETURN_IF_ERROR(
-            pool_.CheckInside(dst, bytes, "h2d destination"));
-        host = src;
-        link = &h2d_;
-        break;
-      case CopyKind::kDeviceToHost:
-        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2h source"));
-        STRATA_RETURN_IF_ERROR(
-            pool_.CheckOutside(dst, bytes, "d2h destination"));
-        host = dst;
-        link = &d2h_;
-        break;
-      case CopyKind::kDeviceToDevice:
-        STRATA_RETURN_IF_ERROR(pool_.CheckInside(src, bytes, "d2d source"));
-        STRATA_RETURN_IF_ERROR(
-            pool_.CheckInside(dst, bytes, "d2d destination"));
-        break;
+    STRATA_RETURN_IF_ERROR(pool_.CheckCopy(dst, src, bytes, kind));
+    const void* host = nullptr;  // the host end, if any
+    Link* link = nullptr;        // the link direction it crosses
+    if (kind == CopyKind::kHostToDevice) {
+      host = src;
+      link = &h2d_;
+    } else if (kind == CopyKind::kDeviceToHost) {
+      host = dst;
+      link = &d2h_;
     }
     const bool pinned = host == nullptr || pinned_->Contains(host, bytes);
     uint64_t rate = options_.emulated_link_bytes_per_s;

@@ -254,5 +254,21 @@ Status StreamOrderedPool::CheckOutside(const void* p, size_t bytes,
                                  " is device memory; expected host memory");
 }
 
+Status StreamOrderedPool::CheckCopy(const void* dst, const void* src,
+                                    size_t bytes, CopyKind kind) const {
+  switch (kind) {
+    case CopyKind::kHostToDevice:
+      STRATA_RETURN_IF_ERROR(CheckOutside(src, bytes, "h2d source"));
+      return CheckInside(dst, bytes, "h2d destination");
+    case CopyKind::kDeviceToHost:
+      STRATA_RETURN_IF_ERROR(CheckInside(src, bytes, "d2h source"));
+      return CheckOutside(dst, bytes, "d2h destination");
+    case CopyKind::kDeviceToDevice:
+      STRATA_RETURN_IF_ERROR(CheckInside(src, bytes, "d2d source"));
+      return CheckInside(dst, bytes, "d2d destination");
+  }
+  return Status::InvalidArgument("unknown copy kind");
+}
+
 }  // namespace internal
 }  // namespace strata

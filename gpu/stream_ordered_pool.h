@@ -61,6 +61,10 @@ class StreamOrderedPool {
   Status CheckInside(const void* p, size_t bytes, std::string_view what) const;
   // OK when [p, p + bytes) does not overlap the region (host memory).
   Status CheckOutside(const void* p, size_t bytes, std::string_view what) const;
+  // Checks both ends of a copy of `kind`: device ends inside the region,
+  // host ends outside it.
+  Status CheckCopy(const void* dst, const void* src, size_t bytes,
+                   CopyKind kind) const;
 
  private:
   friend class strata::DeviceMemory;
