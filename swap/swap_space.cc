@@ -203,7 +203,7 @@ class SwapSpaceImpl final : public SwapSpace {
     }
     for (uint64_t i = 0; i < nblocks; ++i) h.slots.push_back(TakeSlot());
 
-    Status status = RunBlocks(h, nblocks, IoOp::kWrite, data.data());
+    Status status = RunBlocks(h, nblocks, IoOp::kWrite, data.data(), &h);
     if (!status.ok()) {
       // Nothing of this write is valid; its slots are free again.
       for (uint32_t s : h.slots) {
@@ -222,8 +222,7 @@ class SwapSpaceImpl final : public SwapSpace {
           std::to_string(out.size()) + " bytes; it has " +
           std::to_string(h.bytes));
     }
-    SwapHandle copy = h;  // RunBlocks may not relocate on reads
-    return RunBlocks(copy, h.slots.size(), IoOp::kRead, out.data())
+    return RunBlocks(h, h.slots.size(), IoOp::kRead, out.data(), nullptr)
         .WithContext("swap read of tensor " + std::to_string(h.tensor_id));
   }
 
@@ -333,7 +332,10 @@ class SwapSpaceImpl final : public SwapSpace {
 
   // Runs the blocks of `h` through the bounce buffers with up to queue_depth
   // in flight. Writes relocate blocks whose slot the device failed.
-  Status RunBlocks(SwapHandle& h, uint64_t nblocks, IoOp op, const void* data) {
+  // `relocate` is the handle itself for writes (so a failed slot can be
+  // replaced in it) and null for reads, which never move blocks.
+  Status RunBlocks(const SwapHandle& h, uint64_t nblocks, IoOp op,
+                   const void* data, SwapHandle* relocate) {
     const size_t depth = options_.queue_depth;
     std::vector<size_t> free_bounce;
     for (size_t i = depth; i-- > 0;) free_bounce.push_back(i);
@@ -396,14 +398,14 @@ class SwapSpaceImpl final : public SwapSpace {
           ++stats_.retired_slots;
           ++stats_.relocations;
           ++relocations[block];
-          h.slots[block] = TakeSlot();
+          relocate->slots[block] = TakeSlot();
           StampHeader(h, block, Bounce(b));
           s = submit(b, block);
           if (s.ok()) continue;  // bounce buffer still busy
         } else if (op == IoOp::kWrite && s.code() == StatusCode::kIoError) {
           // Out of relocations: this slot is bad too.
           ++stats_.retired_slots;
-          h.slots[block] = kNoSlot;
+          relocate->slots[block] = kNoSlot;
         }
         if (!s.ok() && first_error.ok()) first_error = std::move(s);
         free_bounce.push_back(b);
