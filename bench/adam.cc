@@ -30,6 +30,7 @@
 #include "cpu_adam/kernels.h"
 #include "strata/cpu_adam.h"
 #include "strata/host_buffer.h"
+#include "util/find_python.h"
 
 namespace strata::bench {
 namespace {
@@ -58,18 +59,6 @@ for _ in range(reps):
     best = min(best, time.perf_counter() - t0)
 print(json.dumps({"params_per_s": n / best, "torch": torch.__version__}))
 )PY";
-
-std::string FindTorchPython() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("STRATA_PYTHON")) candidates.push_back(env);
-  candidates.push_back("python3");
-  candidates.push_back("/usr/bin/python3");
-  for (const std::string& py : candidates) {
-    const std::string cmd = py + " -c 'import torch' > /dev/null 2>&1";
-    if (std::system(cmd.c_str()) == 0) return py;
-  }
-  return "";
-}
 
 // Runs the torch script; nullopt (and a note on stderr) on any failure.
 std::optional<nlohmann::json> RunTorch(const std::string& py, uint64_t n,
@@ -386,7 +375,7 @@ int RunAdam(int argc, char** argv) {
   // ---- torch ----------------------------------------------------------------
   a = Arrays{};  // give the memory back before torch allocates its own
   std::string py;
-  if (torch_s != "off") py = FindTorchPython();
+  if (torch_s != "off") py = FindPythonWith("torch");
   if (py.empty() && torch_s != "off") {
     std::fprintf(stderr, "adam: no python3 with torch; no torch figure\n");
   }

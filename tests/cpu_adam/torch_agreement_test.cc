@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/cpu_adam.h"
+#include "util/find_python.h"
 
 #ifndef STRATA_TORCH_SCRIPT
 #error "STRATA_TORCH_SCRIPT must name torch_trajectory.py"
@@ -23,18 +24,6 @@
 
 namespace strata {
 namespace {
-
-std::string FindTorchPython() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("STRATA_PYTHON")) candidates.push_back(env);
-  candidates.push_back("python3");
-  candidates.push_back("/usr/bin/python3");
-  for (const std::string& py : candidates) {
-    const std::string cmd = py + " -c 'import torch, numpy' > /dev/null 2>&1";
-    if (std::system(cmd.c_str()) == 0) return py;
-  }
-  return "";
-}
 
 void WriteFile(const std::filesystem::path& path, const std::vector<float>& v) {
   std::ofstream out(path, std::ios::binary);
@@ -72,7 +61,7 @@ class TorchAgreementTest
 // has no meaningful relative error; moments are compared where torch's
 // value is a normal float.
 TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
-  const std::string py = FindTorchPython();
+  const std::string py = FindPythonWith("torch, numpy");
   if (py.empty()) GTEST_SKIP() << "no python3 with torch and numpy found";
   const auto [algo, variant_index] = GetParam();
   const CpuKernelVariant variant = static_cast<CpuKernelVariant>(variant_index);
