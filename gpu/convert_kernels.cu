@@ -53,6 +53,10 @@ template <typename S, typename D>
 cudaError_t Launch(const ConvertLaunch& a, cudaStream_t stream) {
   const size_t blocks =
       std::min(kMaxBlocks, (a.count + kThreads - 1) / kThreads);
+  // cudaGetLastError below must report this launch, not an error an earlier
+  // runtime call on this thread left behind (that one was already returned to
+  // its caller). A sticky error still shows: it is reported again.
+  (void)cudaGetLastError();
   ConvertKernel<S, D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       static_cast<const S*>(a.src), static_cast<D*>(a.dst), a.count, a.scale);
   return cudaGetLastError();

@@ -39,10 +39,21 @@ StatusOr<const CublasApi*> Load() {
   resolve(api->set_math_mode, "cublasSetMathMode", true);
   resolve(api->gemm_ex, "cublasGemmEx", true);
   resolve(api->status_string, "cublasGetStatusString", false);
+  resolve(api->get_property, "cublasGetProperty", true);
   if (missing) {
     delete api;
     ::dlclose(lib);
     return Status::Unavailable("cuBLAS lacks " + which);
+  }
+  int major = -1;
+  if (api->get_property(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
+      major != CUBLAS_VER_MAJOR) {
+    delete api;
+    ::dlclose(lib);
+    return Status::Unavailable("cuBLAS " + std::to_string(major) +
+                               ".x was found, but strata was "
+                               "built against cuBLAS " +
+                               std::to_string(CUBLAS_VER_MAJOR));
   }
   return static_cast<const CublasApi*>(api);
 }

@@ -31,9 +31,11 @@ struct CublasApi {
                             const void* beta, void* c, cudaDataType, int ldc,
                             cublasComputeType_t, cublasGemmAlgo_t);
   decltype(&cublasGetStatusString) status_string;  // may be null
+  decltype(&cublasGetProperty) get_property;
 
   // Loads libcublas.so.13 (or libcublas.so) on first call; later calls
-  // return the same result.
+  // return the same result. A library of another major version than the
+  // headers strata was built with is kUnavailable (its ABI may differ).
   static StatusOr<const CublasApi*> Get();
 
   // "<context>: cuBLAS <status name/text>" with a fitting code.

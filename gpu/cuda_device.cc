@@ -8,12 +8,17 @@
 //   - Pinned host memory is a HostBuffer (mmap, exact size) registered with
 //     cudaHostRegister, so the swap tier's O_DIRECT buffers are DMA-able.
 //   - Every cudaError_t becomes a Status here, with context.
-//   - Every entry point makes this device current for the calling thread
-//     (cudaSetDevice is per thread and cheap when already current).
+//   - Every entry point makes this device current for the calling thread and
+//     puts the caller's current device back when it returns: the current
+//     device is per thread and shared by every CUDA runtime in the process
+//     (PyTorch's too), so strata never leaves it changed.
+//   - Events block the waiting thread instead of spinning a core
+//     (cudaEventBlockingSync): the cores belong to the CPU optimizer and I/O.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +69,34 @@ Status CudaStatus(cudaError_t err, std::string_view context) {
   }
 }
 
+// Makes `ordinal` the calling thread's current device for one call, then
+// restores the previous one.
+class ScopedCurrentDevice {
+ public:
+  explicit ScopedCurrentDevice(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != ordinal) {
+      status_ = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice");
+      restore_ = status_.ok() && previous_ >= 0;
+    }
+  }
+  ~ScopedCurrentDevice() {
+    if (restore_) (void)cudaSetDevice(previous_);
+  }
+  ScopedCurrentDevice(const ScopedCurrentDevice&) = delete;
+  ScopedCurrentDevice& operator=(const ScopedCurrentDevice&) = delete;
+
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool restore_ = false;
+  Status status_;
+};
+
 struct CudaStreamTraits {
   using Handle = cudaStream_t;
   static Handle Invalid() { return nullptr; }
@@ -106,17 +139,30 @@ class CudaEvent final : public Event {
 
 class CudaHostRegistration final : public HostRegistration {
  public:
-  explicit CudaHostRegistration(void* p) : p_(p) {}
-  ~CudaHostRegistration() override { cudaHostUnregister(p_); }
+  CudaHostRegistration(int ordinal, void* p) : ordinal_(ordinal), p_(p) {}
+  ~CudaHostRegistration() override {
+    ScopedCurrentDevice current(ordinal_);
+    (void)cudaHostUnregister(p_);
+  }
 
  private:
-  void* p_;
+  const int ordinal_;
+  void* const p_;
 };
 
+// Runs on CUDA's callback thread, where no CUDA call is allowed; see
+// Device::LaunchHostFunc for what that asks of `fn`. An exception must not
+// unwind into the driver.
 void RunHostFunc(void* arg) {
   std::unique_ptr<std::function<void()>> fn(
       static_cast<std::function<void()>*>(arg));
-  (*fn)();
+  try {
+    (*fn)();
+  } catch (const std::exception& e) {
+    STRATA_LOG_ERROR("a host function on a CUDA stream threw: {}", e.what());
+  } catch (...) {
+    STRATA_LOG_ERROR("a host function on a CUDA stream threw");
+  }
 }
 
 class CudaDevice final : public Device {
@@ -126,20 +172,27 @@ class CudaDevice final : public Device {
       : ordinal_(ordinal),
         name_(std::move(name)),
         arena_(std::move(arena)),
-        pool_(this, static_cast<std::byte*>(arena_.get()), budget, name_) {}
+        pool_(std::in_place, this, static_cast<std::byte*>(arena_.get()),
+              budget, name_) {}
+
+  // Tears down in order with this device current: the cuBLAS handle, then
+  // the pool (which waits for pending frees), then the arena.
+  ~CudaDevice() override {
+    ScopedCurrentDevice current(ordinal_);
+    cublas_.reset();
+    pool_.reset();
+    arena_.reset();
+  }
 
   int ordinal() const { return ordinal_; }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
 
-  Status Enter() const {
-    return CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice");
-  }
-
   StatusOr<std::unique_ptr<Stream>> NewStream(
       const StreamOptions& options) override {
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     int least = 0, greatest = 0;
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest),
@@ -155,10 +208,12 @@ class CudaDevice final : public Device {
   }
 
   StatusOr<std::unique_ptr<Event>> NewEvent() override {
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     cudaEvent_t e = nullptr;
     STRATA_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+        CudaStatus(cudaEventCreateWithFlags(
+                       &e, cudaEventDisableTiming | cudaEventBlockingSync),
                    "cudaEventCreateWithFlags"));
     return std::unique_ptr<Event>(
         new CudaEvent(this, UniqueHandle<CudaEventTraits>(e)));
@@ -167,18 +222,22 @@ class CudaDevice final : public Device {
   Status RecordEvent(Event& event, Stream& stream) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaEventRecord(e->get(), s->get()), "cudaEventRecord");
   }
   Status WaitEvent(Stream& stream, const Event& event) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaStreamWaitEvent(s->get(), e->get(), 0),
                       "cudaStreamWaitEvent");
   }
   StatusOr<bool> QueryEvent(const Event& event) override {
     STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     const cudaError_t err = cudaEventQuery(e->get());
     if (err == cudaErrorNotReady) {
       (void)cudaGetLastError();  // not an error; do not leave it pending
@@ -189,16 +248,21 @@ class CudaDevice final : public Device {
   }
   Status SynchronizeEvent(const Event& event) override {
     STRATA_ASSIGN_OR_RETURN(CudaEvent * e, Mine(event));
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaEventSynchronize(e->get()), "cudaEventSynchronize");
   }
   Status SynchronizeStream(Stream& stream) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaStreamSynchronize(s->get()), "cudaStreamSynchronize");
   }
   Status LaunchHostFunc(Stream& stream, std::function<void()> fn) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     if (!fn) return Status::InvalidArgument("LaunchHostFunc: empty function");
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     auto owned = std::make_unique<std::function<void()>>(std::move(fn));
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cudaLaunchHostFunc(s->get(), RunHostFunc, owned.get()),
@@ -209,13 +273,25 @@ class CudaDevice final : public Device {
 
   StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
     STRATA_RETURN_IF_ERROR(Mine(stream).status());
-    return pool_.Allocate(bytes, stream);
+    return pool_->Allocate(bytes, stream);
   }
-  DeviceMemoryStats memory_stats() const override { return pool_.stats(); }
+  DeviceMemoryStats memory_stats() const override { return pool_->stats(); }
+
+  // cudaHostRegister page-locks the range itself, so the buffer is not also
+  // mlock'ed: that would only add RLIMIT_MEMLOCK's limit, which the driver's
+  // pinning does not count against.
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    HostBufferOptions o = options;
+    o.pin = false;
+    o.require_pin = false;
+    return Device::AllocatePinnedHost(bytes, o);
+  }
 
   Status RegisterHostBuffer(HostBuffer& buffer) override {
     if (buffer.empty()) return Status::Ok();
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     // Drop an earlier registration first: CUDA refuses to register a range
     // twice.
     buffer.AttachRegistration(nullptr);
@@ -224,7 +300,7 @@ class CudaDevice final : public Device {
                          cudaHostRegisterPortable),
         "cudaHostRegister of " + std::to_string(buffer.size()) + " bytes"));
     buffer.AttachRegistration(
-        std::make_unique<CudaHostRegistration>(buffer.data()));
+        std::make_unique<CudaHostRegistration>(ordinal_, buffer.data()));
     return Status::Ok();
   }
 
@@ -232,12 +308,13 @@ class CudaDevice final : public Device {
                    CopyKind kind) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     if (bytes == 0) return Status::Ok();
-    STRATA_RETURN_IF_ERROR(pool_.CheckCopy(dst, src, bytes, kind));
+    STRATA_RETURN_IF_ERROR(pool_->CheckCopy(dst, src, bytes, kind));
     const cudaMemcpyKind k =
         kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
         : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                           : cudaMemcpyDeviceToDevice;
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, k, s->get()),
                       "cudaMemcpyAsync " + std::string(CopyKindName(kind)) +
                           " of " + std::to_string(bytes) + " bytes");
@@ -247,8 +324,10 @@ class CudaDevice final : public Device {
                      size_t bytes) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     if (bytes == 0) return Status::Ok();
-    STRATA_RETURN_IF_ERROR(pool_.CheckInside(dst, bytes, "memset destination"));
-    STRATA_RETURN_IF_ERROR(Enter());
+    STRATA_RETURN_IF_ERROR(
+        pool_->CheckInside(dst, bytes, "memset destination"));
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaMemsetAsync(dst, value, bytes, s->get()),
                       "cudaMemsetAsync");
   }
@@ -256,12 +335,9 @@ class CudaDevice final : public Device {
   Status ConvertAsync(Stream& stream, const ConvertArgs& args) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     if (args.count == 0) return Status::Ok();
-    STRATA_RETURN_IF_ERROR(pool_.CheckInside(
-        args.src, args.count * ElementSize(args.src_type), "convert source"));
-    STRATA_RETURN_IF_ERROR(
-        pool_.CheckInside(args.dst, args.count * ElementSize(args.dst_type),
-                          "convert destination"));
-    STRATA_RETURN_IF_ERROR(Enter());
+    STRATA_RETURN_IF_ERROR(pool_->CheckConvert(args));
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     const internal::ConvertLaunch launch{
         args.src,   static_cast<int>(args.src_type),
         args.dst,   static_cast<int>(args.dst_type),
@@ -272,27 +348,14 @@ class CudaDevice final : public Device {
 
   Status GemmAsync(Stream& stream, const GemmArgs& g) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
-    STRATA_RETURN_IF_ERROR(internal::CheckGemmArgs(g));
+    STRATA_RETURN_IF_ERROR(pool_->CheckGemm(g));
     if (g.m == 0 || g.n == 0) return Status::Ok();
-    const size_t ab = ElementSize(g.ab_type);
     const bool ta = g.op_a == GemmOp::kTranspose;
     const bool tb = g.op_b == GemmOp::kTranspose;
-    if (g.k > 0) {
-      STRATA_RETURN_IF_ERROR(pool_.CheckInside(
-          g.a,
-          internal::MatrixSpanBytes(ta ? g.k : g.m, ta ? g.m : g.k, g.lda, ab),
-          "GEMM A"));
-      STRATA_RETURN_IF_ERROR(pool_.CheckInside(
-          g.b,
-          internal::MatrixSpanBytes(tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, ab),
-          "GEMM B"));
-    }
-    STRATA_RETURN_IF_ERROR(pool_.CheckInside(
-        g.c, internal::MatrixSpanBytes(g.m, g.n, g.ldc, ElementSize(g.c_type)),
-        "GEMM C"));
     STRATA_ASSIGN_OR_RETURN(const internal::CublasApi* api,
                             internal::CublasApi::Get());
-    STRATA_RETURN_IF_ERROR(Enter());
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
     // One handle for the device; it is bound to a stream per call, so calls
     // are serialized (they only enqueue).
     std::lock_guard<std::mutex> lock(cublas_mu_);
@@ -300,9 +363,15 @@ class CudaDevice final : public Device {
       cublasHandle_t h = nullptr;
       STRATA_RETURN_IF_ERROR(api->ToStatus(api->create(&h), "cublasCreate"));
       cublas_.reset(h);
-      // No TF32 for fp32 inputs: trainers compare against fp32 references.
+      // No TF32 for fp32 inputs (trainers compare against fp32 references),
+      // and no split-K reduction in fp16/bf16 when C is fp16/bf16: the
+      // interface promises fp32 accumulation.
       STRATA_RETURN_IF_ERROR(api->ToStatus(
-          api->set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+          api->set_math_mode(
+              h, static_cast<cublasMath_t>(
+                     CUBLAS_DEFAULT_MATH |
+                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+          "cublasSetMathMode"));
     }
     STRATA_RETURN_IF_ERROR(api->ToStatus(
         api->set_stream(cublas_.get(), s->get()), "cublasSetStream"));
@@ -351,7 +420,7 @@ class CudaDevice final : public Device {
   const std::string name_;
   UniqueHandle<CudaMallocTraits> arena_;
   // After arena_: waits for pending frees before the arena is freed.
-  internal::StreamOrderedPool pool_;
+  std::optional<internal::StreamOrderedPool> pool_;
   std::mutex cublas_mu_;
   // Guarded by cublas_mu_. Last member: destroyed first.
   internal::UniqueCublasHandle cublas_;
@@ -413,7 +482,8 @@ StatusOr<double> TimeRawCudaCopies(Device& device,
   if (cuda == nullptr) {
     return Status::Unavailable("raw cudaMemcpyAsync needs a CUDA device");
   }
-  STRATA_RETURN_IF_ERROR(cuda->Enter());
+  ScopedCurrentDevice current(cuda->ordinal());
+  STRATA_RETURN_IF_ERROR(current.status());
   std::vector<UniqueHandle<CudaStreamTraits>> streams;
   for (size_t i = 0; i < copies.size(); ++i) {
     cudaStream_t s = nullptr;

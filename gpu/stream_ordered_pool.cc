@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "gpu/cpu_kernels.h"
 #include "util/log.h"
 
 namespace strata {
@@ -263,11 +264,83 @@ Status StreamOrderedPool::CheckCopy(const void* dst, const void* src,
     case CopyKind::kDeviceToHost:
       STRATA_RETURN_IF_ERROR(CheckInside(src, bytes, "d2h source"));
       return CheckOutside(dst, bytes, "d2h destination");
-    case CopyKind::kDeviceToDevice:
+    case CopyKind::kDeviceToDevice: {
       STRATA_RETURN_IF_ERROR(CheckInside(src, bytes, "d2d source"));
-      return CheckInside(dst, bytes, "d2d destination");
+      STRATA_RETURN_IF_ERROR(CheckInside(dst, bytes, "d2d destination"));
+      const auto d = reinterpret_cast<uintptr_t>(dst);
+      const auto s = reinterpret_cast<uintptr_t>(src);
+      if (d < s + bytes && s < d + bytes) {
+        return Status::InvalidArgument(
+            "d2d copy of " + std::to_string(bytes) +
+            " bytes between overlapping ranges (offset " +
+            std::to_string(static_cast<int64_t>(d - s)) + ")");
+      }
+      return Status::Ok();
+    }
   }
   return Status::InvalidArgument("unknown copy kind");
+}
+
+namespace {
+
+Status CheckAligned(const void* p, ElementType type, std::string_view what) {
+  if (reinterpret_cast<uintptr_t>(p) % ElementSize(type) == 0) {
+    return Status::Ok();
+  }
+  return Status::InvalidArgument(std::string(what) + " is not aligned to its " +
+                                 std::string(ElementTypeName(type)) +
+                                 " elements");
+}
+
+}  // namespace
+
+Status StreamOrderedPool::CheckConvert(const ConvertArgs& args) const {
+  const size_t src_elem = ElementSize(args.src_type);
+  const size_t dst_elem = ElementSize(args.dst_type);
+  if (args.count > budget_ / std::min(src_elem, dst_elem)) {
+    return Status::InvalidArgument("conversion of " +
+                                   std::to_string(args.count) +
+                                   " elements is larger than " + device_name_);
+  }
+  const size_t src_bytes = args.count * src_elem;
+  const size_t dst_bytes = args.count * dst_elem;
+  STRATA_RETURN_IF_ERROR(CheckInside(args.src, src_bytes, "convert source"));
+  STRATA_RETURN_IF_ERROR(
+      CheckInside(args.dst, dst_bytes, "convert destination"));
+  STRATA_RETURN_IF_ERROR(
+      CheckAligned(args.src, args.src_type, "convert source"));
+  STRATA_RETURN_IF_ERROR(
+      CheckAligned(args.dst, args.dst_type, "convert destination"));
+  const auto s = reinterpret_cast<uintptr_t>(args.src);
+  const auto d = reinterpret_cast<uintptr_t>(args.dst);
+  const bool in_place = s == d && src_elem == dst_elem;
+  if (!in_place && d < s + src_bytes && s < d + dst_bytes) {
+    return Status::InvalidArgument(
+        "conversion source and destination overlap (only an in-place "
+        "conversion between types of one size may)");
+  }
+  return Status::Ok();
+}
+
+Status StreamOrderedPool::CheckGemm(const GemmArgs& g) const {
+  STRATA_RETURN_IF_ERROR(CheckGemmArgs(g));
+  if (g.m == 0 || g.n == 0) return Status::Ok();
+  const size_t ab = ElementSize(g.ab_type);
+  const bool ta = g.op_a == GemmOp::kTranspose;
+  const bool tb = g.op_b == GemmOp::kTranspose;
+  if (g.k > 0) {
+    STRATA_RETURN_IF_ERROR(CheckInside(
+        g.a, MatrixSpanBytes(ta ? g.k : g.m, ta ? g.m : g.k, g.lda, ab),
+        "GEMM A"));
+    STRATA_RETURN_IF_ERROR(CheckInside(
+        g.b, MatrixSpanBytes(tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, ab),
+        "GEMM B"));
+    STRATA_RETURN_IF_ERROR(CheckAligned(g.a, g.ab_type, "GEMM A"));
+    STRATA_RETURN_IF_ERROR(CheckAligned(g.b, g.ab_type, "GEMM B"));
+  }
+  STRATA_RETURN_IF_ERROR(CheckInside(
+      g.c, MatrixSpanBytes(g.m, g.n, g.ldc, ElementSize(g.c_type)), "GEMM C"));
+  return CheckAligned(g.c, g.c_type, "GEMM C");
 }
 
 }  // namespace internal

@@ -63,8 +63,18 @@ class StreamOrderedPool {
   Status CheckOutside(const void* p, size_t bytes, std::string_view what) const;
   // Checks both ends of a copy of `kind`: device ends inside the region,
   // host ends outside it.
+  // Device-to-device ranges must not overlap (cudaMemcpyAsync leaves that
+  // undefined, so the host-emulated device refuses it too).
   Status CheckCopy(const void* dst, const void* src, size_t bytes,
                    CopyKind kind) const;
+  // A conversion's operands: both arrays inside the region and aligned to
+  // their element size (a misaligned access is a sticky error that ends a
+  // CUDA context), a byte size that does not overflow, and no overlap unless
+  // in place with types of one size.
+  Status CheckConvert(const ConvertArgs& args) const;
+  // A GEMM's operands: CheckGemmArgs, then A, B and C inside the region and
+  // aligned to their element size.
+  Status CheckGemm(const GemmArgs& args) const;
 
  private:
   friend class strata::DeviceMemory;

@@ -267,8 +267,16 @@ class STRATA_EXPORT Device {
   // Blocks the calling thread until all work enqueued on `stream` is done.
   virtual Status SynchronizeStream(Stream& stream) = 0;
   // Runs `fn` on a host thread when the work enqueued before it is done;
-  // work enqueued after waits for `fn` to return (cudaLaunchHostFunc). `fn`
-  // must not call this Device.
+  // work enqueued after waits for `fn` to return (cudaLaunchHostFunc).
+  // CUDA's rules hold on every backend:
+  //   - `fn` must not call this Device, nor any CUDA API;
+  //   - `fn` and what it captures are destroyed on that thread, so it must
+  //     not hold the last reference to a DeviceMemory, a registered
+  //     HostBuffer, a Stream or an Event (their destructors call the device);
+  //   - `fn` should return quickly: host functions of different streams may
+  //     run one at a time on one thread;
+  //   - after a device error that ends the context, `fn` may never run.
+  // An exception thrown by `fn` is logged and dropped.
   virtual Status LaunchHostFunc(Stream& stream, std::function<void()> fn) = 0;
 
   // ---- Memory ----
@@ -286,7 +294,9 @@ class STRATA_EXPORT Device {
   virtual StatusOr<HostBuffer> AllocatePinnedHost(
       size_t bytes, const HostBufferOptions& options);
   // Registers an existing buffer (e.g. a swap tier's bounce buffer) with this
-  // device; replaces any earlier registration of that buffer.
+  // device; replaces any earlier registration of that buffer (on failure the
+  // buffer is left unregistered). REQUIRES: no copy of the buffer is in
+  // flight.
   virtual Status RegisterHostBuffer(HostBuffer& buffer) = 0;
 
   // ---- Work on a stream ----

@@ -34,11 +34,21 @@ class ScopedDeviceEnv {
   std::optional<std::string> old_;
 };
 
+// A small budget: the default takes all free GPU memory but a reserve, which
+// would starve the next device made here, or another test process on the
+// same GPU.
+DeviceOptions Small() {
+  DeviceOptions o;
+  o.memory_budget_bytes = 16 << 20;
+  return o;
+}
+
 // Whether this machine has a working GPU decides what auto and cuda give.
-bool CudaWorks() { return NewCudaDevice({}).ok(); }
+// Asked before a test makes its own device.
+bool CudaWorks() { return NewCudaDevice(Small()).ok(); }
 
 TEST(NewCudaDeviceTest, FailsWithAReasonOrGivesACudaDevice) {
-  auto d = NewCudaDevice({});
+  auto d = NewCudaDevice(Small());
   if (d.ok()) {
     EXPECT_EQ((*d)->kind(), DeviceKind::kCuda);
     EXPECT_EQ((*d)->name().rfind("cuda:0", 0), 0u) << (*d)->name();
@@ -48,7 +58,7 @@ TEST(NewCudaDeviceTest, FailsWithAReasonOrGivesACudaDevice) {
       << d.status().ToString();
   EXPECT_FALSE(d.status().message().empty());
   // Stable across calls, and nothing was left half-initialized.
-  auto again = NewCudaDevice({});
+  auto again = NewCudaDevice(Small());
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().ToString(), d.status().ToString());
 }
@@ -56,6 +66,7 @@ TEST(NewCudaDeviceTest, FailsWithAReasonOrGivesACudaDevice) {
 TEST(NewCudaDeviceTest, BadOrdinalIsUnavailable) {
   DeviceOptions o;
   o.cuda_ordinal = 1000;
+  o.memory_budget_bytes = 16 << 20;
   auto d = NewCudaDevice(o);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kUnavailable);
@@ -72,16 +83,17 @@ TEST(NewDeviceTest, EnvironmentHostGivesHost) {
 
 TEST(NewDeviceTest, AutoTakesCudaWhenItWorksElseSaysWhyNot) {
   ScopedDeviceEnv env(nullptr);
+  const bool cuda = CudaWorks();
   std::string why;
-  auto d = NewDevice({}, &why);
+  auto d = NewDevice(Small(), &why);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  if (CudaWorks()) {
+  if (cuda) {
     EXPECT_EQ((*d)->kind(), DeviceKind::kCuda);
   } else {
     EXPECT_EQ((*d)->kind(), DeviceKind::kHostEmulated);
     EXPECT_NE(why.find("because CUDA is unavailable: "), std::string::npos)
         << why;
-    EXPECT_NE(why.find(std::string(NewCudaDevice({}).status().message())),
+    EXPECT_NE(why.find(std::string(NewCudaDevice(Small()).status().message())),
               std::string::npos)
         << why;
   }
@@ -89,8 +101,9 @@ TEST(NewDeviceTest, AutoTakesCudaWhenItWorksElseSaysWhyNot) {
 
 TEST(NewDeviceTest, EnvironmentCudaFailsInsteadOfFallingBack) {
   ScopedDeviceEnv env("cuda");
-  auto d = NewDevice({});
-  if (CudaWorks()) {
+  const bool cuda = CudaWorks();
+  auto d = NewDevice(Small());
+  if (cuda) {
     ASSERT_TRUE(d.ok());
     EXPECT_EQ((*d)->kind(), DeviceKind::kCuda);
   } else {

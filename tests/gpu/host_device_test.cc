@@ -1,8 +1,12 @@
-// What only the host-emulated backend promises: its link model.
+// What only the host-emulated backend promises: its link model, and that it
+// enforces CUDA's rules for host functions (which the CUDA suite cannot probe
+// without risking the context).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
+#include <stdexcept>
 
 #include "strata/device.h"
 
@@ -140,6 +144,44 @@ TEST(DeviceWrapperTest, ForwardsAndLetsADoubleInjectFailures) {
           .code(),
       StatusCode::kIoError);
   EXPECT_EQ(wrapped.kind(), DeviceKind::kHostEmulated);
+}
+
+TEST(HostFuncRulesTest, DeviceCallsFromAHostFunctionAreRefused) {
+  DeviceOptions o;
+  o.memory_budget_bytes = 1 << 20;
+  auto d = NewHostEmulatedDevice(o);
+  ASSERT_TRUE(d.ok());
+  auto s = (*d)->NewStream({});
+  auto other = (*d)->NewStream({});
+  ASSERT_TRUE(s.ok() && other.ok());
+  std::promise<Status> inside;
+  Stream* other_stream = other->get();
+  Device* device = d->get();
+  ASSERT_TRUE(device
+                  ->LaunchHostFunc(**s,
+                                   [&] {
+                                     inside.set_value(device->SynchronizeStream(
+                                         *other_stream));
+                                   })
+                  .ok());
+  const Status st = inside.get_future().get();
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  // The same calls from an ordinary thread work.
+  EXPECT_TRUE(device->SynchronizeStream(**other).ok());
+  EXPECT_TRUE(device->SynchronizeStream(**s).ok());
+}
+
+TEST(HostFuncRulesTest, AThrowingHostFunctionDoesNotStopTheStream) {
+  auto d = NewHostEmulatedDevice({});
+  ASSERT_TRUE(d.ok());
+  auto s = (*d)->NewStream({});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(
+      (*d)->LaunchHostFunc(**s, [] { throw std::runtime_error("boom"); }).ok());
+  bool ran = false;
+  ASSERT_TRUE((*d)->LaunchHostFunc(**s, [&] { ran = true; }).ok());
+  ASSERT_TRUE((*d)->SynchronizeStream(**s).ok());
+  EXPECT_TRUE(ran);
 }
 
 }  // namespace
