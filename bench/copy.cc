@@ -196,31 +196,21 @@ int Main(int argc, char** argv) {
   opts.choice = cfg.device == "cuda"   ? DeviceChoice::kCuda
                 : cfg.device == "host" ? DeviceChoice::kHostEmulated
                                        : DeviceChoice::kAuto;
-  // Host-emulated: room for both device buffers; CUDA keeps its default.
-  opts.memory_budget_bytes = 0;
+  // Room for the two device buffers and no more, on either backend: CUDA's
+  // default (all free memory but a reserve) would starve anything else on the
+  // GPU for no gain.
+  opts.memory_budget_bytes = 2 * max_size + (1 << 20);
   opts.emulated_link_bytes_per_s = static_cast<uint64_t>(cfg.link_gbps * 1e9);
   opts.emulated_pageable_bytes_per_s =
       static_cast<uint64_t>(cfg.pageable_gbps * 1e9);
   opts.emulated_copy_latency_ns = static_cast<uint64_t>(cfg.latency_us * 1e3);
   std::string why;
-  // The budget depends on the backend, so probe first and size after.
-  auto probe = NewDevice(opts, &why);
-  if (!probe.ok()) {
-    std::fprintf(stderr, "copy: %s\n", probe.status().ToString().c_str());
+  auto made = NewDevice(opts, &why);
+  if (!made.ok()) {
+    std::fprintf(stderr, "copy: %s\n", made.status().ToString().c_str());
     return 1;
   }
-  std::unique_ptr<Device> device = std::move(*probe);
-  if (device->kind() == DeviceKind::kHostEmulated) {
-    device.reset();
-    opts.choice = DeviceChoice::kHostEmulated;
-    opts.memory_budget_bytes = 2 * max_size + (1 << 20);
-    auto d = NewHostEmulatedDevice(opts);
-    if (!d.ok()) {
-      std::fprintf(stderr, "copy: %s\n", d.status().ToString().c_str());
-      return 1;
-    }
-    device = std::move(*d);
-  }
+  std::unique_ptr<Device> device = std::move(*made);
   const bool emulated = device->kind() == DeviceKind::kHostEmulated;
 
   std::printf("strata-bench copy\n  device: %s\n  chosen: %s\n",
@@ -273,6 +263,17 @@ int Main(int argc, char** argv) {
       b.out = std::move(*out);
       std::memset(b.in.data(), 0x5a, max_size);
     }
+    // Declared after every buffer, so destroyed first: on any return, the
+    // copies still queued finish before the memory they touch goes.
+    struct DrainOnExit {
+      Device& device;
+      Stream& a;
+      Stream& b;
+      ~DrainOnExit() {
+        device.SynchronizeStream(a).IgnoreError();
+        device.SynchronizeStream(b).IgnoreError();
+      }
+    } drain{*device, **up, **down};
     // Both kinds share the device buffers, moved in and out of each.
     CopyBench bench(*device, **up, **down);
     Progress progress(mems.size() * dirs.size() * sizes->size());
