@@ -63,17 +63,15 @@ libdir="$prefix/usr/lib/x86_64-linux-gnu"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$prefix/usr/share/pkgconfig"
 pkgconfig="$(command -v pkg-config || echo "$prefix/usr/bin/pkgconf")"
-if [[ -z "${CUDACXX:-}" ]] && ! command -v nvcc >/dev/null &&
-  [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  export CUDACXX=/usr/local/cuda/bin/nvcc
-fi
+# nvcc and compute-sanitizer, where the toolkit is not on PATH.
+[[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 
 machine() {
   nvidia-smi || true
   nvidia-smi topo -m || true
-  "${CUDACXX:-nvcc}" --version
+  nvcc --version
   cmake --version
   c++ --version
   uname -a
