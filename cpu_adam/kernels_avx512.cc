@@ -5,9 +5,12 @@
 // out the second only where the CPU reports avx512bf16.
 // GCC 12's avx512fintrin.h makes _mm512_undefined_*() from a self-initialized
 // variable, which -Wuninitialized then reports at every inlined use (GCC bug
-// 105593); the warning is about the header, not this code.
+// 105593); the warning is about the header, not this code. Clang has no
+// -Wmaybe-uninitialized and warns about the unknown group, so GCC only.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #define STRATA_CPU_ADAM_ISA avx512

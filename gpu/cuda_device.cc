@@ -17,7 +17,6 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +29,7 @@
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
+#include "util/mutex.h"
 #include "util/unique_handle.h"
 
 namespace strata {
@@ -358,7 +358,7 @@ class CudaDevice final : public Device {
     STRATA_RETURN_IF_ERROR(current.status());
     // One handle for the device; it is bound to a stream per call, so calls
     // are serialized (they only enqueue).
-    std::lock_guard<std::mutex> lock(cublas_mu_);
+    MutexLock lock(&cublas_mu_);
     if (!cublas_) {
       cublasHandle_t h = nullptr;
       STRATA_RETURN_IF_ERROR(api->ToStatus(api->create(&h), "cublasCreate"));
@@ -421,9 +421,9 @@ class CudaDevice final : public Device {
   UniqueHandle<CudaMallocTraits> arena_;
   // After arena_: waits for pending frees before the arena is freed.
   std::optional<internal::StreamOrderedPool> pool_;
-  std::mutex cublas_mu_;
-  // Guarded by cublas_mu_. Last member: destroyed first.
-  internal::UniqueCublasHandle cublas_;
+  Mutex cublas_mu_;
+  // Last member: destroyed first.
+  internal::UniqueCublasHandle cublas_ STRATA_GUARDED_BY(cublas_mu_);
 };
 
 }  // namespace

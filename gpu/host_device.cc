@@ -17,11 +17,9 @@
 //     caller only when done, as CUDA's do.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -31,6 +29,7 @@
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
+#include "util/mutex.h"
 
 namespace strata {
 namespace {
@@ -54,10 +53,10 @@ class HostStream final : public Stream {
   // Drains the queue, then joins.
   ~HostStream() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    work_cv_.notify_one();
+    work_cv_.Signal();
     thread_.join();
   }
 
@@ -65,52 +64,53 @@ class HostStream final : public Stream {
   uint64_t Enqueue(std::function<void()> task) {
     uint64_t ticket;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(std::move(task));
       ticket = ++enqueued_;
     }
-    work_cv_.notify_one();
+    work_cv_.Signal();
     return ticket;
   }
 
   void WaitFor(uint64_t ticket) {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+    MutexLock lock(&mu_);
+    while (completed_ < ticket) done_cv_.Wait(&mu_);
   }
 
   void WaitAll() {
     uint64_t ticket;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ticket = enqueued_;
     }
     WaitFor(ticket);
   }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Run() STRATA_EXCLUDES(mu_) {
+    mu_.Lock();
     for (;;) {
-      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
+      while (!stop_ && queue_.empty()) work_cv_.Wait(&mu_);
+      if (queue_.empty()) break;  // stop_ and drained
       std::function<void()> task = std::move(queue_.front());
       queue_.pop_front();
-      lock.unlock();
+      mu_.Unlock();
       task();
-      lock.lock();
+      mu_.Lock();
       ++completed_;
-      done_cv_.notify_all();
+      done_cv_.SignalAll();
     }
+    mu_.Unlock();
   }
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;          // queue_ or stop_ changed
-  std::condition_variable done_cv_;          // completed_ grew
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  uint64_t enqueued_ = 0;                    // guarded by mu_
-  uint64_t completed_ = 0;                   // guarded by mu_
-  bool stop_ = false;                        // guarded by mu_
-  std::thread thread_;                       // last: starts in the ctor
+  Mutex mu_;
+  CondVar work_cv_;  // queue_ or stop_ changed
+  CondVar done_cv_;  // completed_ grew
+  std::deque<std::function<void()>> queue_ STRATA_GUARDED_BY(mu_);
+  uint64_t enqueued_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ STRATA_GUARDED_BY(mu_) = 0;
+  bool stop_ STRATA_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts in the ctor
 };
 
 // ---- Events -----------------------------------------------------------------
@@ -121,15 +121,15 @@ class HostStream final : public Stream {
 class EventState {
  public:
   uint64_t NextRecord() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return ++latest_;
   }
   uint64_t latest() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return latest_;
   }
   void MarkDone(uint64_t seq) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     done_above_.insert(seq);
     while (!done_above_.empty() && *done_above_.begin() == watermark_ + 1) {
       ++watermark_;
@@ -137,27 +137,30 @@ class EventState {
     }
     // Notified under the lock: a woken waiter may destroy the last owner
     // of this state as soon as it can observe the completion.
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   bool IsDone(uint64_t seq) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return DoneLocked(seq);
   }
   void WaitDone(uint64_t seq) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return DoneLocked(seq); });
+    MutexLock lock(&mu_);
+    while (!DoneLocked(seq)) cv_.Wait(&mu_);
   }
 
  private:
-  bool DoneLocked(uint64_t seq) const {
+  bool DoneLocked(uint64_t seq) const STRATA_REQUIRES(mu_) {
     return seq <= watermark_ || done_above_.count(seq) != 0;
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;     // a record completed
-  uint64_t latest_ = 0;            // guarded by mu_: the latest record
-  uint64_t watermark_ = 0;         // guarded by mu_: records 1..watermark_ done
-  std::set<uint64_t> done_above_;  // guarded by mu_: done records > watermark_
+  Mutex mu_;
+  CondVar cv_;  // a record completed
+  // The latest record.
+  uint64_t latest_ STRATA_GUARDED_BY(mu_) = 0;
+  // Records 1..watermark_ are done.
+  uint64_t watermark_ STRATA_GUARDED_BY(mu_) = 0;
+  // Done records above watermark_.
+  std::set<uint64_t> done_above_ STRATA_GUARDED_BY(mu_);
 };
 
 class HostEvent final : public Event {
@@ -178,15 +181,15 @@ class HostEvent final : public Event {
 class PinnedRanges {
  public:
   void Add(const void* p, size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ranges_[Addr(p)] = Addr(p) + bytes;
   }
   void Remove(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ranges_.erase(Addr(p));
   }
   bool Contains(const void* p, size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = ranges_.upper_bound(Addr(p));
     if (it == ranges_.begin()) return false;
     --it;
@@ -197,8 +200,9 @@ class PinnedRanges {
   static uintptr_t Addr(const void* p) {
     return reinterpret_cast<uintptr_t>(p);
   }
-  std::mutex mu_;
-  std::map<uintptr_t, uintptr_t> ranges_;  // guarded by mu_: start -> end
+  Mutex mu_;
+  // start -> end
+  std::map<uintptr_t, uintptr_t> ranges_ STRATA_GUARDED_BY(mu_);
 };
 
 class HostRegistrationRecord final : public HostRegistration {
@@ -232,15 +236,15 @@ class Link {
     const auto duration = std::chrono::nanoseconds(latency_ns) +
                           std::chrono::duration_cast<Clock::duration>(
                               std::chrono::duration<double>(seconds));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto start = std::max(Clock::now(), busy_until_);
     busy_until_ = start + duration;
     return busy_until_;
   }
 
  private:
-  std::mutex mu_;
-  Clock::time_point busy_until_{};  // guarded by mu_
+  Mutex mu_;
+  Clock::time_point busy_until_ STRATA_GUARDED_BY(mu_) = {};
 };
 
 // ---- The device -------------------------------------------------------------

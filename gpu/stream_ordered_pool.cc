@@ -88,7 +88,7 @@ StreamOrderedPool::StreamOrderedPool(Device* device, std::byte* base,
 StreamOrderedPool::~StreamOrderedPool() {
   std::deque<std::shared_ptr<PendingFree>> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stats_.in_use_bytes != 0) {
       STRATA_LOG_ERROR(
           "{}: destroyed with {} of device memory still allocated; those "
@@ -112,7 +112,7 @@ StatusOr<DeviceMemory> StreamOrderedPool::Allocate(size_t bytes,
   for (;;) {
     std::shared_ptr<PendingFree> oldest;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ReclaimLocked();
       if (auto offset = planner_.Allocate(bytes)) {
         m.pool_ = this;
@@ -168,14 +168,14 @@ void StreamOrderedPool::Free(DeviceMemory& memory) noexcept {
             "block is leaked",
             device_name_, Bytes(pending->bytes), pending->offset,
             failed.ToString(), st.ToString());
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stats_.in_use_bytes -= pending->bytes;
         ++stats_.frees;
         return;
       }
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stats_.in_use_bytes -= pending->bytes;
   ++stats_.frees;
   if (pending->events.empty()) {
@@ -209,7 +209,7 @@ void StreamOrderedPool::ReclaimLocked() {
 }
 
 DeviceMemoryStats StreamOrderedPool::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   DeviceMemoryStats s = stats_;
   s.free_bytes = planner_.free_bytes();
   s.largest_free_block = planner_.largest_free_block();

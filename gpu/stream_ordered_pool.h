@@ -31,13 +31,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gpu/block_planner.h"
 #include "strata/device.h"
+#include "util/mutex.h"
 
 namespace strata::internal {
 
@@ -53,8 +53,9 @@ class StreamOrderedPool {
   StreamOrderedPool(const StreamOrderedPool&) = delete;
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
 
-  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream);
-  DeviceMemoryStats stats() const;
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream)
+      STRATA_EXCLUDES(mu_);
+  DeviceMemoryStats stats() const STRATA_EXCLUDES(mu_);
 
   // OK when [p, p + bytes) lies inside the region; else kInvalidArgument
   // naming `what` ("copy destination", ...).
@@ -86,22 +87,22 @@ class StreamOrderedPool {
   };
 
   // Called by DeviceMemory::Reset.
-  void Free(DeviceMemory& memory) noexcept;
+  void Free(DeviceMemory& memory) noexcept STRATA_EXCLUDES(mu_);
   // Moves pending frees whose events completed to the planner.
-  void ReclaimLocked();
-  std::string OutOfMemoryMessage(size_t bytes) const;
+  void ReclaimLocked() STRATA_REQUIRES(mu_);
+  std::string OutOfMemoryMessage(size_t bytes) const STRATA_REQUIRES(mu_);
 
   Device* const device_;
   std::byte* const base_;
   const uint64_t budget_;
   const std::string device_name_;
 
-  mutable std::mutex mu_;
-  BlockPlanner planner_;  // guarded by mu_
+  mutable Mutex mu_;
+  BlockPlanner planner_ STRATA_GUARDED_BY(mu_);
   // Oldest first. shared_ptr: an allocating thread waits on an entry's
   // events outside mu_ while another may reclaim it.
-  std::deque<std::shared_ptr<PendingFree>> pending_;  // guarded by mu_
-  DeviceMemoryStats stats_;                           // guarded by mu_
+  std::deque<std::shared_ptr<PendingFree>> pending_ STRATA_GUARDED_BY(mu_);
+  DeviceMemoryStats stats_ STRATA_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::internal

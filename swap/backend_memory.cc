@@ -10,22 +10,22 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "swap/backend.h"
+#include "util/mutex.h"
 
 namespace strata::swap {
 namespace {
 
 struct MemFile {
-  std::mutex mu;
-  std::vector<std::byte> data;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<std::byte> data STRATA_GUARDED_BY(mu);
 };
 
 struct MemDisk {
-  std::mutex mu;
-  std::map<std::string, std::shared_ptr<MemFile>> files;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::map<std::string, std::shared_ptr<MemFile>> files STRATA_GUARDED_BY(mu);
 };
 
 MemDisk& Disk() {
@@ -44,7 +44,7 @@ class MemoryBackend final : public Backend {
     std::shared_ptr<MemFile> f;
     {
       MemDisk& d = Disk();
-      std::lock_guard<std::mutex> lock(d.mu);
+      MutexLock lock(&d.mu);
       auto it = d.files.find(path);
       if (it == d.files.end()) {
         if (!(flags & O_CREAT)) return -ENOENT;
@@ -53,7 +53,7 @@ class MemoryBackend final : public Backend {
       f = it->second;
     }
     if (flags & O_TRUNC) {
-      std::lock_guard<std::mutex> lock(f->mu);
+      MutexLock lock(&f->mu);
       f->data.clear();
     }
     const int fd = next_fd_++;
@@ -66,7 +66,7 @@ class MemoryBackend final : public Backend {
   int Fallocate(int fd, uint64_t bytes) override {
     MemFile* f = Find(fd);
     if (f == nullptr) return -EBADF;
-    std::lock_guard<std::mutex> lock(f->mu);
+    MutexLock lock(&f->mu);
     if (f->data.size() < bytes) f->data.resize(bytes);
     return 0;
   }
@@ -76,7 +76,7 @@ class MemoryBackend final : public Backend {
   int64_t FileSize(int fd) override {
     MemFile* f = Find(fd);
     if (f == nullptr) return -EBADF;
-    std::lock_guard<std::mutex> lock(f->mu);
+    MutexLock lock(&f->mu);
     return static_cast<int64_t>(f->data.size());
   }
 
@@ -100,7 +100,7 @@ class MemoryBackend final : public Backend {
   int64_t Execute(const RawOp& op) {
     MemFile* f = Find(op.fd);
     if (f == nullptr) return -EBADF;
-    std::lock_guard<std::mutex> lock(f->mu);
+    MutexLock lock(&f->mu);
     if (op.op == IoOp::kWrite) {
       if (f->data.size() < op.offset + op.len) {
         f->data.resize(op.offset + op.len);

@@ -3,13 +3,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "swap/backend.h"
+#include "util/mutex.h"
 
 namespace strata::swap {
 namespace {
@@ -24,10 +23,10 @@ class ThreadBackend final : public Backend {
 
   ~ThreadBackend() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
     for (auto& t : workers_) t.join();
   }
 
@@ -36,50 +35,51 @@ class ThreadBackend final : public Backend {
 
   StatusOr<size_t> Submit(std::span<const RawOp> ops) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.insert(queue_.end(), ops.begin(), ops.end());
     }
     if (ops.size() == 1) {
-      work_cv_.notify_one();
+      work_cv_.Signal();
     } else {
-      work_cv_.notify_all();
+      work_cv_.SignalAll();
     }
     return ops.size();
   }
 
   StatusOr<size_t> Wait(std::span<RawResult> out, size_t min) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return done_.size() >= min; });
+    MutexLock lock(&mu_);
+    while (done_.size() < min) done_cv_.Wait(&mu_);
     return DrainResults(done_, out);
   }
 
  private:
-  void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Work() STRATA_EXCLUDES(mu_) {
+    mu_.Lock();
     for (;;) {
-      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
+      while (!stop_ && queue_.empty()) work_cv_.Wait(&mu_);
+      if (queue_.empty()) break;  // stop_ and drained
       const RawOp op = queue_.front();
       queue_.pop_front();
-      lock.unlock();
+      mu_.Unlock();
       const ssize_t n =
           op.op == IoOp::kRead
               ? ::pread(op.fd, op.buf, op.len, static_cast<off_t>(op.offset))
               : ::pwrite(op.fd, op.buf, op.len, static_cast<off_t>(op.offset));
       const RawResult r{op.slot, n >= 0 ? n : -errno};
-      lock.lock();
+      mu_.Lock();
       done_.push_back(r);
-      done_cv_.notify_one();
+      done_cv_.Signal();
     }
+    mu_.Unlock();
   }
 
   const uint32_t capacity_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;  // queue_ gained work, or stop_
-  std::condition_variable done_cv_;  // done_ gained a result
-  std::deque<RawOp> queue_;          // GUARDED_BY(mu_)
-  std::deque<RawResult> done_;       // GUARDED_BY(mu_)
-  bool stop_ = false;                // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar work_cv_;  // queue_ gained work, or stop_
+  CondVar done_cv_;  // done_ gained a result
+  std::deque<RawOp> queue_ STRATA_GUARDED_BY(mu_);
+  std::deque<RawResult> done_ STRATA_GUARDED_BY(mu_);
+  bool stop_ STRATA_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

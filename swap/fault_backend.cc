@@ -7,38 +7,38 @@
 namespace strata::swap {
 
 void FaultPlan::Add(const FaultRule& rule) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   rules_.push_back({rule, 0});
 }
 
 void FaultPlan::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   rules_.clear();
   direct_open_errno_ = fallocate_errno_ = fsync_errno_ = 0;
 }
 
 void FaultPlan::FailDirectOpen(int err) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   direct_open_errno_ = err;
 }
 
 void FaultPlan::FailFallocate(int err) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fallocate_errno_ = err;
 }
 
 void FaultPlan::FailFsync(int err) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fsync_errno_ = err;
 }
 
 uint64_t FaultPlan::injected() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return injected_;
 }
 
 std::optional<FaultRule> FaultPlan::Match(IoOp op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::optional<FaultRule> hit;
   for (Entry& e : rules_) {
     if (e.rule.op && *e.rule.op != op) continue;
@@ -53,17 +53,17 @@ std::optional<FaultRule> FaultPlan::Match(IoOp op) {
 }
 
 int FaultPlan::direct_open_errno() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return direct_open_errno_;
 }
 
 int FaultPlan::fallocate_errno() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return fallocate_errno_;
 }
 
 int FaultPlan::fsync_errno() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return fsync_errno_;
 }
 

@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "swap/backend.h"
+#include "util/mutex.h"
 
 namespace strata::swap {
 
@@ -38,33 +38,33 @@ struct FaultRule {
 
 class FaultPlan {
  public:
-  void Add(const FaultRule& rule);
-  void Clear();
+  void Add(const FaultRule& rule) STRATA_EXCLUDES(mu_);
+  void Clear() STRATA_EXCLUDES(mu_);
   // Errno returned by open() of a file with O_DIRECT (0: none).
-  void FailDirectOpen(int err);
-  void FailFallocate(int err);
-  void FailFsync(int err);
+  void FailDirectOpen(int err) STRATA_EXCLUDES(mu_);
+  void FailFallocate(int err) STRATA_EXCLUDES(mu_);
+  void FailFsync(int err) STRATA_EXCLUDES(mu_);
 
   // Faults injected so far.
-  uint64_t injected() const;
+  uint64_t injected() const STRATA_EXCLUDES(mu_);
 
   // Used by the backend. Returns the rule that faults `op`, if any.
-  std::optional<FaultRule> Match(IoOp op);
-  int direct_open_errno() const;
-  int fallocate_errno() const;
-  int fsync_errno() const;
+  std::optional<FaultRule> Match(IoOp op) STRATA_EXCLUDES(mu_);
+  int direct_open_errno() const STRATA_EXCLUDES(mu_);
+  int fallocate_errno() const STRATA_EXCLUDES(mu_);
+  int fsync_errno() const STRATA_EXCLUDES(mu_);
 
  private:
   struct Entry {
     FaultRule rule;
     uint64_t seen = 0;  // matching ops seen
   };
-  mutable std::mutex mu_;
-  std::vector<Entry> rules_;   // GUARDED_BY(mu_)
-  uint64_t injected_ = 0;      // GUARDED_BY(mu_)
-  int direct_open_errno_ = 0;  // GUARDED_BY(mu_)
-  int fallocate_errno_ = 0;    // GUARDED_BY(mu_)
-  int fsync_errno_ = 0;        // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<Entry> rules_ STRATA_GUARDED_BY(mu_);
+  uint64_t injected_ STRATA_GUARDED_BY(mu_) = 0;
+  int direct_open_errno_ STRATA_GUARDED_BY(mu_) = 0;
+  int fallocate_errno_ STRATA_GUARDED_BY(mu_) = 0;
+  int fsync_errno_ STRATA_GUARDED_BY(mu_) = 0;
 };
 
 class FaultInjectingBackend final : public BackendWrapper {

@@ -8,13 +8,13 @@
 
 #include <cerrno>
 #include <deque>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "swap/backend.h"
 #include "util/log.h"
+#include "util/mutex.h"
 
 namespace strata {
 
@@ -419,10 +419,13 @@ class EngineImpl final : public IoEngine {
 
 // Logs each distinct choice once per process.
 void SayChoice(const std::string& message) {
-  static std::mutex mu;
-  static std::set<std::string> said;
-  std::lock_guard<std::mutex> lock(mu);
-  if (said.insert(message).second) STRATA_LOG_INFO("{}", message);
+  struct Said {
+    Mutex mu;
+    std::set<std::string> messages STRATA_GUARDED_BY(mu);
+  };
+  static Said said;
+  MutexLock lock(&said.mu);
+  if (said.messages.insert(message).second) STRATA_LOG_INFO("{}", message);
 }
 
 }  // namespace
