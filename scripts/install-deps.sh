@@ -13,7 +13,7 @@ build_pkgs=(
 )
 test_pkgs=(
   googletest libgtest-dev libgmock-dev libseccomp-dev
-  python3 python3-numpy python3-torch util-linux clang-format
+  python3 python3-numpy python3-torch util-linux clang-format clang
 )
 
 pkgs=("${build_pkgs[@]}")
