@@ -80,18 +80,24 @@ machine() {
   df -h /tmp .
 }
 
+# Warnings are not errors there: that machine's compiler may be newer than
+# Debian 12's and warn where ours does not; this run checks behaviour, and
+# the build log keeps the warnings. CMAKE_POLICY_VERSION_MINIMUM lets a
+# CMake 4 read the Debian packages' CMake files.
 configure() {
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$pkgconfig" \
     -DCMAKE_CUDA_ARCHITECTURES="${STRATA_CUDA_ARCHS:-90}" \
-    -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON
+    -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON \
+    -DSTRATA_WERROR=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5
 }
 compile() {
   if ! grep -q "strata: CUDA=ON" "$out/configure.log"; then
     echo "CMake did not enable CUDA (no nvcc found?): see configure.log"
     return 1
   fi
-  cmake --build "$build" -j "$jobs"
+  cmake --build "$build" -j "$jobs" || return
+  echo "compiler warnings: $(grep -c "warning:" "$out/build.log")"
 }
 
 bench="$build/bench/strata-bench"
