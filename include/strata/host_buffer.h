@@ -61,6 +61,9 @@ class STRATA_EXPORT HostBuffer final {
   std::byte* data() const noexcept { return data_; }
   size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
+  // Locked by this buffer's own mlock. A buffer with a device registration
+  // is page-locked by the registration too (the CUDA backend skips the mlock
+  // for that reason), so "safe for DMA" is pinned() || registration().
   bool pinned() const noexcept { return pinned_; }
   std::span<std::byte> span() const noexcept { return {data_, size_}; }
 
