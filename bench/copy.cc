@@ -137,6 +137,82 @@ class CopyBench {
   Stream& down_;
 };
 
+// The targets, judged on this run's rows: on a GPU, pinned h2d and
+// d2h at least 0.9 of the plain cudaMemcpyAsync figure from 64 MiB up; on
+// any device, pinned copies in both directions at once moving more bytes per
+// second than either alone (pageable ones cannot overlap: a pageable d2h
+// returns only when done). A target with no rows to judge says so.
+nlohmann::json CheckTargets(const std::vector<Result>& results, bool emulated) {
+  nlohmann::json out = nlohmann::json::array();
+  if (!emulated) {
+    double worst = 0;
+    uint64_t worst_bytes = 0;
+    std::string worst_dir;
+    int judged = 0;
+    for (const Result& r : results) {
+      if (!r.pinned || r.bytes < (64u << 20) || r.direction == "both" ||
+          r.baseline_gbps <= 0) {
+        continue;
+      }
+      const double ratio = r.gbps / r.baseline_gbps;
+      if (judged++ == 0 || ratio < worst) {
+        worst = ratio;
+        worst_bytes = r.bytes;
+        worst_dir = r.direction;
+      }
+    }
+    nlohmann::json t = {
+        {"target", "pinned h2d and d2h >= 0.9 x cudaMemcpyAsync from 64 MiB"},
+        {"rows", judged}};
+    if (judged == 0) {
+      t["met"] = nullptr;
+      t["verdict"] = "not judged (no pinned h2d/d2h row of 64 MiB or more)";
+    } else {
+      t["met"] = worst >= 0.9;
+      t["worst_ratio"] = worst;
+      t["verdict"] = std::string(worst >= 0.9 ? "met" : "NOT met") +
+                     " (lowest ratio " + Fixed(worst, 3) + ", " + worst_dir +
+                     " " + FormatBytes(worst_bytes) + ")";
+    }
+    out.push_back(std::move(t));
+  }
+  {
+    const bool pinned = true;
+    std::vector<std::string> slower;
+    int judged = 0;
+    for (const Result& both : results) {
+      if (both.pinned != pinned || both.direction != "both") continue;
+      double single = 0;
+      int found = 0;
+      for (const Result& r : results) {
+        if (r.pinned == pinned && r.bytes == both.bytes &&
+            r.direction != "both") {
+          single = std::max(single, r.gbps);
+          ++found;
+        }
+      }
+      if (found < 2) continue;
+      ++judged;
+      if (both.gbps <= single) slower.push_back(FormatBytes(both.bytes));
+    }
+    nlohmann::json t = {
+        {"target", "pinned both directions at once faster than either alone"},
+        {"rows", judged}};
+    if (judged == 0) {
+      t["met"] = nullptr;
+      t["verdict"] = "not judged (needs h2d, d2h and both at one size)";
+    } else {
+      t["met"] = slower.empty();
+      std::string sizes;
+      for (const auto& s : slower) sizes += (sizes.empty() ? "" : ", ") + s;
+      t["verdict"] =
+          slower.empty() ? "met at every size" : "NOT met at " + sizes;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 int Main(int argc, char** argv) {
   Config cfg;
   CLI::App app{"host<->device copy bandwidth, pinned and pageable"};
@@ -330,6 +406,11 @@ int Main(int argc, char** argv) {
     jr.push_back(std::move(j));
   }
   std::printf("%s", table.ToString().c_str());
+  const nlohmann::json targets = CheckTargets(results, emulated);
+  for (const auto& t : targets) {
+    std::printf("%s: %s\n", t["target"].get<std::string>().c_str(),
+                t["verdict"].get<std::string>().c_str());
+  }
   if (emulated) {
     std::printf(
         "\n(host-emulated device: GB/s reflects the configured link, not a "
@@ -355,6 +436,7 @@ int Main(int argc, char** argv) {
                      {"min_time_s", cfg.min_time_s},
                      {"warmup", cfg.warmup}};
     out["results"] = std::move(jr);
+    out["targets"] = targets;
     Status st = WriteJson(cfg.json, out);
     if (!st.ok()) {
       std::fprintf(stderr, "copy: %s\n", st.ToString().c_str());
