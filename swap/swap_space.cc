@@ -178,8 +178,14 @@ class SwapSpaceImpl final : public SwapSpace {
     }
     HostBufferOptions bo;
     bo.pin = o.pin_buffers;
-    STRATA_ASSIGN_OR_RETURN(
-        bounce_, HostBuffer::Allocate(slot_bytes_ * o.queue_depth, bo));
+    auto bounce = HostBuffer::Allocate(slot_bytes_ * o.queue_depth, bo);
+    if (!bounce.ok()) {
+      return std::move(bounce).status().WithContext(
+          "swap space bounce buffers (queue_depth " +
+          std::to_string(o.queue_depth) + " x " + std::to_string(slot_bytes_) +
+          "-byte slots)");
+    }
+    bounce_ = std::move(*bounce);
     const std::span<std::byte> whole = bounce_.span();
     STRATA_RETURN_IF_ERROR(engine_->RegisterBuffers({&whole, 1}));
     return Status::Ok();

@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "util/host_alloc_faults.h"
 #include "util/log.h"
 
 namespace strata {
@@ -20,20 +22,78 @@ std::atomic<uint64_t> g_pinned_bytes{0};
 
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// What an out-of-memory message adds: what the system has free and what
+// strata holds pinned.
+std::string HostMemorySummary() {
+  std::string available = "unknown";
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+        available = std::to_string(kib * 1024) + " bytes";
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  return available + " available (MemAvailable), " +
+         std::to_string(g_pinned_bytes.load(std::memory_order_relaxed)) +
+         " bytes pinned by strata";
+}
+
+// util/host_alloc_faults.h. `g_fault_armed` keeps the unarmed path to one
+// relaxed load.
+std::atomic<bool> g_fault_armed{false};
+std::atomic<uint64_t> g_fault_nth{0};
+std::atomic<bool> g_fault_persistent{false};
+std::atomic<uint64_t> g_fault_seen{0};
+std::atomic<uint64_t> g_fault_failed{0};
+
+bool InjectAllocationFault() {
+  if (!g_fault_armed.load(std::memory_order_acquire)) return false;
+  const uint64_t n = g_fault_seen.fetch_add(1) + 1;
+  const uint64_t nth = g_fault_nth.load();
+  const bool fail = n == nth || (n > nth && g_fault_persistent.load());
+  if (fail) g_fault_failed.fetch_add(1);
+  return fail;
+}
+
 }  // namespace
+
+namespace internal {
+
+void HostAllocFaults::Arm(uint64_t nth, bool persistent) {
+  g_fault_armed.store(false, std::memory_order_release);
+  g_fault_nth.store(nth);
+  g_fault_persistent.store(persistent);
+  g_fault_seen.store(0);
+  g_fault_failed.store(0);
+  g_fault_armed.store(true, std::memory_order_release);
+}
+void HostAllocFaults::Disarm() {
+  g_fault_armed.store(false, std::memory_order_release);
+}
+uint64_t HostAllocFaults::seen() { return g_fault_seen.load(); }
+uint64_t HostAllocFaults::failed() { return g_fault_failed.load(); }
+
+}  // namespace internal
 
 StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes,
                                           const HostBufferOptions& options) {
   HostBuffer buf;
   if (bytes == 0) return buf;
   const size_t mapped = RoundUp(bytes, kPage);
-  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p = InjectAllocationFault()
+                ? (errno = ENOMEM, MAP_FAILED)
+                : ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     return Status(StatusCode::kOutOfMemory,
                   "mmap of " + std::to_string(bytes) +
-                      " bytes of host memory failed: " + std::strerror(err),
+                      " bytes of host memory failed: " + std::strerror(err) +
+                      "; " + HostMemorySummary(),
                   err);
   }
   buf.data_ = static_cast<std::byte*>(p);

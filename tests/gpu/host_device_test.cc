@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "strata/device.h"
+#include "util/host_alloc_faults.h"
 
 namespace strata {
 namespace {
@@ -182,6 +183,32 @@ TEST(HostFuncRulesTest, AThrowingHostFunctionDoesNotStopTheStream) {
   ASSERT_TRUE((*d)->LaunchHostFunc(**s, [&] { ran = true; }).ok());
   ASSERT_TRUE((*d)->SynchronizeStream(**s).ok());
   EXPECT_TRUE(ran);
+}
+
+// RELIABILITY.md row 9 on the device layer: the host-emulated device's
+// memory and pinned host buffers come from host memory; when it is refused,
+// creation and AllocatePinnedHost answer kOutOfMemory and the next try works.
+TEST(HostDeviceOomTest, RefusedHostMemoryFailsCleanly) {
+  DeviceOptions o;
+  o.memory_budget_bytes = 8 << 20;
+  {
+    internal::ScopedHostAllocFaults faults(1, /*persistent=*/false);
+    auto d = NewHostEmulatedDevice(o);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), StatusCode::kOutOfMemory)
+        << d.status().ToString();
+  }
+  auto d = NewHostEmulatedDevice(o);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  {
+    internal::ScopedHostAllocFaults faults(1, /*persistent=*/false);
+    auto b = (*d)->AllocatePinnedHost(1 << 20, {});
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), StatusCode::kOutOfMemory);
+  }
+  auto b = (*d)->AllocatePinnedHost(1 << 20, {});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_NE(b->registration(), nullptr);
 }
 
 }  // namespace

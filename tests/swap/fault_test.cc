@@ -16,6 +16,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -27,6 +28,7 @@
 #include "swap/fault_backend.h"
 #include "swap/swap_space_internal.h"
 #include "tests/swap/test_util.h"
+#include "util/host_alloc_faults.h"
 
 namespace strata {
 namespace {
@@ -446,6 +448,59 @@ TEST_F(SwapFileFaultTest, SecondUserOfDirectoryIsBusy) {
   std::vector<std::byte> out(h->bytes);
   ASSERT_TRUE(space_->Read(*h, out).ok());
   EXPECT_EQ(FirstMismatch(out, 0, 8), -1);
+}
+
+// Row 9: host memory refused. The nth host allocation of Open fails, n swept
+// from 1 until Open succeeds, once (transient) and for good (persistent):
+// every failure is kOutOfMemory, leaves no swap file, lock or pinned bytes
+// behind, and the next Open of the same directory works and round-trips.
+TEST(SwapHostOomTest, EveryAllocationOfOpenFailsCleanly) {
+  ScratchDir dir;
+  SwapSpaceOptions o;
+  o.dirs = {dir.path()};
+  o.capacity_bytes = 8 * kBlock;
+  o.block_bytes = kBlock;
+  o.queue_depth = 4;
+  const uint64_t pinned_before = HostBuffer::TotalPinnedBytes();
+  for (bool persistent : {false, true}) {
+    SCOPED_TRACE(persistent ? "persistent" : "transient");
+    int failures = 0;
+    for (uint64_t n = 1;; ++n) {
+      SCOPED_TRACE("allocation " + std::to_string(n));
+      StatusOr<std::unique_ptr<SwapSpace>> s = Status::Ok();
+      uint64_t failed = 0;
+      {
+        internal::ScopedHostAllocFaults faults(n, persistent);
+        s = SwapSpace::Open(o);
+        failed = internal::HostAllocFaults::failed();
+      }
+      if (failed == 0) {
+        // n is past the last allocation: Open succeeded untouched.
+        ASSERT_TRUE(s.ok()) << s.status().ToString();
+        break;
+      }
+      ++failures;
+      ASSERT_FALSE(s.ok()) << "a failed allocation went unreported";
+      EXPECT_EQ(s.status().code(), StatusCode::kOutOfMemory)
+          << s.status().ToString();
+      EXPECT_EQ(HostBuffer::TotalPinnedBytes(), pinned_before);
+      for (const auto& entry :
+           std::filesystem::directory_iterator(dir.path())) {
+        EXPECT_EQ(entry.path().filename().string().rfind("strata-swap", 0),
+                  std::string::npos)
+            << "left behind: " << entry.path();
+      }
+      ASSERT_LT(n, 100u) << "Open never stops allocating";
+    }
+    EXPECT_GE(failures, 1) << "Open made no host allocation to fail";
+    auto s = SwapSpace::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    auto h = (*s)->Write(3, Stamped(3 * kBlock, 3));
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    std::vector<std::byte> out(h->bytes);
+    ASSERT_TRUE((*s)->Read(*h, out).ok());
+    EXPECT_EQ(FirstMismatch(out, 0, 3), -1);
+  }
 }
 
 // Row 1 for real: a 1 MiB tmpfs in a private mount namespace.

@@ -9,6 +9,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+
+#include "util/host_alloc_faults.h"
 
 namespace strata {
 namespace {
@@ -121,6 +124,44 @@ TEST(HostBufferTest, LowMemlockLimitContinuesUnpinnedOrFailsWhenRequired) {
   ASSERT_TRUE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot drop CAP_IPC_LOCK";
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// RELIABILITY.md row 9 at its source: a refused host allocation is
+// kOutOfMemory saying how much was asked and what the system has, leaks
+// nothing, and does not poison the next allocation.
+TEST(HostBufferOomTest, TransientFailureIsOutOfMemoryThenTheNextSucceeds) {
+  const uint64_t pinned_before = HostBuffer::TotalPinnedBytes();
+  internal::ScopedHostAllocFaults faults(1, /*persistent=*/false);
+  auto a = HostBuffer::Allocate(3 << 20);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(a.status().message().find("3145728 bytes"), std::string::npos)
+      << a.status().ToString();
+  EXPECT_NE(a.status().message().find("available"), std::string::npos)
+      << a.status().ToString();
+  EXPECT_EQ(HostBuffer::TotalPinnedBytes(), pinned_before);
+  auto b = HostBuffer::Allocate(3 << 20);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->size(), 3u << 20);
+  EXPECT_EQ(internal::HostAllocFaults::seen(), 2u);
+  EXPECT_EQ(internal::HostAllocFaults::failed(), 1u);
+}
+
+TEST(HostBufferOomTest, PersistentFailureLastsUntilDisarmed) {
+  {
+    internal::ScopedHostAllocFaults faults(2, /*persistent=*/true);
+    auto first = HostBuffer::Allocate(4096);
+    EXPECT_TRUE(first.ok());
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(HostBuffer::Allocate(4096).status().code(),
+                StatusCode::kOutOfMemory);
+    }
+    EXPECT_EQ(internal::HostAllocFaults::failed(), 3u);
+  }
+  EXPECT_TRUE(HostBuffer::Allocate(4096).ok());
+  // An empty buffer maps nothing, so nothing can fail.
+  internal::ScopedHostAllocFaults faults(1, /*persistent=*/true);
+  EXPECT_TRUE(HostBuffer::Allocate(0).ok());
 }
 
 }  // namespace
