@@ -31,14 +31,30 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
          (info.param.direct ? "_direct" : "_buffered");
 }
 
+// One request per `block` bytes of `buf`, at the same offset in `file`,
+// tagged with its index.
+std::vector<IoRequest> BlockRequests(FileId file, std::span<std::byte> buf,
+                                     size_t block, IoOp op) {
+  std::vector<IoRequest> reqs;
+  for (size_t i = 0; i * block < buf.size(); ++i) {
+    reqs.push_back({file, i * block, buf.subspan(i * block, block), op, i});
+  }
+  return reqs;
+}
+
 class IoEngineTest : public ::testing::TestWithParam<Param> {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(dir_.path().empty());
+  static IoEngineOptions Options() {
     IoEngineOptions o;
     o.backend = GetParam().backend;
     o.direct_io = GetParam().direct;
     o.queue_depth = 8;
+    return o;
+  }
+
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    const IoEngineOptions o = Options();
     auto e = NewIoEngine(o);
     if (!e.ok() && e.status().code() == StatusCode::kUnavailable) {
       GTEST_SKIP() << IoBackendName(o.backend)
@@ -64,11 +80,8 @@ TEST_P(IoEngineTest, RoundTripsOffsetStampedData) {
   HostBuffer w = MustAllocate(kBlock * kBlocks);
   HostBuffer r = MustAllocate(kBlock * kBlocks);
   Stamp(w.span(), 0, 0x1234);
-  std::vector<IoRequest> reqs;
-  for (size_t i = 0; i < kBlocks; ++i) {
-    reqs.push_back({file_, i * kBlock, w.span().subspan(i * kBlock, kBlock),
-                    IoOp::kWrite, i});
-  }
+  std::vector<IoRequest> reqs =
+      BlockRequests(file_, w.span(), kBlock, IoOp::kWrite);
   ASSERT_TRUE(engine_->Submit(reqs).ok());
   std::vector<IoCompletion> done(kBlocks);
   size_t got = 0;
@@ -272,30 +285,19 @@ TEST_P(IoEngineTest, DestroyedWithRequestsInFlightDrainsThem) {
   constexpr size_t kBlocks = 64;  // eight times the queue depth
   HostBuffer w = MustAllocate(kBlock * kBlocks);
   Stamp(w.span(), 0, 0x77);
-  std::vector<IoRequest> reqs;
-  for (size_t i = 0; i < kBlocks; ++i) {
-    reqs.push_back({file_, i * kBlock, w.span().subspan(i * kBlock, kBlock),
-                    IoOp::kWrite, i});
-  }
+  std::vector<IoRequest> reqs =
+      BlockRequests(file_, w.span(), kBlock, IoOp::kWrite);
   ASSERT_TRUE(engine_->Submit(reqs).ok());
   engine_.reset();
 
-  IoEngineOptions o;
-  o.backend = GetParam().backend;
-  o.direct_io = GetParam().direct;
-  o.queue_depth = 8;
-  auto e = NewIoEngine(o);
+  auto e = NewIoEngine(Options());
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto f = (*e)->Open(dir_.File("data"), {});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   HostBuffer r = MustAllocate(kBlock * kBlocks);
   std::memset(r.data(), 0, r.size());
-  reqs.clear();
-  for (size_t i = 0; i < kBlocks; ++i) {
-    reqs.push_back(
-        {*f, i * kBlock, r.span().subspan(i * kBlock, kBlock), IoOp::kRead, i});
-  }
-  ASSERT_TRUE((*e)->Submit(reqs).ok());
+  ASSERT_TRUE(
+      (*e)->Submit(BlockRequests(*f, r.span(), kBlock, IoOp::kRead)).ok());
   e->reset();  // the reads drain too
   EXPECT_EQ(FirstMismatch(r.span(), 0, 0x77), -1);
 }
