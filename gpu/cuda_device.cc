@@ -442,7 +442,8 @@ StatusOr<std::unique_ptr<Device>> NewCudaDevice(const DeviceOptions& options) {
                                " asked for, but " + std::to_string(count) +
                                " visible");
   }
-  STRATA_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+  ScopedCurrentDevice current(ordinal);
+  STRATA_RETURN_IF_ERROR(current.status());
   cudaDeviceProp prop{};
   STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, ordinal),
                                     "cudaGetDeviceProperties"));
