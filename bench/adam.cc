@@ -214,10 +214,7 @@ int RunAdam(int argc, char** argv) {
         std::pair{&a.m16, n * 2}, std::pair{&a.v16, n * 2},
         std::pair{&a.working, has_working ? n * 2 : 0}}) {
     auto b = Alloc(bytes);
-    if (!b.ok()) {
-      std::fprintf(stderr, "adam: %s\n", b.status().ToString().c_str());
-      return 1;
-    }
+    if (!b.ok()) return Fail("adam", b.status());
     *buf = std::move(b).value();
   }
   std::fprintf(
@@ -250,10 +247,7 @@ int RunAdam(int argc, char** argv) {
       o.threads = t;
       o.weight_decay = 0.01;
       auto opt = NewCpuOptimizer(o);
-      if (!opt.ok()) {
-        std::fprintf(stderr, "adam: %s\n", opt.status().ToString().c_str());
-        return 1;
-      }
+      if (!opt.ok()) return Fail("adam", opt.status());
       opts.push_back(std::move(opt).value());
     }
     // The bound runs with the fastest variant's kernel on the same threads.
@@ -417,11 +411,7 @@ int RunAdam(int argc, char** argv) {
                           {"working_dtype", working_s},
                           {"reps", reps}}},
                         {"results", results}};
-    Status s = WriteJson(json_path, j);
-    if (!s.ok()) {
-      std::fprintf(stderr, "adam: %s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (Status s = WriteJson(json_path, j); !s.ok()) return Fail("adam", s);
   }
   return 0;
 }

@@ -44,6 +44,10 @@ nlohmann::json FilesystemInfo(const std::string& path);
 // Writes `j` (pretty-printed) to `path`.
 Status WriteJson(const std::string& path, const nlohmann::json& j);
 
+// Prints "<command>: <status>" on stderr and returns 1, a failed run's exit
+// status.
+int Fail(std::string_view command, const Status& status);
+
 // An aligned, right-justified text table for stdout.
 class Table {
  public:

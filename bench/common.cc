@@ -97,6 +97,12 @@ nlohmann::json FilesystemInfo(const std::string& path) {
   return j;
 }
 
+int Fail(std::string_view command, const Status& status) {
+  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(command.size()),
+               command.data(), status.ToString().c_str());
+  return 1;
+}
+
 Status WriteJson(const std::string& path, const nlohmann::json& j) {
   std::ofstream out(path);
   if (!out) return Status::FromErrno(errno, "cannot open " + path);

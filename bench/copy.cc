@@ -282,10 +282,7 @@ int Main(int argc, char** argv) {
   opts.emulated_copy_latency_ns = static_cast<uint64_t>(cfg.latency_us * 1e3);
   std::string why;
   auto made = NewDevice(opts, &why);
-  if (!made.ok()) {
-    std::fprintf(stderr, "copy: %s\n", made.status().ToString().c_str());
-    return 1;
-  }
+  if (!made.ok()) return Fail("copy", made.status());
   std::unique_ptr<Device> device = std::move(*made);
   const bool emulated = device->kind() == DeviceKind::kHostEmulated;
 
@@ -314,11 +311,7 @@ int Main(int argc, char** argv) {
     auto dev_in = device->Allocate(max_size, **up);
     auto dev_out = device->Allocate(max_size, **down);
     if (!dev_in.ok() || !dev_out.ok()) {
-      std::fprintf(stderr, "copy: %s\n",
-                   (!dev_in.ok() ? dev_in.status() : dev_out.status())
-                       .ToString()
-                       .c_str());
-      return 1;
+      return Fail("copy", !dev_in.ok() ? dev_in.status() : dev_out.status());
     }
     HostBufferOptions plain;
     plain.pin = false;
@@ -437,10 +430,8 @@ int Main(int argc, char** argv) {
                      {"warmup", cfg.warmup}};
     out["results"] = std::move(jr);
     out["targets"] = targets;
-    Status st = WriteJson(cfg.json, out);
-    if (!st.ok()) {
-      std::fprintf(stderr, "copy: %s\n", st.ToString().c_str());
-      return 1;
+    if (Status st = WriteJson(cfg.json, out); !st.ok()) {
+      return Fail("copy", st);
     }
   }
   return 0;

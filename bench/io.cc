@@ -204,10 +204,7 @@ int Run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "strata-bench io: %s\n", s.ToString().c_str());
-    return 1;
-  };
+  auto fail = [](const Status& s) { return Fail("strata-bench io", s); };
   auto sz = ParseSize(size);
   if (!sz.ok()) return fail(sz.status());
   cfg.size = *sz;
