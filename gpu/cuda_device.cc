@@ -25,6 +25,7 @@
 #include "gpu/cpu_kernels.h"
 #include "gpu/cublas.h"
 #include "gpu/cuda_kernels.h"
+#include "gpu/host_func.h"
 #include "gpu/raw_copy.h"
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
@@ -151,18 +152,11 @@ class CudaHostRegistration final : public HostRegistration {
 };
 
 // Runs on CUDA's callback thread, where no CUDA call is allowed; see
-// Device::LaunchHostFunc for what that asks of `fn`. An exception must not
-// unwind into the driver.
+// Device::LaunchHostFunc for what that asks of `fn`.
 void RunHostFunc(void* arg) {
   std::unique_ptr<std::function<void()>> fn(
       static_cast<std::function<void()>*>(arg));
-  try {
-    (*fn)();
-  } catch (const std::exception& e) {
-    STRATA_LOG_ERROR("a host function on a CUDA stream threw: {}", e.what());
-  } catch (...) {
-    STRATA_LOG_ERROR("a host function on a CUDA stream threw");
-  }
+  internal::RunHostFunction(*fn);
 }
 
 class CudaDevice final : public Device {

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "gpu/cpu_kernels.h"
+#include "gpu/host_func.h"
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
@@ -312,13 +313,7 @@ class HostEmulatedDevice final : public Device {
     if (!fn) return Status::InvalidArgument("LaunchHostFunc: empty function");
     s->Enqueue([fn = std::move(fn)] {
       t_in_host_func = true;
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        STRATA_LOG_ERROR("a host function on a stream threw: {}", e.what());
-      } catch (...) {
-        STRATA_LOG_ERROR("a host function on a stream threw");
-      }
+      internal::RunHostFunction(fn);
       t_in_host_func = false;
     });
     return Status::Ok();
