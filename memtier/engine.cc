@@ -24,6 +24,8 @@
 #include <numeric>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "util/log.h"
 
 namespace strata::memtier {
@@ -563,12 +565,25 @@ std::vector<uint32_t> EngineImpl::PrefetchCandidatesLocked() {
   const uint64_t window = options_.prefetch_bytes != 0
                               ? options_.prefetch_bytes
                               : std::max<uint64_t>(device_budget_ / 4, 1);
+  // Live bytes: pinned, arriving, or prefetched and not fetched yet.
+  uint64_t live = 0;
+  for (const UnitState& s : units_) {
+    if (s.resident && (s.pins > 0 || s.arriving || s.prefetched)) {
+      live += s.param_bytes;
+    }
+  }
+  const uint64_t max_live =
+      options_.max_live_bytes != 0 ? options_.max_live_bytes : UINT64_MAX;
   uint64_t bytes = 0;
   for (size_t k = 0;; ++k) {
     const uint64_t v = trace_->upcoming(k);
     if (v == FetchTrace::kNever) break;
     bytes += units_[v].param_bytes;
     if (bytes > window) break;
+    if (!units_[v].resident) {
+      live += units_[v].param_bytes;
+      if (live > max_live) break;
+    }
     if (!units_[v].resident && !units_[v].allocating &&
         std::find(out.begin(), out.end(), v) == out.end()) {
       out.push_back(static_cast<uint32_t>(v));
@@ -585,6 +600,8 @@ int64_t EngineImpl::PickVictimLocked(uint64_t than) {
   for (uint32_t v = 0; v < units_.size(); ++v) {
     const UnitState& s = units_[v];
     if (!s.resident || s.pins > 0 || s.arriving || s.allocating) continue;
+    // Small units persist once fetched (stage3_param_persistence_threshold).
+    if (s.param_bytes < options_.persistence_threshold_bytes) continue;
     const uint64_t next = trace_->NextUse(v);
     if (than != FetchTrace::kNever && next <= than) continue;
     if (best < 0 || next > best_next ||
@@ -1301,6 +1318,36 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
   if (device == nullptr) return Status::InvalidArgument("engine: no device");
   STRATA_RETURN_IF_ERROR(memtier::EngineImpl::CheckOptions(options));
   return std::unique_ptr<Engine>(new memtier::EngineImpl(options, device));
+}
+
+std::string EngineStatsJson(const EngineStats& s) {
+  auto tier = [](const TierStats& t) {
+    return nlohmann::json{{"resident_bytes", t.resident_bytes},
+                          {"peak_bytes", t.peak_bytes}};
+  };
+  nlohmann::json j = {{"device", tier(s.device)},
+                      {"host", tier(s.host)},
+                      {"nvme", tier(s.nvme)},
+                      {"pinned_host_bytes", s.pinned_host_bytes},
+                      {"staging_bytes", s.staging_bytes},
+                      {"nvme_read_bytes", s.nvme_read_bytes},
+                      {"nvme_write_bytes", s.nvme_write_bytes},
+                      {"h2d_bytes", s.h2d_bytes},
+                      {"d2h_bytes", s.d2h_bytes},
+                      {"fetches", s.fetches},
+                      {"fetch_hits", s.fetch_hits},
+                      {"prefetches", s.prefetches},
+                      {"prefetch_hits", s.prefetch_hits},
+                      {"stall_seconds", s.stall_seconds},
+                      {"evictions", s.evictions},
+                      {"order_changes", s.order_changes},
+                      {"steps", s.steps},
+                      {"skipped_steps", s.skipped_steps},
+                      {"step_seconds", s.step_seconds},
+                      {"hot_path_allocations", s.hot_path_allocations},
+                      {"fragmentation", s.fragmentation},
+                      {"compactions", s.compactions}};
+  return j.dump();
 }
 
 }  // namespace strata

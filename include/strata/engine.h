@@ -191,6 +191,10 @@ class STRATA_EXPORT Engine {
 // "device", "host", "nvme".
 STRATA_EXPORT std::string_view ResidenceName(Residence r);
 
+// The stats as a JSON object (field names as above; bytes and counts as
+// integers, seconds as numbers).
+STRATA_EXPORT std::string EngineStatsJson(const EngineStats& stats);
+
 }  // namespace strata
 
 #endif  // STRATA_ENGINE_H_

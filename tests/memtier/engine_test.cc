@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "strata/device.h"
 #include "strata/engine.h"
 
@@ -423,6 +425,31 @@ TEST_F(EngineFixture, OverflowSkipsTheStepAndClippingBoundsTheNorm) {
   EXPECT_EQ(r->step, 1);
   ASSERT_TRUE(eng_->ReadMaster(ids_[0], m).ok());
   EXPECT_NE(m, init);
+}
+
+TEST_F(EngineFixture, SmallUnitsPersistAndStatsComeAsJson) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.device_budget_bytes = 2 * kUnitBytes + 1024;
+  o.persistence_threshold_bytes = 4096;  // the packed unit of small tensors
+  Make(o, 4, /*start=*/false);
+  TensorSpec small;
+  small.name = "bias";
+  small.shape = {kWidth};
+  const TensorId bias = eng_->Register(small).value();
+  ASSERT_TRUE(eng_->Start().ok());
+  ASSERT_TRUE(eng_->Fetch(bias).ok());
+  for (int round = 0; round < 3; ++round) {
+    for (TensorId id : ids_) ASSERT_TRUE(eng_->Fetch(id).ok());
+  }
+  const uint64_t hits = eng_->stats().fetch_hits;
+  ASSERT_TRUE(eng_->Fetch(bias).ok());
+  EXPECT_EQ(eng_->stats().fetch_hits, hits + 1) << "the small unit was evicted";
+
+  const auto j = nlohmann::json::parse(EngineStatsJson(eng_->stats()));
+  EXPECT_EQ(j["fetches"].get<uint64_t>(), 14u);
+  EXPECT_GT(j["evictions"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["device"].contains("peak_bytes"));
 }
 
 TEST_F(EngineFixture, ErrorsNameWhatIsWrong) {
