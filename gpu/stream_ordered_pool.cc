@@ -15,11 +15,11 @@ namespace strata {
 
 DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
       offset_(std::exchange(other.offset_, 0)),
       reserved_(std::exchange(other.reserved_, 0)),
       streams_(std::move(other.streams_)) {
+  data_ = std::exchange(other.data_, nullptr);
+  size_ = std::exchange(other.size_, 0);
   other.streams_.clear();
 }
 
@@ -58,9 +58,10 @@ void DeviceMemory::Reset() noexcept {
 
 ExternalDeviceMemory::ExternalDeviceMemory(
     ExternalDeviceMemory&& other) noexcept
-    : pool_(std::exchange(other.pool_, nullptr)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+    : pool_(std::exchange(other.pool_, nullptr)) {
+  data_ = std::exchange(other.data_, nullptr);
+  size_ = std::exchange(other.size_, 0);
+}
 
 ExternalDeviceMemory& ExternalDeviceMemory::operator=(
     ExternalDeviceMemory&& other) noexcept {

@@ -253,11 +253,40 @@ class STRATA_EXPORT HostEvent {
   std::shared_ptr<internal::HostSignal> signal_;
 };
 
+namespace internal {
+
+// The address range of DeviceMemory and ExternalDeviceMemory.
+class DeviceRange {
+ public:
+  // The device address (a host address on the host-emulated device). Null
+  // when empty.
+  void* data() const noexcept { return data_; }
+  size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  // data() + offset, as bytes. REQUIRES: offset <= size().
+  std::byte* at(size_t offset) const noexcept {
+    return static_cast<std::byte*>(data_) + offset;
+  }
+
+ protected:
+  DeviceRange() noexcept = default;
+  ~DeviceRange() = default;
+  DeviceRange(const DeviceRange&) = default;
+  DeviceRange& operator=(const DeviceRange&) = default;
+
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace internal
+
 // A block of device memory; move-only. Destruction (or Reset) frees it in
 // stream order: the block is handed out again only after the allocation
 // stream and every stream named in RecordUse have completed the work they
 // had been given before the free. Thread-compatible.
-class STRATA_EXPORT DeviceMemory final {
+// data() is aligned to 256 bytes; size() is the bytes asked for (the block
+// may be larger, rounded to 256 bytes).
+class STRATA_EXPORT DeviceMemory final : public internal::DeviceRange {
  public:
   DeviceMemory() noexcept = default;
   DeviceMemory(const DeviceMemory&) = delete;
@@ -265,17 +294,6 @@ class STRATA_EXPORT DeviceMemory final {
   DeviceMemory(DeviceMemory&& other) noexcept;
   DeviceMemory& operator=(DeviceMemory&& other) noexcept;
   ~DeviceMemory() { Reset(); }
-
-  // The device address (a host address on the host-emulated device).
-  // Aligned to 256 bytes. Null for an empty block.
-  void* data() const noexcept { return data_; }
-  // Bytes asked for (the block may be larger, rounded to 256 bytes).
-  size_t size() const noexcept { return size_; }
-  bool empty() const noexcept { return size_ == 0; }
-  // data() + offset, as bytes. REQUIRES: offset <= size().
-  std::byte* at(size_t offset) const noexcept {
-    return static_cast<std::byte*>(data_) + offset;
-  }
 
   // Records that work on `stream` uses this memory, so that reuse after the
   // free also waits for it (PyTorch's recordStream). Call it any time before
@@ -289,8 +307,6 @@ class STRATA_EXPORT DeviceMemory final {
   friend class internal::StreamOrderedPool;
 
   internal::StreamOrderedPool* pool_ = nullptr;
-  void* data_ = nullptr;
-  size_t size_ = 0;
   uint64_t offset_ = 0;           // in the pool's region
   uint64_t reserved_ = 0;         // bytes taken from the pool (size_ rounded)
   std::vector<Stream*> streams_;  // streams whose work must finish first
@@ -305,7 +321,7 @@ class STRATA_EXPORT DeviceMemory final {
 // already enqueued. REQUIRES: the memory stays allocated while registered
 // and until work enqueued on it completes (the owner's allocator, e.g. with
 // PyTorch's recordStream, governs that). Thread-compatible.
-class STRATA_EXPORT ExternalDeviceMemory final {
+class STRATA_EXPORT ExternalDeviceMemory final : public internal::DeviceRange {
  public:
   ExternalDeviceMemory() noexcept = default;
   ExternalDeviceMemory(const ExternalDeviceMemory&) = delete;
@@ -314,14 +330,6 @@ class STRATA_EXPORT ExternalDeviceMemory final {
   ExternalDeviceMemory& operator=(ExternalDeviceMemory&& other) noexcept;
   ~ExternalDeviceMemory() { Reset(); }
 
-  void* data() const noexcept { return data_; }
-  size_t size() const noexcept { return size_; }
-  bool empty() const noexcept { return size_ == 0; }
-  // data() + offset, as bytes. REQUIRES: offset <= size().
-  std::byte* at(size_t offset) const noexcept {
-    return static_cast<std::byte*>(data_) + offset;
-  }
-
   // Unregisters the range. The object becomes empty.
   void Reset() noexcept;
 
@@ -329,8 +337,6 @@ class STRATA_EXPORT ExternalDeviceMemory final {
   friend class internal::StreamOrderedPool;
 
   internal::StreamOrderedPool* pool_ = nullptr;
-  void* data_ = nullptr;
-  size_t size_ = 0;
 };
 
 // Counters of the device memory pool. Bytes are SUM gauges unless marked
