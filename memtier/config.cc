@@ -21,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -34,30 +35,6 @@
 #include "strata/engine_options.h"
 
 namespace strata {
-
-std::string_view ResidenceName(Residence residence) {
-  switch (residence) {
-    case Residence::kDevice:
-      return "device";
-    case Residence::kHost:
-      return "host";
-    case Residence::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
-std::string_view LossScaleModeName(LossScaleMode mode) {
-  switch (mode) {
-    case LossScaleMode::kNone:
-      return "none";
-    case LossScaleMode::kStatic:
-      return "static";
-    case LossScaleMode::kDynamic:
-      return "dynamic";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -593,9 +570,9 @@ std::optional<std::string> ReadString(Ctx& ctx, const Field& f) {
   return f.value->get<std::string>();
 }
 
-// The index of the value among `names` (exact match).
+// The index of the value among `names` (exact match, or ignoring case).
 std::optional<size_t> ReadChoice(Ctx& ctx, const Field& f,
-                                 std::initializer_list<std::string_view> names,
+                                 std::span<const std::string_view> names,
                                  bool any_case = false) {
   std::string list;
   for (std::string_view n : names) {
@@ -616,6 +593,37 @@ std::optional<size_t> ReadChoice(Ctx& ctx, const Field& f,
   TypeError(ctx, f, "one of " + list);
   return std::nullopt;
 }
+
+// A reader of the value among `names` as the matching one of `values`.
+template <typename T, size_t N>
+auto ReadEnum(const std::string_view (&names)[N], const T (&values)[N]) {
+  return [&names, &values](Ctx& ctx, const Field& f) -> std::optional<T> {
+    std::optional<size_t> i = ReadChoice(ctx, f, names);
+    if (!i) return std::nullopt;
+    return values[*i];
+  };
+}
+
+constexpr std::string_view kResidenceNames[] = {"device", "host", "nvme"};
+constexpr std::string_view kDeviceNames[] = {"none", "cpu", "nvme"};
+constexpr Residence kResidences[] = {Residence::kDevice, Residence::kHost,
+                                     Residence::kNvme};
+constexpr std::string_view kAlgoNames[] = {"adam", "adamw", "adagrad", "lion"};
+constexpr CpuOptimizerAlgo kAlgos[] = {
+    CpuOptimizerAlgo::kAdam, CpuOptimizerAlgo::kAdamW,
+    CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion};
+// DeepSpeed's type names (any case); its "Adam" is AdamW by default.
+constexpr std::string_view kDsAlgoNames[] = {"Adam", "AdamW", "Adagrad",
+                                             "Lion"};
+constexpr CpuOptimizerAlgo kDsAlgos[] = {
+    CpuOptimizerAlgo::kAdamW, CpuOptimizerAlgo::kAdamW,
+    CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion};
+constexpr std::string_view kModeNames[] = {"none", "static", "dynamic"};
+constexpr LossScaleMode kModes[] = {
+    LossScaleMode::kNone, LossScaleMode::kStatic, LossScaleMode::kDynamic};
+constexpr std::string_view kDtypeNames[] = {"fp16", "bf16", "fp32"};
+constexpr CpuDType kDtypes[] = {CpuDType::kFloat16, CpuDType::kBFloat16,
+                                CpuDType::kFloat32};
 
 // A string or an array of strings (nvme paths); null reads as absent.
 std::optional<std::vector<std::string>> ReadPaths(Ctx& ctx, const Field& f) {
@@ -687,6 +695,7 @@ struct DocState {
   Field train_batch_field, micro_batch_field, accumulation_field;
   bool strata_accumulation = false;
   bool strata_sets_optimizer_states = false;
+  bool strata_sets_pin = false;
 };
 
 // ---- fp16 / bf16 ----
@@ -805,11 +814,7 @@ std::optional<CpuDType> PeekWorkingDtype(const Json& root) {
 // Residence named by an offload section's `device`; nullopt when absent or
 // invalid.
 std::optional<Residence> ReadDevice(Ctx& ctx, const Field& f) {
-  std::optional<size_t> i = ReadChoice(ctx, f, {"none", "cpu", "nvme"});
-  if (!i) return std::nullopt;
-  static constexpr Residence kMap[] = {Residence::kDevice, Residence::kHost,
-                                       Residence::kNvme};
-  return kMap[*i];
+  return ReadEnum(kDeviceNames, kResidences)(ctx, f);
 }
 
 // `device`, `nvme_path` and `pin_memory` of an offload section.
@@ -938,10 +943,10 @@ void ReadElems(Ctx& ctx, ObjReader& z,
 void ReadZero(Ctx& ctx, const Field& f, DocState& st, EngineOptions* o) {
   ObjReader z(ctx, f);
   if (!z.present()) {
+    // Without the section nothing is offloaded and zero_stage keeps
+    // strata's default (stages differ only in what may be offloaded).
     if (st.deepspeed) {
-      // DeepSpeed without a zero section is stage 0.
-      st.stage = 0;
-      o->zero_stage = 0;
+      st.stage = o->zero_stage;
       ReadOffloadOptimizer(
           ctx, Field{nullptr, "zero_optimization.offload_optimizer"}, st, o);
     }
@@ -1106,17 +1111,13 @@ void ReadDsOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
   ObjReader opt(ctx, f);
   if (!opt.present()) return;
   Field type = opt.Take("type");
-  std::optional<size_t> algo =
-      ReadChoice(ctx, type, {"Adam", "AdamW", "Adagrad", "Lion"}, true);
+  std::optional<size_t> algo = ReadChoice(ctx, type, kDsAlgoNames, true);
   if (!type) ctx.Error(type.path, "required: Adam, AdamW, Adagrad or Lion");
   Unsupported(ctx, opt.Take("legacy_fusion"), "no effect in strata");
   ObjReader params(ctx, opt.Take("params"));
   OptimizerOptions& out = o->optimizer;
   if (algo) {
-    static constexpr CpuOptimizerAlgo kAlgo[] = {
-        CpuOptimizerAlgo::kAdamW, CpuOptimizerAlgo::kAdamW,
-        CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion};
-    out.cpu.algo = kAlgo[*algo];
+    out.cpu.algo = kDsAlgos[*algo];
     ctx.SetOrigin("optimizer.cpu.algo", type.path);
     if (out.cpu.algo == CpuOptimizerAlgo::kAdagrad) {
       out.lr = 1e-2;  // torch.optim.Adagrad's defaults
@@ -1292,211 +1293,174 @@ void CheckBatch(Ctx& ctx, DocState& st, EngineOptions* o) {
 
 // ---- strata ----
 
-void ReadStrataOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
-  ObjReader sec(ctx, f);
-  OptimizerOptions& out = o->optimizer;
-  Field algo = sec.Take("algo");
-  if (std::optional<size_t> i =
-          ReadChoice(ctx, algo, {"adam", "adamw", "adagrad", "lion"})) {
-    static constexpr CpuOptimizerAlgo kAlgo[] = {
-        CpuOptimizerAlgo::kAdam, CpuOptimizerAlgo::kAdamW,
-        CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion};
-    out.cpu.algo = kAlgo[*i];
+// A strata key read into an EngineOptions field (`field` names it for the
+// validator's messages).
+template <typename T>
+struct Binding {
+  const char* key;
+  const char* field;
+  T* dst;
+};
+
+// Reads each binding's key with `read` (Ctx&, const Field&) -> optional.
+template <typename T, typename Read>
+void ReadInto(Ctx& ctx, ObjReader& sec, std::initializer_list<Binding<T>> keys,
+              Read read) {
+  for (const Binding<T>& b : keys) {
+    Field v = sec.Take(b.key);
+    if (auto x = read(ctx, v)) {
+      *b.dst = static_cast<T>(*x);
+      ctx.SetOrigin(b.field, v.path);
+    }
   }
-  struct Real {
-    const char* key;
-    const char* field;
-    double* dst;
+}
+
+std::optional<uint64_t> ReadInt(Ctx& ctx, const Field& f) {
+  return ReadBounded(ctx, f, INT_MAX);
+}
+std::optional<uint64_t> ReadU32(Ctx& ctx, const Field& f) {
+  return ReadBounded(ctx, f, UINT32_MAX);
+}
+std::optional<bool> ReadStrictBool(Ctx& ctx, const Field& f) {
+  return ReadBool(ctx, f);
+}
+
+// A string naming an enum value, through the enum's own parser.
+template <typename T>
+auto ReadNamed(StatusOr<T> (*parse)(std::string_view), const char* expected) {
+  return [parse, expected](Ctx& ctx, const Field& f) -> std::optional<T> {
+    std::optional<std::string> s = ReadString(ctx, f);
+    if (!s) return std::nullopt;
+    StatusOr<T> v = parse(*s);
+    if (v.ok()) return *v;
+    TypeError(ctx, f, expected);
+    return std::nullopt;
   };
-  const Real reals[] = {
-      {"lr", "optimizer.lr", &out.lr},
-      {"beta1", "optimizer.cpu.beta1", &out.cpu.beta1},
-      {"beta2", "optimizer.cpu.beta2", &out.cpu.beta2},
-      {"eps", "optimizer.cpu.eps", &out.cpu.eps},
-      {"weight_decay", "optimizer.cpu.weight_decay", &out.cpu.weight_decay}};
-  for (const Real& r : reals) {
-    Field v = sec.Take(r.key);
-    if (std::optional<double> d = ReadDouble(ctx, v)) {
-      *r.dst = *d;
-      ctx.SetOrigin(r.field, v.path);
-    }
-  }
-  if (std::optional<bool> v = ReadBool(ctx, sec.Take("bias_correction"))) {
-    out.cpu.bias_correction = *v;
-  }
-  Field threads = sec.Take("threads");
-  if (std::optional<uint64_t> v = ReadBounded(ctx, threads, INT_MAX)) {
-    out.cpu.threads = static_cast<int>(*v);
-    ctx.SetOrigin("optimizer.cpu.threads", threads.path);
-  }
-  Field variant = sec.Take("variant");
-  if (std::optional<std::string> v = ReadString(ctx, variant)) {
-    StatusOr<CpuKernelVariant> k = ParseCpuKernelVariant(*v);
-    if (k.ok()) {
-      out.cpu.variant = *k;
-    } else {
-      TypeError(ctx, variant, "one of auto, scalar, avx2, avx512, avx512bf16");
-    }
-  }
 }
 
-void ReadStrataLossScale(Ctx& ctx, const Field& f, EngineOptions* o) {
+void ReadStrataOptimizer(Ctx& ctx, const Field& f, OptimizerOptions* out) {
   ObjReader sec(ctx, f);
-  LossScaleOptions& ls = o->loss_scale;
-  if (std::optional<size_t> i =
-          ReadChoice(ctx, sec.Take("mode"), {"none", "static", "dynamic"})) {
-    static constexpr LossScaleMode kMode[] = {
-        LossScaleMode::kNone, LossScaleMode::kStatic, LossScaleMode::kDynamic};
-    ls.mode = kMode[*i];
-  }
-  const std::pair<const char*, double*> reals[] = {
-      {"initial_scale", &ls.initial_scale}, {"min_scale", &ls.min_scale}};
-  for (const auto& [key, dst] : reals) {
-    Field v = sec.Take(key);
-    if (std::optional<double> d = ReadDouble(ctx, v)) {
-      *dst = *d;
-      ctx.SetOrigin(std::string("loss_scale.") + key, v.path);
-    }
-  }
-  const std::pair<const char*, uint32_t*> counts[] = {
-      {"window", &ls.window}, {"hysteresis", &ls.hysteresis}};
-  for (const auto& [key, dst] : counts) {
-    Field v = sec.Take(key);
-    if (std::optional<uint64_t> n = ReadBounded(ctx, v, UINT32_MAX)) {
-      *dst = static_cast<uint32_t>(*n);
-      ctx.SetOrigin(std::string("loss_scale.") + key, v.path);
-    }
-  }
-  if (std::optional<bool> v =
-          ReadBool(ctx, sec.Take("consecutive_hysteresis"))) {
-    ls.consecutive_hysteresis = *v;
-  }
+  ReadInto<CpuOptimizerAlgo>(ctx, sec,
+                             {{"algo", "optimizer.cpu.algo", &out->cpu.algo}},
+                             ReadEnum(kAlgoNames, kAlgos));
+  ReadInto<double>(
+      ctx, sec,
+      {{"lr", "optimizer.lr", &out->lr},
+       {"beta1", "optimizer.cpu.beta1", &out->cpu.beta1},
+       {"beta2", "optimizer.cpu.beta2", &out->cpu.beta2},
+       {"eps", "optimizer.cpu.eps", &out->cpu.eps},
+       {"weight_decay", "optimizer.cpu.weight_decay", &out->cpu.weight_decay}},
+      ReadDouble);
+  ReadInto<bool>(ctx, sec,
+                 {{"bias_correction", "optimizer.cpu.bias_correction",
+                   &out->cpu.bias_correction}},
+                 ReadStrictBool);
+  ReadInto<int>(ctx, sec,
+                {{"threads", "optimizer.cpu.threads", &out->cpu.threads}},
+                ReadInt);
+  ReadInto<CpuKernelVariant>(
+      ctx, sec, {{"variant", "optimizer.cpu.variant", &out->cpu.variant}},
+      ReadNamed(&ParseCpuKernelVariant,
+                "one of auto, scalar, avx2, avx512, avx512bf16"));
 }
 
-void ReadStrataIo(Ctx& ctx, const Field& f, EngineOptions* o) {
+void ReadStrataLossScale(Ctx& ctx, const Field& f, LossScaleOptions* ls) {
   ObjReader sec(ctx, f);
-  Field backend = sec.Take("backend");
-  if (std::optional<std::string> v = ReadString(ctx, backend)) {
-    StatusOr<IoBackend> b = ParseIoBackend(*v);
-    if (b.ok()) {
-      o->io.backend = *b;
-    } else {
-      TypeError(ctx, backend, "one of auto, uring, aio, psync, memory");
-    }
-  }
-  const std::pair<const char*, uint32_t*> counts[] = {
-      {"queue_depth", &o->io.queue_depth},
-      {"threads", &o->io.threads},
-      {"max_retries", &o->io.max_retries}};
-  for (const auto& [key, dst] : counts) {
-    Field v = sec.Take(key);
-    if (std::optional<uint64_t> n = ReadBounded(ctx, v, UINT32_MAX)) {
-      *dst = static_cast<uint32_t>(*n);
-      ctx.SetOrigin(std::string("io.") + key, v.path);
-    }
-  }
-  const std::pair<const char*, bool*> flags[] = {
-      {"direct_io", &o->io.direct_io},
-      {"register_buffers", &o->io.register_buffers},
-      {"register_files", &o->io.register_files}};
-  for (const auto& [key, dst] : flags) {
-    if (std::optional<bool> v = ReadBool(ctx, sec.Take(key))) *dst = *v;
-  }
+  ReadInto<LossScaleMode>(ctx, sec, {{"mode", "loss_scale.mode", &ls->mode}},
+                          ReadEnum(kModeNames, kModes));
+  ReadInto<double>(
+      ctx, sec,
+      {{"initial_scale", "loss_scale.initial_scale", &ls->initial_scale},
+       {"min_scale", "loss_scale.min_scale", &ls->min_scale}},
+      ReadDouble);
+  ReadInto<uint32_t>(ctx, sec,
+                     {{"window", "loss_scale.window", &ls->window},
+                      {"hysteresis", "loss_scale.hysteresis", &ls->hysteresis}},
+                     ReadU32);
+  ReadInto<bool>(
+      ctx, sec,
+      {{"consecutive_hysteresis", "loss_scale.consecutive_hysteresis",
+        &ls->consecutive_hysteresis}},
+      ReadStrictBool);
 }
 
-std::optional<Residence> ReadResidence(Ctx& ctx, const Field& f) {
-  std::optional<size_t> i = ReadChoice(ctx, f, {"device", "host", "nvme"});
-  if (!i) return std::nullopt;
-  static constexpr Residence kMap[] = {Residence::kDevice, Residence::kHost,
-                                       Residence::kNvme};
-  return kMap[*i];
+void ReadStrataIo(Ctx& ctx, const Field& f, IoEngineOptions* io) {
+  ObjReader sec(ctx, f);
+  ReadInto<IoBackend>(
+      ctx, sec, {{"backend", "io.backend", &io->backend}},
+      ReadNamed(&ParseIoBackend, "one of auto, uring, aio, psync, memory"));
+  ReadInto<uint32_t>(ctx, sec,
+                     {{"queue_depth", "io.queue_depth", &io->queue_depth},
+                      {"threads", "io.threads", &io->threads},
+                      {"max_retries", "io.max_retries", &io->max_retries}},
+                     ReadU32);
+  ReadInto<bool>(
+      ctx, sec,
+      {{"direct_io", "io.direct_io", &io->direct_io},
+       {"register_buffers", "io.register_buffers", &io->register_buffers},
+       {"register_files", "io.register_files", &io->register_files}},
+      ReadStrictBool);
 }
 
-void ReadStrata(Ctx& ctx, const Field& f, DocState& st, EngineOptions* o) {
+void ReadStrata(Ctx& ctx, const Field& f, EngineOptions* o) {
   ObjReader s(ctx, f);
-  const std::pair<const char*, int*> ints[] = {{"rank", &o->rank},
-                                               {"world_size", &o->world_size},
-                                               {"zero_stage", &o->zero_stage}};
-  for (const auto& [key, dst] : ints) {
-    Field v = s.Take(key);
-    if (std::optional<uint64_t> n = ReadBounded(ctx, v, INT_MAX)) {
-      *dst = static_cast<int>(*n);
-      ctx.SetOrigin(key, v.path);
-    }
-  }
-  const std::pair<const char*, Residence*> roles[] = {
-      {"params", &o->params},
-      {"optimizer_states", &o->optimizer_states},
-      {"grads", &o->grads}};
-  for (const auto& [key, dst] : roles) {
-    Field v = s.Take(key);
-    if (std::optional<Residence> r = ReadResidence(ctx, v)) {
-      *dst = *r;
-      ctx.SetOrigin(key, v.path);
-    }
-  }
-  Field paths = s.Take("nvme_paths");
-  if (std::optional<std::vector<std::string>> v = ReadPaths(ctx, paths)) {
-    o->nvme_paths = *v;  // replaces the DeepSpeed nvme_path(s)
-    ctx.SetOrigin("nvme_paths", paths.path);
-  }
-  const std::pair<const char*, uint64_t*> sizes[] = {
-      {"device_budget_bytes", &o->device_budget_bytes},
-      {"host_budget_bytes", &o->host_budget_bytes},
-      {"partition_bytes", &o->partition_bytes},
-      {"staging_buffer_bytes", &o->staging_buffer_bytes},
-      {"prefetch_bytes", &o->prefetch_bytes},
-      {"max_live_bytes", &o->max_live_bytes},
-      {"persistence_threshold_bytes", &o->persistence_threshold_bytes},
-      {"max_persistent_bytes", &o->max_persistent_bytes},
-      {"max_reuse_distance_bytes", &o->max_reuse_distance_bytes},
-      {"sub_group_bytes", &o->sub_group_bytes},
-      {"io_block_bytes", &o->io_block_bytes}};
-  for (const auto& [key, dst] : sizes) {
-    Field v = s.Take(key);
-    if (std::optional<uint64_t> n = ReadU64(ctx, v)) {
-      *dst = *n;
-      ctx.SetOrigin(key, v.path);
-    }
-  }
-  Field count = s.Take("staging_buffer_count");
-  if (std::optional<uint64_t> n = ReadBounded(ctx, count, UINT32_MAX)) {
-    o->staging_buffer_count = static_cast<uint32_t>(*n);
-    ctx.SetOrigin("staging_buffer_count", count.path);
-  }
-  if (std::optional<bool> v = ReadBool(ctx, s.Take("pin_memory"))) {
-    o->pin_memory = *v;
-    st.pin_param.reset();
-    st.pin_optimizer.reset();
-  }
-  Field dtype = s.Take("working_dtype");
-  if (std::optional<size_t> i =
-          ReadChoice(ctx, dtype, {"fp16", "bf16", "fp32"})) {
-    static constexpr CpuDType kMap[] = {CpuDType::kFloat16, CpuDType::kBFloat16,
-                                        CpuDType::kFloat32};
-    o->working_dtype = kMap[*i];
-    ctx.SetOrigin("working_dtype", dtype.path);
-  }
-  Field clip = s.Take("gradient_clipping");
-  if (std::optional<double> v = ReadDouble(ctx, clip)) {
-    o->gradient_clipping = *v;
-    ctx.SetOrigin("gradient_clipping", clip.path);
-  }
-  Field gas = s.Take("gradient_accumulation_steps");
-  if (std::optional<uint64_t> v = ReadBounded(ctx, gas, UINT32_MAX)) {
-    o->gradient_accumulation_steps = static_cast<uint32_t>(*v);
-    ctx.SetOrigin("gradient_accumulation_steps", gas.path);
-    st.strata_accumulation = true;
-  }
-  ReadStrataLossScale(ctx, s.Take("loss_scale"), o);
-  ReadStrataOptimizer(ctx, s.Take("optimizer"), o);
-  ReadStrataIo(ctx, s.Take("io"), o);
+  ReadInto<int>(ctx, s,
+                {{"rank", "rank", &o->rank},
+                 {"world_size", "world_size", &o->world_size},
+                 {"zero_stage", "zero_stage", &o->zero_stage}},
+                ReadInt);
+  ReadInto<Residence>(
+      ctx, s,
+      {{"params", "params", &o->params},
+       {"optimizer_states", "optimizer_states", &o->optimizer_states},
+       {"grads", "grads", &o->grads}},
+      ReadEnum(kResidenceNames, kResidences));
+  // Replaces the DeepSpeed nvme_path(s).
+  ReadInto<std::vector<std::string>>(
+      ctx, s, {{"nvme_paths", "nvme_paths", &o->nvme_paths}}, ReadPaths);
+  ReadInto<uint64_t>(
+      ctx, s,
+      {{"device_budget_bytes", "device_budget_bytes", &o->device_budget_bytes},
+       {"host_budget_bytes", "host_budget_bytes", &o->host_budget_bytes},
+       {"partition_bytes", "partition_bytes", &o->partition_bytes},
+       {"staging_buffer_bytes", "staging_buffer_bytes",
+        &o->staging_buffer_bytes},
+       {"prefetch_bytes", "prefetch_bytes", &o->prefetch_bytes},
+       {"max_live_bytes", "max_live_bytes", &o->max_live_bytes},
+       {"persistence_threshold_bytes", "persistence_threshold_bytes",
+        &o->persistence_threshold_bytes},
+       {"max_persistent_bytes", "max_persistent_bytes",
+        &o->max_persistent_bytes},
+       {"max_reuse_distance_bytes", "max_reuse_distance_bytes",
+        &o->max_reuse_distance_bytes},
+       {"sub_group_bytes", "sub_group_bytes", &o->sub_group_bytes},
+       {"io_block_bytes", "io_block_bytes", &o->io_block_bytes}},
+      ReadU64);
+  ReadInto<uint32_t>(
+      ctx, s,
+      {{"staging_buffer_count", "staging_buffer_count",
+        &o->staging_buffer_count},
+       {"gradient_accumulation_steps", "gradient_accumulation_steps",
+        &o->gradient_accumulation_steps}},
+      ReadU32);
+  ReadInto<bool>(ctx, s, {{"pin_memory", "pin_memory", &o->pin_memory}},
+                 ReadStrictBool);
+  ReadInto<CpuDType>(ctx, s,
+                     {{"working_dtype", "working_dtype", &o->working_dtype}},
+                     ReadEnum(kDtypeNames, kDtypes));
+  ReadInto<double>(
+      ctx, s,
+      {{"gradient_clipping", "gradient_clipping", &o->gradient_clipping}},
+      ReadDouble);
+  ReadStrataLossScale(ctx, s.Take("loss_scale"), &o->loss_scale);
+  ReadStrataOptimizer(ctx, s.Take("optimizer"), &o->optimizer);
+  ReadStrataIo(ctx, s.Take("io"), &o->io);
 }
 
 // pin_memory of the two offload sections: strata has one flag, off when
 // either asks for it off.
 void ApplyPin(Ctx& ctx, const DocState& st, EngineOptions* o) {
-  if (!st.pin_param && !st.pin_optimizer) return;
+  if (st.strata_sets_pin || (!st.pin_param && !st.pin_optimizer)) return;
   const bool pin =
       st.pin_param.value_or(true) && st.pin_optimizer.value_or(true);
   if (st.pin_param && st.pin_optimizer && *st.pin_param != *st.pin_optimizer) {
@@ -1516,8 +1480,12 @@ void ReadDocument(Ctx& ctx, const Json& root, EngineOptions* o) {
   for (auto it = root.begin(); it != root.end(); ++it) {
     if (it.key() != "strata") st.deepspeed = true;
   }
+  // strata's keys override the DeepSpeed sections.
   st.strata_sets_optimizer_states =
       PeekStrata(root, "optimizer_states") != nullptr;
+  st.strata_sets_pin = PeekStrata(root, "pin_memory") != nullptr;
+  st.strata_accumulation =
+      PeekStrata(root, "gradient_accumulation_steps") != nullptr;
   ObjReader top(ctx, Field{&root, ""});
   ReadPrecision(ctx, top, st, o);
   st.elem_bytes =
@@ -1526,7 +1494,7 @@ void ReadDocument(Ctx& ctx, const Json& root, EngineOptions* o) {
   ReadAio(ctx, top.Take("aio"), o);
   ReadDsOptimizer(ctx, top.Take("optimizer"), o);
   ReadDsTopLevel(ctx, top, st, o);
-  ReadStrata(ctx, top.Take("strata"), st, o);
+  ReadStrata(ctx, top.Take("strata"), o);
   ApplyPin(ctx, st, o);
   CheckBatch(ctx, st, o);
 }
@@ -1628,7 +1596,22 @@ StatusOr<EngineConfig> ParseImpl(std::string_view text) {
   return config;
 }
 
+// The name at the enum's value in a table of names in enum order.
+template <typename T, size_t N>
+std::string_view NameOf(T value, const std::string_view (&names)[N]) {
+  const size_t i = static_cast<size_t>(value);
+  return i < N ? names[i] : "?";
+}
+
 }  // namespace
+
+std::string_view ResidenceName(Residence residence) {
+  return NameOf(residence, kResidenceNames);
+}
+
+std::string_view LossScaleModeName(LossScaleMode mode) {
+  return NameOf(mode, kModeNames);
+}
 
 Status ValidateEngineOptions(const EngineOptions& options) {
   return Validate(options, nullptr, "invalid EngineOptions: ");
@@ -1647,11 +1630,18 @@ StatusOr<EngineConfig> ParseEngineConfig(std::string_view json) {
 }
 
 StatusOr<EngineConfig> ParseEngineConfigFile(const std::string& path) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::FromErrno(errno, "open engine config " + path);
+  if (!in) {
+    return Status::FromErrno(errno != 0 ? errno : EIO,
+                             "open engine config " + path);
+  }
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) return Status::FromErrno(errno, "read engine config " + path);
+  if (in.bad()) {
+    return Status::FromErrno(errno != 0 ? errno : EIO,
+                             "read engine config " + path);
+  }
   StatusOr<EngineConfig> config = ParseEngineConfig(text.str());
   if (!config.ok()) return config.status().WithContext(path);
   return config;

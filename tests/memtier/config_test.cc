@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -346,6 +347,16 @@ TEST(EngineConfigTest, StrataOverridesDeepSpeed) {
   EXPECT_EQ(c.options.working_dtype, CpuDType::kFloat32);
   EXPECT_EQ(c.options.prefetch_bytes, 12288u);
   EXPECT_THAT(c.options.nvme_paths, ElementsAre("/mine"));
+
+  // pin_memory and the accumulation steps (whose batch check it skips).
+  const EngineConfig d = ParseOk(R"({
+      "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 3,
+        "offload_param": {"device": "cpu", "pin_memory": false}},
+      "strata": {"pin_memory": true, "gradient_accumulation_steps": 3}})");
+  EXPECT_TRUE(d.options.pin_memory);
+  EXPECT_EQ(d.options.gradient_accumulation_steps, 3u);
 }
 
 struct BadCase {
