@@ -12,8 +12,10 @@
 //     a key given twice in one object are errors naming the path;
 //   - a DeepSpeed key strata knows but does not act on yet is accepted and
 //     reported by its path in EngineConfig::warnings;
-//   - the one coercion: the `aio` section's booleans may be the strings
-//     "true"/"false" (ds_nvme_tune writes them so), with a warning.
+//   - coercions, each with a warning: the `aio` section's booleans may be
+//     the strings "true"/"false" (ds_nvme_tune writes them so); optimizer
+//     states DeepSpeed would keep on the device rest in host memory; the
+//     deprecated cpu_offload keys read as the offload sections.
 // All key and type errors of a document are reported together; once there
 // are none, all range errors (ValidateEngineOptions, naming the JSON paths
 // that set the fields) are. Errors are
