@@ -84,9 +84,13 @@ void ConvertOnCpu(const ConvertArgs& args) {
 
 uint64_t MatrixSpanBytes(int64_t rows, int64_t cols, int64_t ld, size_t elem) {
   if (rows <= 0 || cols <= 0) return 0;
-  return (static_cast<uint64_t>(ld) * static_cast<uint64_t>(cols - 1) +
-          static_cast<uint64_t>(rows)) *
-         elem;
+  // Dimensions are below 2^31 (CheckGemmArgs), so only the last product can
+  // wrap; a span that would is reported as the largest size, never fits.
+  const uint64_t elems =
+      static_cast<uint64_t>(ld) * static_cast<uint64_t>(cols - 1) +
+      static_cast<uint64_t>(rows);
+  if (elems > UINT64_MAX / elem) return UINT64_MAX;
+  return elems * elem;
 }
 
 Status CheckGemmArgs(const GemmArgs& g) {

@@ -14,8 +14,13 @@
 //     (PyTorch's too), so strata never leaves it changed.
 //   - Events block the waiting thread instead of spinning a core
 //     (cudaEventBlockingSync): the cores belong to the CPU optimizer and I/O.
+//   - Wrapped native streams (WrapNativeStream) are used, never destroyed or
+//     synchronized by their wrapper.
+//   - Host events are words of mapped pinned memory that streams wait on with
+//     cuStreamWaitValue32 (gpu/cuda_host_event.h); no callback thread blocks.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -24,6 +29,7 @@
 
 #include "gpu/cpu_kernels.h"
 #include "gpu/cublas.h"
+#include "gpu/cuda_host_event.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/host_func.h"
 #include "gpu/raw_copy.h"
@@ -114,28 +120,61 @@ struct CudaMallocTraits {
   static void Close(Handle p) { cudaFree(p); }
 };
 
+// A stream made by NewStream (owning `owned`), or a wrapper of a native one
+// (`owned` empty).
 class CudaStream final : public Stream {
  public:
   CudaStream(const void* owner, StreamKind kind,
-             UniqueHandle<CudaStreamTraits> s)
-      : Stream(owner, kind), stream_(std::move(s)) {}
-  // As the interface promises: queued work finishes before the stream goes
-  // (it may still read host memory the caller frees next).
-  ~CudaStream() override { cudaStreamSynchronize(stream_.get()); }
-  cudaStream_t get() const { return stream_.get(); }
+             UniqueHandle<CudaStreamTraits> owned)
+      : Stream(owner, kind, DeviceKind::kCuda, owned.get(), true),
+        owned_(std::move(owned)) {}
+  CudaStream(const void* owner, StreamKind kind, cudaStream_t wrapped)
+      : Stream(owner, kind, DeviceKind::kCuda, wrapped, false) {}
+  // As the interface promises: an owned stream's queued work finishes before
+  // it goes (it may still read host memory the caller frees next). A wrapper
+  // leaves the native stream alone.
+  ~CudaStream() override {
+    if (owns_native_stream()) cudaStreamSynchronize(owned_.get());
+  }
+  cudaStream_t get() const {
+    return static_cast<cudaStream_t>(native_handle());
+  }
 
  private:
-  UniqueHandle<CudaStreamTraits> stream_;
+  UniqueHandle<CudaStreamTraits> owned_;
 };
 
 class CudaEvent final : public Event {
  public:
   CudaEvent(const void* owner, UniqueHandle<CudaEventTraits> e)
-      : Event(owner), event_(std::move(e)) {}
+      : Event(owner, DeviceKind::kCuda, e.get()), event_(std::move(e)) {}
   cudaEvent_t get() const { return event_.get(); }
 
  private:
   UniqueHandle<CudaEventTraits> event_;
+};
+
+// A host event on a word of `words`; destruction abandons it (releasing any
+// stream still waiting) and gives the word back for reuse.
+class CudaHostEvent final : public HostEvent {
+ public:
+  CudaHostEvent(const void* owner, internal::HostWordPool* words,
+                internal::HostWord word)
+      : HostEvent(owner, std::make_shared<internal::HostSignal>(
+                             word.host, std::atomic_ref<uint32_t>(*word.host)
+                                            .load(std::memory_order_acquire))),
+        words_(words),
+        word_(word) {}
+  ~CudaHostEvent() override {
+    Abandon();
+    words_->Give(word_);
+  }
+  using HostEvent::signal;
+  CUdeviceptr device_word() const { return word_.device; }
+
+ private:
+  internal::HostWordPool* const words_;
+  const internal::HostWord word_;
 };
 
 class CudaHostRegistration final : public HostRegistration {
@@ -154,28 +193,33 @@ class CudaHostRegistration final : public HostRegistration {
 // Runs on CUDA's callback thread, where no CUDA call is allowed; see
 // Device::LaunchHostFunc for what that asks of `fn`.
 void RunHostFunc(void* arg) {
-  std::unique_ptr<std::function<void()>> fn(
-      static_cast<std::function<void()>*>(arg));
+  std::unique_ptr<HostFunction> fn(static_cast<HostFunction*>(arg));
   internal::RunHostFunction(*fn);
 }
 
 class CudaDevice final : public Device {
  public:
   CudaDevice(int ordinal, std::string name,
-             UniqueHandle<CudaMallocTraits> arena, uint64_t budget)
+             UniqueHandle<CudaMallocTraits> arena, uint64_t budget,
+             internal::StreamWaitValue32Fn wait_value32,
+             std::string no_host_events_why)
       : ordinal_(ordinal),
         name_(std::move(name)),
         arena_(std::move(arena)),
         pool_(std::in_place, this, static_cast<std::byte*>(arena_.get()),
-              budget, name_) {}
+              budget, name_),
+        wait_value32_(wait_value32),
+        no_host_events_why_(std::move(no_host_events_why)) {}
 
   // Tears down in order with this device current: the cuBLAS handle, then
-  // the pool (which waits for pending frees), then the arena.
+  // the pool (which waits for pending frees), then the arena, then the host
+  // event words.
   ~CudaDevice() override {
     ScopedCurrentDevice current(ordinal_);
     cublas_.reset();
     pool_.reset();
     arena_.reset();
+    host_words_.reset();
   }
 
   int ordinal() const { return ordinal_; }
@@ -252,12 +296,12 @@ class CudaDevice final : public Device {
     STRATA_RETURN_IF_ERROR(current.status());
     return CudaStatus(cudaStreamSynchronize(s->get()), "cudaStreamSynchronize");
   }
-  Status LaunchHostFunc(Stream& stream, std::function<void()> fn) override {
+  Status LaunchHostFunc(Stream& stream, HostFunction fn) override {
     STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
     if (!fn) return Status::InvalidArgument("LaunchHostFunc: empty function");
     ScopedCurrentDevice current(ordinal_);
     STRATA_RETURN_IF_ERROR(current.status());
-    auto owned = std::make_unique<std::function<void()>>(std::move(fn));
+    auto owned = std::make_unique<HostFunction>(std::move(fn));
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cudaLaunchHostFunc(s->get(), RunHostFunc, owned.get()),
                    "cudaLaunchHostFunc"));
@@ -265,9 +309,112 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
+  StatusOr<std::unique_ptr<Stream>> WrapNativeStream(void* native,
+                                                     StreamKind kind) override {
+    auto s = static_cast<cudaStream_t>(native);
+    if (s == cudaStreamPerThread) {
+      return Status::InvalidArgument(
+          "WrapNativeStream: cudaStreamPerThread names another stream on "
+          "every thread that uses it; wrap a created stream or the legacy "
+          "default stream");
+    }
+    if (s != nullptr && s != cudaStreamLegacy) {
+      ScopedCurrentDevice current(ordinal_);
+      STRATA_RETURN_IF_ERROR(current.status());
+      int device = -1;
+      STRATA_RETURN_IF_ERROR(CudaStatus(cudaStreamGetDevice(s, &device),
+                                        "WrapNativeStream: cudaStreamGetDevice")
+                                 .WithContext(name_));
+      if (device != ordinal_) {
+        return Status::InvalidArgument(
+            "WrapNativeStream: the stream belongs to cuda:" +
+            std::to_string(device) + ", not to " + name_);
+      }
+    }
+    return std::unique_ptr<Stream>(new CudaStream(this, kind, s));
+  }
+
+  StatusOr<std::unique_ptr<HostEvent>> NewHostEvent() override {
+    if (wait_value32_ == nullptr) {
+      return Status::NotSupported(
+          name_ + " has no host events: " + no_host_events_why_);
+    }
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
+    internal::HostWord word;
+    STRATA_RETURN_IF_ERROR(CudaStatus(host_words_->Take(&word),
+                                      "cudaHostAlloc of a host event word"));
+    return std::unique_ptr<HostEvent>(
+        new CudaHostEvent(this, &*host_words_, word));
+  }
+
+  Status WaitHostEvent(Stream& stream, const HostEvent& event,
+                       uint64_t generation) override {
+    STRATA_ASSIGN_OR_RETURN(CudaStream * s, Mine(stream));
+    if (event.owner() != this) {
+      return Status::InvalidArgument(
+          "host event belongs to another device than " + name_);
+    }
+    const auto& e = static_cast<const CudaHostEvent&>(event);
+    STRATA_ASSIGN_OR_RETURN(bool must_wait, e.signal()->BeginWait(generation));
+    if (!must_wait) return Status::Ok();
+    ScopedCurrentDevice current(ordinal_);
+    STRATA_RETURN_IF_ERROR(current.status());
+    // Cyclic >=, Note [Host event word]. CUstream and cudaStream_t are one
+    // type; null is the legacy default stream for both.
+    const CUresult r = wait_value32_(s->get(), e.device_word(),
+                                     e.signal()->WordValue(generation),
+                                     CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_SUCCESS) return Status::Ok();
+    const std::string msg = "cuStreamWaitValue32 on " + name_ +
+                            " failed with CUresult " + std::to_string(r);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) return Status::NotSupported(msg);
+    if (r == CUDA_ERROR_INVALID_VALUE) return Status::InvalidArgument(msg);
+    return Status::IoError(msg);
+  }
+
   StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
     STRATA_RETURN_IF_ERROR(Mine(stream).status());
     return pool_->Allocate(bytes, stream);
+  }
+  StatusOr<DeviceMemory> TryAllocate(size_t bytes, Stream& stream) override {
+    STRATA_RETURN_IF_ERROR(Mine(stream).status());
+    return pool_->TryAllocate(bytes, stream);
+  }
+
+  // Both ends must be memory of this GPU that CUDA knows as device (or
+  // managed) memory; the pool then checks what it checks for every device.
+  StatusOr<ExternalDeviceMemory> RegisterExternalMemory(void* data,
+                                                        size_t bytes) override {
+    const auto a = reinterpret_cast<uintptr_t>(data);
+    if (data != nullptr && bytes != 0 && a + bytes > a) {
+      ScopedCurrentDevice current(ordinal_);
+      STRATA_RETURN_IF_ERROR(current.status());
+      for (const uintptr_t p : {a, a + bytes - 1}) {
+        cudaPointerAttributes attr{};
+        const cudaError_t err =
+            cudaPointerGetAttributes(&attr, reinterpret_cast<void*>(p));
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          return CudaStatus(err,
+                            "RegisterExternalMemory: "
+                            "cudaPointerGetAttributes");
+        }
+        if (attr.type != cudaMemoryTypeDevice &&
+            attr.type != cudaMemoryTypeManaged) {
+          return Status::InvalidArgument(
+              "RegisterExternalMemory: byte " + std::to_string(p - a) +
+              " of the range is not device memory (cudaMemoryType " +
+              std::to_string(static_cast<int>(attr.type)) + ")");
+        }
+        if (attr.device != ordinal_) {
+          return Status::InvalidArgument(
+              "RegisterExternalMemory: the range is memory of cuda:" +
+              std::to_string(attr.device) + ", not of " + name_);
+        }
+      }
+    }
+    return pool_->RegisterExternal(data, bytes);
   }
   DeviceMemoryStats memory_stats() const override { return pool_->stats(); }
 
@@ -412,9 +559,14 @@ class CudaDevice final : public Device {
 
   const int ordinal_;
   const std::string name_;
+  // First: the words outlive every other member (reset last by the dtor).
+  std::optional<internal::HostWordPool> host_words_{std::in_place};
   UniqueHandle<CudaMallocTraits> arena_;
   // After arena_: waits for pending frees before the arena is freed.
   std::optional<internal::StreamOrderedPool> pool_;
+  // Null when host events are not supported; the reason then.
+  const internal::StreamWaitValue32Fn wait_value32_;
+  const std::string no_host_events_why_;
   Mutex cublas_mu_;
   // Last member: destroyed first.
   internal::UniqueCublasHandle cublas_ STRATA_GUARDED_BY(cublas_mu_);
@@ -464,8 +616,16 @@ StatusOr<std::unique_ptr<Device>> NewCudaDevice(const DeviceOptions& options) {
   STRATA_RETURN_IF_ERROR(CudaStatus(
       cudaMalloc(&base, budget),
       name + ": cudaMalloc of the " + std::to_string(budget) + "-byte budget"));
-  return std::unique_ptr<Device>(new CudaDevice(
-      ordinal, name, UniqueHandle<CudaMallocTraits>(base), budget));
+  std::string no_host_events_why;
+  const internal::StreamWaitValue32Fn wait_value32 =
+      internal::ResolveStreamWaitValue32(ordinal, &no_host_events_why);
+  if (wait_value32 == nullptr) {
+    STRATA_LOG_ONCE(WARN, "{}: host events are not supported: {}", name,
+                    no_host_events_why);
+  }
+  return std::unique_ptr<Device>(
+      new CudaDevice(ordinal, name, UniqueHandle<CudaMallocTraits>(base),
+                     budget, wait_value32, std::move(no_host_events_why)));
 }
 
 namespace internal {

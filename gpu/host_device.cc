@@ -4,7 +4,11 @@
 //
 //   - Memory: one mapping of the budget's size (pages are committed when
 //     touched), placed by the shared StreamOrderedPool.
-//   - Streams: one executor thread each, running tasks in enqueue order.
+//   - Streams: one executor thread each, running tasks in enqueue order. A
+//     stream's native handle is its executor; WrapNativeStream of it gives a
+//     second, non-owning Stream on the same executor.
+//   - Host events: a wait is a task that blocks its executor until the
+//     generation is reached, which stalls that stream only.
 //   - Events: a record enqueues a marker with a sequence number; an event is
 //     complete when the marker of its latest record has run. Completion is
 //     tracked per sequence number, so a wait captured on an earlier record is
@@ -16,7 +20,9 @@
 //     work is observable. Copies from or to pageable memory return to the
 //     caller only when done, as CUDA's do.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -27,6 +33,7 @@
 
 #include "gpu/cpu_kernels.h"
 #include "gpu/host_func.h"
+#include "gpu/host_signal.h"
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
@@ -45,14 +52,15 @@ thread_local bool t_in_host_func = false;
 
 // ---- Streams ----------------------------------------------------------------
 
-// One executor thread running tasks in order. Thread-safe.
-class HostStream final : public Stream {
+// One executor thread running tasks in order. Shared by the Stream that made
+// it and the wrappers of its native handle (WrapNativeStream); the last one
+// to go drains the queue and joins. Thread-safe.
+class Executor {
  public:
-  HostStream(const void* owner, StreamKind kind)
-      : Stream(owner, kind), thread_([this] { Run(); }) {}
+  Executor() : thread_([this] { Run(); }) {}
 
   // Drains the queue, then joins.
-  ~HostStream() override {
+  ~Executor() {
     {
       MutexLock lock(&mu_);
       stop_ = true;
@@ -60,9 +68,11 @@ class HostStream final : public Stream {
     work_cv_.Signal();
     thread_.join();
   }
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // Returns the task's ticket; WaitFor(ticket) returns after it ran.
-  uint64_t Enqueue(std::function<void()> task) {
+  uint64_t Enqueue(HostFunction task) {
     uint64_t ticket;
     {
       MutexLock lock(&mu_);
@@ -87,16 +97,21 @@ class HostStream final : public Stream {
     WaitFor(ticket);
   }
 
+  // Set when the owning Stream is gone: its native handle no longer names a
+  // stream that may be wrapped.
+  std::atomic<bool> retired{false};
+
  private:
   void Run() STRATA_EXCLUDES(mu_) {
     mu_.Lock();
     for (;;) {
       while (!stop_ && queue_.empty()) work_cv_.Wait(&mu_);
       if (queue_.empty()) break;  // stop_ and drained
-      std::function<void()> task = std::move(queue_.front());
+      HostFunction task = std::move(queue_.front());
       queue_.pop_front();
       mu_.Unlock();
       task();
+      task = nullptr;  // what it captured goes before the completion shows
       mu_.Lock();
       ++completed_;
       done_cv_.SignalAll();
@@ -107,11 +122,55 @@ class HostStream final : public Stream {
   Mutex mu_;
   CondVar work_cv_;  // queue_ or stop_ changed
   CondVar done_cv_;  // completed_ grew
-  std::deque<std::function<void()>> queue_ STRATA_GUARDED_BY(mu_);
+  std::deque<HostFunction> queue_ STRATA_GUARDED_BY(mu_);
   uint64_t enqueued_ STRATA_GUARDED_BY(mu_) = 0;
   uint64_t completed_ STRATA_GUARDED_BY(mu_) = 0;
   bool stop_ STRATA_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts in the ctor
+};
+
+// A Stream on an executor: the owner (NewStream), which drains it when
+// destroyed, or a wrapper (WrapNativeStream), which does not.
+class EmulatedStream final : public Stream {
+ public:
+  EmulatedStream(const void* owner, StreamKind kind,
+                 std::shared_ptr<Executor> executor, bool owns)
+      : Stream(owner, kind, DeviceKind::kHostEmulated, executor.get(), owns),
+        executor_(std::move(executor)) {}
+  ~EmulatedStream() override {
+    if (owns_native_stream()) {
+      executor_->retired = true;
+      executor_->WaitAll();
+    }
+  }
+  Executor& executor() const { return *executor_; }
+
+ private:
+  std::shared_ptr<Executor> executor_;
+};
+
+// The executors of a device's live streams by native handle, so that
+// WrapNativeStream accepts exactly those. Thread-safe.
+class ExecutorRegistry {
+ public:
+  void Add(const std::shared_ptr<Executor>& e) {
+    MutexLock lock(&mu_);
+    std::erase_if(executors_,
+                  [](const auto& kv) { return kv.second.expired(); });
+    executors_[e.get()] = e;
+  }
+  std::shared_ptr<Executor> Find(const void* native) {
+    MutexLock lock(&mu_);
+    auto it = executors_.find(native);
+    if (it == executors_.end()) return nullptr;
+    std::shared_ptr<Executor> e = it->second.lock();
+    return e != nullptr && !e->retired ? e : nullptr;
+  }
+
+ private:
+  Mutex mu_;
+  std::map<const void*, std::weak_ptr<Executor>> executors_
+      STRATA_GUARDED_BY(mu_);
 };
 
 // ---- Events -----------------------------------------------------------------
@@ -164,14 +223,25 @@ class EventState {
   std::set<uint64_t> done_above_ STRATA_GUARDED_BY(mu_);
 };
 
-class HostEvent final : public Event {
+class EmulatedEvent final : public Event {
  public:
-  explicit HostEvent(const void* owner)
-      : Event(owner), state_(std::make_shared<EventState>()) {}
+  EmulatedEvent(const void* owner, std::shared_ptr<EventState> state)
+      : Event(owner, DeviceKind::kHostEmulated, state.get()),
+        state_(std::move(state)) {}
   const std::shared_ptr<EventState>& state() const { return state_; }
 
  private:
   std::shared_ptr<EventState> state_;
+};
+
+// A HostEvent whose waits block a stream's executor (a host thread anyway),
+// and only that stream. The wait tasks share its state, so an event
+// destroyed (and so abandoned) with waits queued leaves nothing dangling.
+class EmulatedHostEvent final : public HostEvent {
+ public:
+  explicit EmulatedHostEvent(const void* owner)
+      : HostEvent(owner, std::make_shared<internal::HostSignal>()) {}
+  using HostEvent::signal;
 };
 
 // ---- Registered host memory -------------------------------------------------
@@ -271,49 +341,87 @@ class HostEmulatedDevice final : public Device {
 
   StatusOr<std::unique_ptr<Stream>> NewStream(
       const StreamOptions& options) override {
-    return std::unique_ptr<Stream>(new HostStream(this, options.kind));
+    STRATA_RETURN_IF_ERROR(NotFromHostFunc());
+    auto executor = std::make_shared<Executor>();
+    executors_.Add(executor);
+    return std::unique_ptr<Stream>(
+        new EmulatedStream(this, options.kind, std::move(executor), true));
   }
   StatusOr<std::unique_ptr<Event>> NewEvent() override {
-    return std::unique_ptr<Event>(new HostEvent(this));
+    STRATA_RETURN_IF_ERROR(NotFromHostFunc());
+    return std::unique_ptr<Event>(
+        new EmulatedEvent(this, std::make_shared<EventState>()));
+  }
+
+  StatusOr<std::unique_ptr<Stream>> WrapNativeStream(void* native,
+                                                     StreamKind kind) override {
+    STRATA_RETURN_IF_ERROR(NotFromHostFunc());
+    std::shared_ptr<Executor> executor = executors_.Find(native);
+    if (executor == nullptr) {
+      char p[32];
+      std::snprintf(p, sizeof p, "%p", native);
+      return Status::InvalidArgument(
+          std::string("WrapNativeStream: ") + p +
+          " is not the native handle of a live stream of this host-emulated "
+          "device");
+    }
+    return std::unique_ptr<Stream>(
+        new EmulatedStream(this, kind, std::move(executor), false));
+  }
+
+  StatusOr<std::unique_ptr<HostEvent>> NewHostEvent() override {
+    STRATA_RETURN_IF_ERROR(NotFromHostFunc());
+    return std::unique_ptr<HostEvent>(new EmulatedHostEvent(this));
+  }
+  Status WaitHostEvent(Stream& stream, const HostEvent& event,
+                       uint64_t generation) override {
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(const EmulatedHostEvent* e, Mine(event));
+    STRATA_ASSIGN_OR_RETURN(bool must_wait, e->signal()->BeginWait(generation));
+    if (!must_wait) return Status::Ok();
+    s->executor().Enqueue(
+        [signal = e->signal(), generation] { signal->WaitFor(generation); });
+    return Status::Ok();
   }
 
   Status RecordEvent(Event& event, Stream& stream) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
-    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(EmulatedEvent * e, Mine(event));
     std::shared_ptr<EventState> state = e->state();
     const uint64_t seq = state->NextRecord();
-    s->Enqueue([state, seq] { state->MarkDone(seq); });
+    s->executor().Enqueue([state, seq] { state->MarkDone(seq); });
     return Status::Ok();
   }
   Status WaitEvent(Stream& stream, const Event& event) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
-    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(EmulatedEvent * e, Mine(event));
     std::shared_ptr<EventState> state = e->state();
     const uint64_t seq = state->latest();
     if (seq == 0) return Status::Ok();  // never recorded: nothing to wait for
-    s->Enqueue([state, seq] { state->WaitDone(seq); });
+    s->executor().Enqueue([state, seq] { state->WaitDone(seq); });
     return Status::Ok();
   }
   StatusOr<bool> QueryEvent(const Event& event) override {
-    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    STRATA_ASSIGN_OR_RETURN(EmulatedEvent * e, Mine(event));
     return e->state()->IsDone(e->state()->latest());
   }
   Status SynchronizeEvent(const Event& event) override {
-    STRATA_ASSIGN_OR_RETURN(HostEvent * e, Mine(event));
+    STRATA_ASSIGN_OR_RETURN(EmulatedEvent * e, Mine(event));
     e->state()->WaitDone(e->state()->latest());
     return Status::Ok();
   }
   Status SynchronizeStream(Stream& stream) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
-    s->WaitAll();
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
+    s->executor().WaitAll();
     return Status::Ok();
   }
-  Status LaunchHostFunc(Stream& stream, std::function<void()> fn) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+  Status LaunchHostFunc(Stream& stream, HostFunction fn) override {
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     if (!fn) return Status::InvalidArgument("LaunchHostFunc: empty function");
-    s->Enqueue([fn = std::move(fn)] {
+    s->executor().Enqueue([fn = std::move(fn)]() mutable {
       t_in_host_func = true;
       internal::RunHostFunction(fn);
+      fn = nullptr;  // what it captured is destroyed under the same rules
       t_in_host_func = false;
     });
     return Status::Ok();
@@ -322,6 +430,15 @@ class HostEmulatedDevice final : public Device {
   StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
     STRATA_RETURN_IF_ERROR(Mine(stream).status());
     return pool_.Allocate(bytes, stream);
+  }
+  StatusOr<DeviceMemory> TryAllocate(size_t bytes, Stream& stream) override {
+    STRATA_RETURN_IF_ERROR(Mine(stream).status());
+    return pool_.TryAllocate(bytes, stream);
+  }
+  StatusOr<ExternalDeviceMemory> RegisterExternalMemory(void* data,
+                                                        size_t bytes) override {
+    STRATA_RETURN_IF_ERROR(NotFromHostFunc());
+    return pool_.RegisterExternal(data, bytes);
   }
   DeviceMemoryStats memory_stats() const override { return pool_.stats(); }
 
@@ -334,7 +451,7 @@ class HostEmulatedDevice final : public Device {
 
   Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes,
                    CopyKind kind) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     if (bytes == 0) return Status::Ok();
     STRATA_RETURN_IF_ERROR(pool_.CheckCopy(dst, src, bytes, kind));
     const void* host = nullptr;  // the host end, if any
@@ -352,7 +469,7 @@ class HostEmulatedDevice final : public Device {
       rate = options_.emulated_pageable_bytes_per_s;
     }
     const uint64_t latency = options_.emulated_copy_latency_ns;
-    const uint64_t ticket = s->Enqueue([=] {
+    const uint64_t ticket = s->executor().Enqueue([=] {
       const Clock::time_point end = link != nullptr
                                         ? link->Reserve(bytes, rate, latency)
                                         : Clock::time_point{};
@@ -360,32 +477,32 @@ class HostEmulatedDevice final : public Device {
       if (end != Clock::time_point{}) std::this_thread::sleep_until(end);
     });
     // Pageable memory: the caller may reuse it on return (CUDA's contract).
-    if (!pinned) s->WaitFor(ticket);
+    if (!pinned) s->executor().WaitFor(ticket);
     return Status::Ok();
   }
 
   Status MemsetAsync(Stream& stream, void* dst, uint8_t value,
                      size_t bytes) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     if (bytes == 0) return Status::Ok();
     STRATA_RETURN_IF_ERROR(pool_.CheckInside(dst, bytes, "memset destination"));
-    s->Enqueue([=] { std::memset(dst, value, bytes); });
+    s->executor().Enqueue([=] { std::memset(dst, value, bytes); });
     return Status::Ok();
   }
 
   Status ConvertAsync(Stream& stream, const ConvertArgs& args) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     if (args.count == 0) return Status::Ok();
     STRATA_RETURN_IF_ERROR(pool_.CheckConvert(args));
-    s->Enqueue([args] { internal::ConvertOnCpu(args); });
+    s->executor().Enqueue([args] { internal::ConvertOnCpu(args); });
     return Status::Ok();
   }
 
   Status GemmAsync(Stream& stream, const GemmArgs& args) override {
-    STRATA_ASSIGN_OR_RETURN(HostStream * s, Mine(stream));
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     STRATA_RETURN_IF_ERROR(pool_.CheckGemm(args));
     if (args.m == 0 || args.n == 0) return Status::Ok();
-    s->Enqueue([args] { internal::GemmOnCpu(args); });
+    s->executor().Enqueue([args] { internal::GemmOnCpu(args); });
     return Status::Ok();
   }
 
@@ -396,21 +513,29 @@ class HostEmulatedDevice final : public Device {
         "a device call from inside a LaunchHostFunc function (CUDA forbids "
         "it; see Device::LaunchHostFunc)");
   }
-  StatusOr<HostStream*> Mine(Stream& stream) const {
+  StatusOr<EmulatedStream*> Mine(Stream& stream) const {
     STRATA_RETURN_IF_ERROR(NotFromHostFunc());
     if (stream.owner() != this) {
       return Status::InvalidArgument(
           "stream belongs to another device than host-emulated");
     }
-    return static_cast<HostStream*>(&stream);
+    return static_cast<EmulatedStream*>(&stream);
   }
-  StatusOr<HostEvent*> Mine(const Event& event) const {
+  StatusOr<EmulatedEvent*> Mine(const Event& event) const {
     STRATA_RETURN_IF_ERROR(NotFromHostFunc());
     if (event.owner() != this) {
       return Status::InvalidArgument(
           "event belongs to another device than host-emulated");
     }
-    return static_cast<HostEvent*>(const_cast<Event*>(&event));
+    return static_cast<EmulatedEvent*>(const_cast<Event*>(&event));
+  }
+  StatusOr<const EmulatedHostEvent*> Mine(const HostEvent& event) const {
+    STRATA_RETURN_IF_ERROR(NotFromHostFunc());
+    if (event.owner() != this) {
+      return Status::InvalidArgument(
+          "host event belongs to another device than host-emulated");
+    }
+    return static_cast<const EmulatedHostEvent*>(&event);
   }
 
   const DeviceOptions options_;
@@ -420,6 +545,7 @@ class HostEmulatedDevice final : public Device {
   // Declared after region_: waits for pending frees before it is unmapped.
   internal::StreamOrderedPool pool_;
   std::shared_ptr<PinnedRanges> pinned_;
+  ExecutorRegistry executors_;
 };
 
 }  // namespace

@@ -6,14 +6,13 @@
 #define STRATA_GPU_HOST_FUNC_H_
 
 #include <exception>
-#include <functional>
-
+#include "strata/device.h"
 #include "util/log.h"
 
 namespace strata::internal {
 
 // Runs `fn`; an exception it throws is logged and dropped.
-inline void RunHostFunction(const std::function<void()>& fn) noexcept {
+inline void RunHostFunction(HostFunction& fn) noexcept {
   try {
     fn();
   } catch (const std::exception& e) {

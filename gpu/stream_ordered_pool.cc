@@ -1,7 +1,9 @@
 #include "gpu/stream_ordered_pool.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "gpu/cpu_kernels.h"
@@ -13,11 +15,11 @@ namespace strata {
 
 DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
       offset_(std::exchange(other.offset_, 0)),
       reserved_(std::exchange(other.reserved_, 0)),
       streams_(std::move(other.streams_)) {
+  data_ = std::exchange(other.data_, nullptr);
+  size_ = std::exchange(other.size_, 0);
   other.streams_.clear();
 }
 
@@ -50,6 +52,33 @@ void DeviceMemory::Reset() noexcept {
   offset_ = 0;
   reserved_ = 0;
   streams_.clear();
+}
+
+// ---- ExternalDeviceMemory (declared in strata/device.h) ---------------------
+
+ExternalDeviceMemory::ExternalDeviceMemory(
+    ExternalDeviceMemory&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)) {
+  data_ = std::exchange(other.data_, nullptr);
+  size_ = std::exchange(other.size_, 0);
+}
+
+ExternalDeviceMemory& ExternalDeviceMemory::operator=(
+    ExternalDeviceMemory&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = std::exchange(other.pool_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void ExternalDeviceMemory::Reset() noexcept {
+  if (pool_ != nullptr) pool_->Unregister(data_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
 }
 
 namespace internal {
@@ -107,6 +136,17 @@ StreamOrderedPool::~StreamOrderedPool() {
 
 StatusOr<DeviceMemory> StreamOrderedPool::Allocate(size_t bytes,
                                                    Stream& stream) {
+  return AllocateImpl(bytes, stream, /*wait=*/true);
+}
+
+StatusOr<DeviceMemory> StreamOrderedPool::TryAllocate(size_t bytes,
+                                                      Stream& stream) {
+  return AllocateImpl(bytes, stream, /*wait=*/false);
+}
+
+StatusOr<DeviceMemory> StreamOrderedPool::AllocateImpl(size_t bytes,
+                                                       Stream& stream,
+                                                       bool wait) {
   DeviceMemory m;
   if (bytes == 0) return m;
   for (;;) {
@@ -130,6 +170,20 @@ StatusOr<DeviceMemory> StreamOrderedPool::Allocate(size_t bytes,
       if (pending_.empty()) {
         ++stats_.failed_allocations;
         return Status::OutOfMemory(OutOfMemoryMessage(bytes));
+      }
+      if (!wait) {
+        // Room that pending frees could give back, fragmentation aside.
+        if (planner_.free_bytes() + stats_.pending_free_bytes <
+            BlockPlanner::RoundUp(bytes)) {
+          ++stats_.failed_allocations;
+          return Status::OutOfMemory(OutOfMemoryMessage(bytes));
+        }
+        ++stats_.busy_allocations;
+        return Status(StatusCode::kBusy,
+                      device_name_ + ": " + Bytes(bytes) +
+                          " of device memory would have to wait for " +
+                          Bytes(stats_.pending_free_bytes) +
+                          " of pending frees (TryAllocate does not wait)");
       }
       oldest = pending_.front();
       ++stats_.reuse_waits;
@@ -209,11 +263,71 @@ void StreamOrderedPool::ReclaimLocked() {
 }
 
 DeviceMemoryStats StreamOrderedPool::stats() const {
-  MutexLock lock(&mu_);
-  DeviceMemoryStats s = stats_;
-  s.free_bytes = planner_.free_bytes();
-  s.largest_free_block = planner_.largest_free_block();
+  DeviceMemoryStats s;
+  {
+    MutexLock lock(&mu_);
+    s = stats_;
+    s.free_bytes = planner_.free_bytes();
+    s.largest_free_block = planner_.largest_free_block();
+  }
+  MutexLock lock(&external_mu_);
+  s.external_ranges = external_.size();
   return s;
+}
+
+namespace {
+
+std::string Range(const void* p, size_t bytes) {
+  char range[96];
+  std::snprintf(range, sizeof range, "[%p, +%zu bytes)", p, bytes);
+  return range;
+}
+
+}  // namespace
+
+StatusOr<ExternalDeviceMemory> StreamOrderedPool::RegisterExternal(
+    void* data, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(data);
+  const auto lo = reinterpret_cast<uintptr_t>(base_);
+  const std::string what = "external device memory " + Range(data, bytes);
+  if (data == nullptr || bytes == 0) {
+    return Status::InvalidArgument(what + ": null or empty");
+  }
+  if (a + bytes < a) {
+    return Status::InvalidArgument(what + ": its end wraps around");
+  }
+  if (a < lo + budget_ && lo < a + bytes) {
+    return Status::InvalidArgument(what + " overlaps the memory pool of " +
+                                   device_name_ +
+                                   "; allocate from it or register elsewhere");
+  }
+  MutexLock lock(&external_mu_);
+  if (OverlapsExternalLocked(a, bytes)) {
+    return Status::InvalidArgument(
+        what +
+        " overlaps a range registered already; register the enclosing "
+        "allocation once");
+  }
+  external_[a] = a + bytes;
+  ExternalDeviceMemory m;
+  m.pool_ = this;
+  m.data_ = data;
+  m.size_ = bytes;
+  return m;
+}
+
+void StreamOrderedPool::Unregister(const void* data) noexcept {
+  MutexLock lock(&external_mu_);
+  external_.erase(reinterpret_cast<uintptr_t>(data));
+}
+
+bool StreamOrderedPool::OverlapsExternalLocked(uintptr_t a, size_t n) const {
+  // Ranges are disjoint: only the last one starting before a + n can reach
+  // past a.
+  auto it = external_.lower_bound(a + n);
+  if (it == external_.begin()) return false;
+  --it;
+  return it->second > a;
 }
 
 std::string StreamOrderedPool::OutOfMemoryMessage(size_t bytes) const {
@@ -234,13 +348,24 @@ Status StreamOrderedPool::CheckInside(const void* p, size_t bytes,
       bytes <= budget_ - (a - lo)) {
     return Status::Ok();
   }
-  char range[96];
-  std::snprintf(range, sizeof range, " [%p, +%zu bytes) ", p, bytes);
+  size_t external_ranges;
+  {
+    MutexLock lock(&external_mu_);
+    if (p != nullptr && a + bytes >= a) {
+      auto it = external_.upper_bound(a);
+      if (it != external_.begin() && a + bytes <= std::prev(it)->second) {
+        return Status::Ok();
+      }
+    }
+    external_ranges = external_.size();
+  }
   char region[64];
   std::snprintf(region, sizeof region, "%p", static_cast<const void*>(base_));
   return Status::InvalidArgument(
-      std::string(what) + range + "is not device memory of " + device_name_ +
-      " (region " + region + ", " + std::to_string(budget_) + " bytes)");
+      std::string(what) + " " + Range(p, bytes) + " is not device memory of " +
+      device_name_ + " (region " + region + ", " + std::to_string(budget_) +
+      " bytes, nor inside one of " + std::to_string(external_ranges) +
+      " registered external ranges)");
 }
 
 Status StreamOrderedPool::CheckOutside(const void* p, size_t bytes,
@@ -250,9 +375,21 @@ Status StreamOrderedPool::CheckOutside(const void* p, size_t bytes,
   if (p == nullptr && bytes > 0) {
     return Status::InvalidArgument(std::string(what) + " is null");
   }
-  if (a + bytes <= lo || a >= lo + budget_) return Status::Ok();
-  return Status::InvalidArgument(std::string(what) +
-                                 " is device memory; expected host memory");
+  if (a + bytes < a) {
+    return Status::InvalidArgument(std::string(what) + " " + Range(p, bytes) +
+                                   ": its end wraps around");
+  }
+  const bool in_pool = !(a + bytes <= lo || a >= lo + budget_);
+  bool external = false;
+  if (!in_pool) {
+    MutexLock lock(&external_mu_);
+    external = OverlapsExternalLocked(a, bytes);
+  }
+  if (!in_pool && !external) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string(what) + " is device memory" +
+      (external ? " (registered external memory)" : "") +
+      "; expected host memory");
 }
 
 Status StreamOrderedPool::CheckCopy(const void* dst, const void* src,
@@ -297,10 +434,10 @@ Status CheckAligned(const void* p, ElementType type, std::string_view what) {
 Status StreamOrderedPool::CheckConvert(const ConvertArgs& args) const {
   const size_t src_elem = ElementSize(args.src_type);
   const size_t dst_elem = ElementSize(args.dst_type);
-  if (args.count > budget_ / std::min(src_elem, dst_elem)) {
+  if (args.count > SIZE_MAX / std::max(src_elem, dst_elem)) {
     return Status::InvalidArgument("conversion of " +
                                    std::to_string(args.count) +
-                                   " elements is larger than " + device_name_);
+                                   " elements: the byte size wraps around");
   }
   const size_t src_bytes = args.count * src_elem;
   const size_t dst_bytes = args.count * dst_elem;

@@ -18,18 +18,25 @@
 // waiting). When the request still does not fit and blocks are pending, it
 // waits, outside the lock, for the oldest pending free, and tries again; only
 // when nothing is pending is the answer kOutOfMemory.
+// TryAllocate is the same without the wait: kBusy when pending frees could
+// make room, kOutOfMemory when even they could not.
 // If an event cannot be created or recorded at the free, the free falls back
 // to synchronizing the streams, and if even that fails the block is leaked
 // (logged) rather than risk handing out memory still being written.
 //
+// The pool also keeps the registered external ranges (ExternalDeviceMemory):
+// device memory outside the region that the argument checks accept as device
+// memory, under the same overlap, wrap-around and alignment checks.
+//
 // Thread-safe. Lock order: mu_ before any event's internal lock; no blocking
-// wait is done while mu_ is held (STYLE rule 13).
+// wait is done while mu_ is held (STYLE rule 13). external_mu_ is a leaf.
 #ifndef STRATA_GPU_STREAM_ORDERED_POOL_H_
 #define STRATA_GPU_STREAM_ORDERED_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,13 +62,25 @@ class StreamOrderedPool {
 
   StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream)
       STRATA_EXCLUDES(mu_);
-  DeviceMemoryStats stats() const STRATA_EXCLUDES(mu_);
+  // Allocate without waiting for pending frees (Device::TryAllocate).
+  StatusOr<DeviceMemory> TryAllocate(size_t bytes, Stream& stream)
+      STRATA_EXCLUDES(mu_);
+  DeviceMemoryStats stats() const STRATA_EXCLUDES(mu_, external_mu_);
 
-  // OK when [p, p + bytes) lies inside the region; else kInvalidArgument
-  // naming `what` ("copy destination", ...).
-  Status CheckInside(const void* p, size_t bytes, std::string_view what) const;
-  // OK when [p, p + bytes) does not overlap the region (host memory).
-  Status CheckOutside(const void* p, size_t bytes, std::string_view what) const;
+  // Registers an external range after the backend checked that it is device
+  // memory (Device::RegisterExternalMemory's common checks).
+  StatusOr<ExternalDeviceMemory> RegisterExternal(void* data, size_t bytes)
+      STRATA_EXCLUDES(external_mu_);
+
+  // OK when [p, p + bytes) lies inside the region or inside one registered
+  // external range; else kInvalidArgument naming `what` ("copy
+  // destination", ...).
+  Status CheckInside(const void* p, size_t bytes, std::string_view what) const
+      STRATA_EXCLUDES(external_mu_);
+  // OK when [p, p + bytes) overlaps neither the region nor an external
+  // range (host memory).
+  Status CheckOutside(const void* p, size_t bytes, std::string_view what) const
+      STRATA_EXCLUDES(external_mu_);
   // Checks both ends of a copy of `kind`: device ends inside the region,
   // host ends outside it.
   // Device-to-device ranges must not overlap (cudaMemcpyAsync leaves that
@@ -79,6 +98,7 @@ class StreamOrderedPool {
 
  private:
   friend class strata::DeviceMemory;
+  friend class strata::ExternalDeviceMemory;
 
   struct PendingFree {
     uint64_t offset;
@@ -86,8 +106,15 @@ class StreamOrderedPool {
     std::vector<std::unique_ptr<Event>> events;
   };
 
+  StatusOr<DeviceMemory> AllocateImpl(size_t bytes, Stream& stream, bool wait)
+      STRATA_EXCLUDES(mu_);
   // Called by DeviceMemory::Reset.
   void Free(DeviceMemory& memory) noexcept STRATA_EXCLUDES(mu_);
+  // Called by ExternalDeviceMemory::Reset.
+  void Unregister(const void* data) noexcept STRATA_EXCLUDES(external_mu_);
+  // True when [a, a + n) overlaps a registered range. REQUIRES: no wrap.
+  bool OverlapsExternalLocked(uintptr_t a, size_t n) const
+      STRATA_REQUIRES(external_mu_);
   // Moves pending frees whose events completed to the planner.
   void ReclaimLocked() STRATA_REQUIRES(mu_);
   std::string OutOfMemoryMessage(size_t bytes) const STRATA_REQUIRES(mu_);
@@ -103,6 +130,10 @@ class StreamOrderedPool {
   // events outside mu_ while another may reclaim it.
   std::deque<std::shared_ptr<PendingFree>> pending_ STRATA_GUARDED_BY(mu_);
   DeviceMemoryStats stats_ STRATA_GUARDED_BY(mu_);
+
+  mutable Mutex external_mu_;
+  // Registered external ranges, start -> end; disjoint.
+  std::map<uintptr_t, uintptr_t> external_ STRATA_GUARDED_BY(external_mu_);
 };
 
 }  // namespace strata::internal

@@ -222,7 +222,7 @@ Status EngineImpl::Start() {
     STRATA_ASSIGN_OR_RETURN(s.ready, device_->NewEvent());
     STRATA_ASSIGN_OR_RETURN(s.use_done, device_->NewEvent());
   }
-  CpuOptimizerOptions oo = options_.optimizer;
+  CpuOptimizerOptions oo = options_.optimizer.cpu;
   STRATA_ASSIGN_OR_RETURN(optimizer_, NewCpuOptimizer(oo));
 
   // Host tier: one pinned array per role resting on the host.
@@ -1301,21 +1301,10 @@ Status ParamPin::Wait() {
   return engine_->WaitArrival(unit_, nullptr);
 }
 
-std::string_view ResidenceName(Residence r) {
-  switch (r) {
-    case Residence::kDevice:
-      return "device";
-    case Residence::kHost:
-      return "host";
-    case Residence::kNvme:
-      break;
-  }
-  return "nvme";
-}
-
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
                                                  Device* device) {
   if (device == nullptr) return Status::InvalidArgument("engine: no device");
+  STRATA_RETURN_IF_ERROR(ValidateEngineOptions(options));
   STRATA_RETURN_IF_ERROR(memtier::EngineImpl::CheckOptions(options));
   return std::unique_ptr<Engine>(new memtier::EngineImpl(options, device));
 }

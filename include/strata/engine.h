@@ -188,9 +188,6 @@ class STRATA_EXPORT Engine {
   Engine() = default;
 };
 
-// "device", "host", "nvme".
-STRATA_EXPORT std::string_view ResidenceName(Residence r);
-
 // The stats as a JSON object (field names as above; bytes and counts as
 // integers, seconds as numbers).
 STRATA_EXPORT std::string EngineStatsJson(const EngineStats& stats);

@@ -1,65 +1,163 @@
 // Options of the memtier engine (the tiered memory manager and the ZeRO-3
 // style fetch/release engine): where each role rests, budgets, staging
-// buffers, prefetch, and the NVMe tier's I/O settings. Filled in C++, or from
-// a JSON config (ParseEngineConfig, strata/engine_config.h) that also accepts
-// a DeepSpeed config's `zero_optimization` and `aio` sections.
+// buffers, prefetch, the NVMe tier's I/O settings, mixed precision and the
+// offloaded optimizer. Filled in C++, or from a JSON config
+// (ParseEngineConfig, strata/engine_config.h) that also accepts a DeepSpeed
+// config; docs/config.md maps every JSON key to a field here.
+//
+// Sizes are bytes. Where DeepSpeed counts elements, the JSON reader converts
+// with the working dtype's size; the defaults below are DeepSpeed's defaults
+// converted at 2 bytes per element (bf16, the default working dtype).
+//
+// An EngineOptions is a plain value (thread-compatible).
 #ifndef STRATA_ENGINE_OPTIONS_H_
 #define STRATA_ENGINE_OPTIONS_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/cpu_adam.h"
+#include "strata/export.h"
 #include "strata/io_engine.h"
+#include "strata/status.h"
 
 namespace strata {
 
 // A tier where a role's data rests between uses.
 enum class Residence : uint8_t { kDevice, kHost, kNvme };
 
+// "device", "host", "nvme".
+STRATA_EXPORT std::string_view ResidenceName(Residence residence);
+
+// How fp16 gradients are scaled against underflow.
+enum class LossScaleMode : uint8_t {
+  kNone,     // scale 1 (bf16, fp32)
+  kStatic,   // initial_scale throughout
+  kDynamic,  // halved on overflow (after hysteresis), doubled after window
+};
+
+// "none", "static", "dynamic".
+STRATA_EXPORT std::string_view LossScaleModeName(LossScaleMode mode);
+
+struct LossScaleOptions {
+  // Default kNone because the default working dtype is bf16; a JSON config
+  // with fp16 enabled selects kDynamic unless it gives a static scale.
+  LossScaleMode mode = LossScaleMode::kNone;
+  // kStatic: the scale. kDynamic: the first scale. Finite, > 0.
+  // Default 65536 (2^16, DeepSpeed's initial_scale_power 16).
+  double initial_scale = 65536.0;
+  // kDynamic: steps without overflow after which the scale doubles. >= 1.
+  uint32_t window = 1000;
+  // kDynamic: overflows absorbed before the scale halves. >= 1.
+  uint32_t hysteresis = 2;
+  // kDynamic: restore the hysteresis after each step without overflow
+  // (DeepSpeed's consecutive_hysteresis). Default off.
+  bool consecutive_hysteresis = false;
+  // kDynamic: the scale never goes below this. Finite, > 0, and at most
+  // initial_scale. Default 1.
+  double min_scale = 1.0;
+};
+
+struct OptimizerOptions {
+  // Algorithm and hyper-parameters, handed as they are to NewCpuOptimizer.
+  // Default AdamW with betas (0.9, 0.999), eps 1e-8, weight decay 0, bias
+  // correction on: a DeepSpeed optimizer of type "Adam" is AdamW unless
+  // adam_w_mode is false.
+  CpuOptimizerOptions cpu;
+  // The learning rate of the first step; a schedule is the caller's (it
+  // passes the rate of each step). Finite, >= 0. Default 1e-3.
+  double lr = 1e-3;
+};
+
 struct EngineOptions {
+  // Marks a size without a limit (max_persistent_bytes).
+  static constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
+
   // ---- Ranks (one today; the layout carries them from the start) ----
-  int rank = 0;
-  int world_size = 1;
+  int rank = 0;        // 0 <= rank < world_size
+  int world_size = 1;  // 1 .. 65536
+  // What is partitioned across ranks (ZeRO stage): 0 nothing, 1 optimizer
+  // states, 2 also gradients, 3 also parameters. With world_size 1 every
+  // stage keeps the same data on the one rank; only stage 3 lets parameters
+  // rest off the device (as in DeepSpeed). 0 .. 3, default 3.
+  int zero_stage = 3;
 
   // ---- Where each role rests ----
-  Residence params = Residence::kDevice;          // working-precision copy
-  Residence optimizer_states = Residence::kHost;  // fp32 master + moments
-  Residence grads = Residence::kHost;             // fp32 accumulated grads
-  // Directories for the NVMe tier (striped); required when any role rests on
-  // NVMe.
+  Residence params = Residence::kDevice;  // working-precision copy; any tier
+  // fp32 master weights and moments: kHost or kNvme (the optimizer runs on
+  // the CPU). Default kHost.
+  Residence optimizer_states = Residence::kHost;
+  // fp32 gradients accumulated across micro-batches: kHost or kNvme.
+  // Default kHost.
+  Residence grads = Residence::kHost;
+  // Directories of the NVMe tier, striped in this order; required (and each
+  // non-empty, no duplicates) when any role rests on NVMe. Default none.
   std::vector<std::string> nvme_paths;
 
-  // ---- Budgets (bytes; 0 = automatic) ----
-  uint64_t device_budget_bytes = 0;  // the device arena
+  // ---- Budgets (bytes; 0 = automatic, at most 1 PiB) ----
+  uint64_t device_budget_bytes = 0;  // the device arena; >= partition_bytes
   uint64_t host_budget_bytes = 0;    // pinned host memory for resident data
-  bool pin_memory = true;            // page-lock host memory
+  // Page-lock host memory (continues unpinned, with one warning, where the
+  // OS refuses). Default on.
+  bool pin_memory = true;
 
   // ---- Partitions and staging buffers ----
   // Large tensors are split into partitions of at most this many bytes; small
-  // ones are packed into partitions of this size.
-  uint64_t partition_bytes = 64ull << 20;
+  // ones are packed into partitions of this size. A multiple of 4096,
+  // 4 KiB .. 1 TiB. Default 64 MiB.
+  uint64_t partition_bytes = uint64_t{64} << 20;
   // Pinned staging buffers carrying all traffic between tiers: count x bytes.
-  // 0 = sized from partition_bytes.
+  // 0 = sized from partition_bytes. Count 0 or 1 .. 4096; bytes 0 or a
+  // multiple of 4096, 4 KiB .. 1 TiB.
   uint32_t staging_buffer_count = 0;
   uint64_t staging_buffer_bytes = 0;
 
-  // ---- Prefetch and caching (DeepSpeed's stage3_* knobs, in bytes) ----
-  uint64_t prefetch_bytes = 0;  // in flight ahead of compute
-  uint64_t max_live_bytes = 0;  // fetched and not released, at most
-  uint64_t persistence_threshold_bytes = 0;  // smaller tensors stay on device
-  uint64_t sub_group_bytes = 0;  // optimizer step pipeline granularity
-
-  // ---- Optimizer ----
-  // Algorithm and hyper-parameters of the CPU optimizer (threads: 0 = all
-  // cores but the engine's own threads).
-  CpuOptimizerOptions optimizer;
+  // ---- Prefetch, caching and persistence (DeepSpeed's stage3_* knobs) ----
+  // Bytes of parameters fetched ahead of compute, at most; 0 = no prefetch.
+  // Default 100,000,000 (5e7 elements). At most 1 PiB.
+  uint64_t prefetch_bytes = 100'000'000;
+  // Bytes of parameters fetched and not yet released, at most. 1 .. 1 PiB.
+  // Default 2,000,000,000 (1e9 elements).
+  uint64_t max_live_bytes = 2'000'000'000;
+  // Tensors of at most this many bytes stay on the device (0 = none).
+  // Default 200,000 (1e5 elements). At most 1 PiB.
+  uint64_t persistence_threshold_bytes = 200'000;
+  // Total bytes of such persistent tensors, at most. Default kUnlimited.
+  uint64_t max_persistent_bytes = kUnlimited;
+  // A released partition whose next use comes within this many bytes of
+  // fetches stays on the device. Default 2,000,000,000 (1e9 elements).
+  // At most 1 PiB.
+  uint64_t max_reuse_distance_bytes = 2'000'000'000;
+  // Optimizer step pipeline granularity, in bytes of working-precision
+  // parameters per sub-group. 1 .. 1 PiB. Default 2,000,000,000 (1e9
+  // elements).
+  uint64_t sub_group_bytes = 2'000'000'000;
 
   // ---- NVMe I/O ----
-  IoEngineOptions io;  // backend, queue depth, O_DIRECT
-  uint32_t io_block_bytes = 1u << 20;
+  IoEngineOptions io;  // backend, queue depth (1 .. 32768), O_DIRECT
+  // Largest single I/O request. A multiple of 4096, 4 KiB .. 1 GiB.
+  // Default 1 MiB.
+  uint64_t io_block_bytes = uint64_t{1} << 20;
+
+  // ---- Training ----
+  // Element type of parameters on the device and of the gradients the
+  // trainer hands over: kFloat16, kBFloat16 or kFloat32. Default kBFloat16.
+  CpuDType working_dtype = CpuDType::kBFloat16;
+  LossScaleOptions loss_scale;
+  // Global-norm gradient clipping: the largest norm; 0 = off. Finite, >= 0.
+  double gradient_clipping = 0.0;
+  // Micro-batches accumulated per optimizer step. 1 .. 1048576. Default 1.
+  uint32_t gradient_accumulation_steps = 1;
+  OptimizerOptions optimizer;
 };
+
+// OK, or kInvalidArgument naming every field out of its accepted range (and
+// the range), e.g. a role on NVMe with no nvme_paths, rank >= world_size,
+// sizes that are zero where required, unaligned or beyond 1 PiB.
+STRATA_EXPORT Status ValidateEngineOptions(const EngineOptions& options);
 
 }  // namespace strata
 

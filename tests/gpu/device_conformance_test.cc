@@ -1,6 +1,8 @@
 // One conformance suite for every Device backend: ordering, events, memory
-// budget, stream-ordered reuse, copies, conversions and GEMM. Built twice
-// (tests/gpu/CMakeLists.txt): the host-emulated backends, and CUDA, whose
+// budget, stream-ordered reuse, copies, conversions and GEMM, wrapped native
+// streams, external memory, host events and TryAllocate. Built twice
+// (tests/gpu/CMakeLists.txt): the host-emulated backends (also behind a
+// DeviceWrapper, so that it forwards every call), and CUDA, whose
 // cases skip with the factory's reason when no GPU works, or fail when
 // STRATA_REQUIRE_CUDA=1 says a GPU is there (so that a GPU run whose CUDA
 // cases all skipped cannot pass for a tested one).
@@ -18,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/device.h"
@@ -26,11 +29,27 @@
 namespace strata {
 namespace {
 
+// A DeviceWrapper that owns its target: every call goes through the
+// wrapper's forwarding.
+class OwningWrapper final : public DeviceWrapper {
+ public:
+  explicit OwningWrapper(std::unique_ptr<Device> target)
+      : DeviceWrapper(target.get()), owned_(std::move(target)) {}
+
+ private:
+  std::unique_ptr<Device> owned_;
+};
+
 StatusOr<std::unique_ptr<Device>> MakeDevice(const std::string& backend,
                                              uint64_t budget) {
   DeviceOptions o;
   o.memory_budget_bytes = budget;
   if (backend == "cuda") return NewCudaDevice(o);
+  if (backend == "host-wrapped") {
+    auto d = NewHostEmulatedDevice(o);
+    if (!d.ok()) return d;
+    return std::unique_ptr<Device>(new OwningWrapper(std::move(*d)));
+  }
   if (backend == "host-throttled") {
     // Slow enough that a missing dependency would let later work overtake.
     o.emulated_link_bytes_per_s = 2'000'000'000;
@@ -110,6 +129,19 @@ class DeviceConformanceTest : public ::testing::TestWithParam<std::string> {
     auto q = device_->QueryEvent(e);
     EXPECT_TRUE(q.ok()) << q.status().ToString();
     return q.ok() && *q;
+  }
+
+  // A host event, or null after GTEST_SKIP when the backend has none (CUDA
+  // without stream memory operations) and no GPU is required.
+  std::unique_ptr<HostEvent> NewHostEvent() {
+    auto e = device_->NewHostEvent();
+    if (!e.ok() && e.status().code() == StatusCode::kNotSupported &&
+        !CudaRequired()) {
+      [&] { GTEST_SKIP() << e.status().ToString(); }();
+      return nullptr;
+    }
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
   }
 
   // Declared first: destroyed last, after the streams.
@@ -643,6 +675,347 @@ TEST_P(DeviceConformanceTest, GemmMatchesReference) {
   }
 }
 
+// ---- Native streams and events ----------------------------------------------
+
+TEST_P(DeviceConformanceTest, WrappedNativeStreamSharesTheQueueNotItsLife) {
+  Stream& s = NewStream();
+  EXPECT_TRUE(s.owns_native_stream());
+  EXPECT_EQ(s.device_kind(), device_->kind());
+  auto w = device_->WrapNativeStream(s.native_handle(), StreamKind::kCopy);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_FALSE((*w)->owns_native_stream());
+  EXPECT_EQ((*w)->native_handle(), s.native_handle());
+  EXPECT_EQ((*w)->kind(), StreamKind::kCopy);
+
+  const size_t n = 1 << 20;
+  DeviceMemory m = Alloc(n, s);
+  m.RecordUse(**w);
+  HostBuffer in = Pinned(n), out = Pinned(n);
+  Fill(in.data(), n, 4);
+  Gate gate;
+  ASSERT_TRUE(gate.Close(*device_, s).ok());
+  // Enqueued through the wrapper after the owner's gate: one queue, one
+  // order.
+  ASSERT_TRUE(
+      device_->CopyAsync(**w, m.data(), in.data(), n, CopyKind::kHostToDevice)
+          .ok());
+  auto copied = NewEvent();
+  ASSERT_TRUE(device_->RecordEvent(*copied, **w).ok());
+  EXPECT_FALSE(Done(*copied)) << "work on the wrapper overtook the owner's";
+  ASSERT_TRUE(
+      device_->LaunchHostFunc(**w, [] {}).ok());  // more queued behind it
+
+  // Destroying the wrapper neither waits for the gated queue nor ends it.
+  m.Reset();  // records its free on both streams first
+  auto destroyed = std::async(std::launch::async, [&w] { w->reset(); });
+  const bool returned_gated =
+      destroyed.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  gate.Open();
+  destroyed.get();
+  EXPECT_TRUE(returned_gated) << "destroying a wrapper waited for its queue";
+  ASSERT_TRUE(device_->SynchronizeEvent(*copied).ok());
+
+  DeviceMemory m2 = Alloc(n, s);
+  ASSERT_TRUE(
+      device_->CopyAsync(s, m2.data(), in.data(), n, CopyKind::kHostToDevice)
+          .ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(s, out.data(), m2.data(), n, CopyKind::kDeviceToHost)
+          .ok());
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0)
+      << "the native stream stopped working with its wrapper";
+}
+
+TEST_P(DeviceConformanceTest, EventsHaveDistinctNativeHandles) {
+  auto a = NewEvent();
+  auto b = NewEvent();
+  EXPECT_NE(a->native_handle(), nullptr);
+  EXPECT_NE(a->native_handle(), b->native_handle());
+  EXPECT_EQ(a->device_kind(), device_->kind());
+}
+
+// ---- External device memory
+// ---------------------------------------------------
+
+TEST_P(DeviceConformanceTest, ExternalMemoryIsDeviceMemoryWhileRegistered) {
+  // Device memory this device did not allocate: another device's, of the
+  // same backend (another cudaMalloc on CUDA).
+  auto other = MakeDevice(GetParam(), 1 << 20);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto other_stream = (*other)->NewStream({});
+  ASSERT_TRUE(other_stream.ok());
+  const size_t n = 64 << 10;
+  auto foreign = (*other)->Allocate(n, **other_stream);
+  ASSERT_TRUE(foreign.ok());
+
+  Stream& s = NewStream();
+  DeviceMemory d = Alloc(n, s);
+  HostBuffer in = Pinned(n), out = Pinned(n);
+  Fill(in.data(), n, 12);
+  const auto kInvalid = StatusCode::kInvalidArgument;
+  EXPECT_EQ(
+      device_
+          ->CopyAsync(s, foreign->data(), in.data(), n, CopyKind::kHostToDevice)
+          .code(),
+      kInvalid)
+      << "unregistered memory is not this device's";
+
+  auto ext = device_->RegisterExternalMemory(foreign->data(), n);
+  ASSERT_TRUE(ext.ok()) << ext.status().ToString();
+  EXPECT_EQ(ext->size(), n);
+  EXPECT_EQ(device_->memory_stats().external_ranges, 1u);
+  // Overlaps, the pool, null, empty and wrapping ranges are refused.
+  EXPECT_EQ(
+      device_->RegisterExternalMemory(foreign->at(16), 16).status().code(),
+      kInvalid);
+  EXPECT_EQ(device_->RegisterExternalMemory(d.data(), 16).status().code(),
+            kInvalid);
+  EXPECT_EQ(device_->RegisterExternalMemory(nullptr, 16).status().code(),
+            kInvalid);
+  EXPECT_EQ(device_->RegisterExternalMemory(foreign->data(), 0).status().code(),
+            kInvalid);
+  EXPECT_EQ(
+      device_->RegisterExternalMemory(foreign->at(n), SIZE_MAX).status().code(),
+      kInvalid);
+
+  // Copies, memsets and conversions take it as device memory.
+  ASSERT_TRUE(
+      device_->CopyAsync(s, ext->data(), in.data(), n, CopyKind::kHostToDevice)
+          .ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(s, d.data(), ext->data(), n, CopyKind::kDeviceToDevice)
+          .ok());
+  ASSERT_TRUE(device_->MemsetAsync(s, ext->at(100), 0x7c, 50).ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(s, out.data(), ext->data(), n, CopyKind::kDeviceToHost)
+          .ok());
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  std::vector<std::byte> want(in.data(), in.data() + n);
+  std::memset(want.data() + 100, 0x7c, 50);
+  EXPECT_EQ(std::memcmp(out.data(), want.data(), n), 0);
+  ASSERT_TRUE(
+      device_->CopyAsync(s, out.data(), d.data(), n, CopyKind::kDeviceToHost)
+          .ok());
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0);
+
+  ConvertArgs c{ext->data(), ElementType::kFloat32,
+                d.data(),    ElementType::kFloat16,
+                n / 4,       1.0f};
+  EXPECT_TRUE(device_->ConvertAsync(s, c).ok());
+  // The checks that protect a context hold inside it too: straddling its
+  // end, a host end inside it, misaligned elements, overlap.
+  EXPECT_EQ(
+      device_
+          ->CopyAsync(s, ext->at(n - 8), in.data(), 16, CopyKind::kHostToDevice)
+          .code(),
+      kInvalid);
+  EXPECT_EQ(
+      device_->CopyAsync(s, d.data(), ext->data(), 16, CopyKind::kHostToDevice)
+          .code(),
+      kInvalid);
+  c.src = ext->at(2);
+  EXPECT_EQ(device_->ConvertAsync(s, c).code(), kInvalid);
+  c.src = ext->data();
+  c.dst = ext->at(64);
+  c.count = 64;
+  EXPECT_EQ(device_->ConvertAsync(s, c).code(), kInvalid);
+  EXPECT_EQ(device_
+                ->CopyAsync(s, ext->at(10), ext->data(), 64,
+                            CopyKind::kDeviceToDevice)
+                .code(),
+            kInvalid);
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+
+  // Moved, then unregistered: refused again.
+  ExternalDeviceMemory moved = std::move(*ext);
+  EXPECT_TRUE(ext->empty());
+  EXPECT_EQ(moved.data(), foreign->data());
+  moved.Reset();
+  EXPECT_EQ(device_->memory_stats().external_ranges, 0u);
+  EXPECT_EQ(device_->MemsetAsync(s, foreign->data(), 0, 16).code(), kInvalid);
+}
+
+// ---- Host events
+// --------------------------------------------------------------
+
+TEST_P(DeviceConformanceTest, HostEventHoldsAStreamUntilHostWorkIsDone) {
+  std::unique_ptr<HostEvent> he = NewHostEvent();
+  if (IsSkipped() || he == nullptr) return;
+  Stream& s = NewStream(StreamKind::kCopy);
+  Stream& other = NewStream();
+  const size_t n = 1 << 20;
+  DeviceMemory d = Alloc(n, s);
+  HostBuffer in = Pinned(n), out = Pinned(n);
+  std::memset(in.data(), 0, n);
+  EXPECT_EQ(he->generation(), 0u);
+  ASSERT_TRUE(device_->WaitHostEvent(s, *he, 1).ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(s, d.data(), in.data(), n, CopyKind::kHostToDevice)
+          .ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(s, out.data(), d.data(), n, CopyKind::kDeviceToHost)
+          .ok());
+  auto done = NewEvent();
+  ASSERT_TRUE(device_->RecordEvent(*done, s).ok());
+  EXPECT_FALSE(Done(*done));
+  // Other streams go on meanwhile.
+  bool ran = false;
+  ASSERT_TRUE(device_->LaunchHostFunc(other, [&ran] { ran = true; }).ok());
+  ASSERT_TRUE(device_->SynchronizeStream(other).ok());
+  EXPECT_TRUE(ran);
+  EXPECT_FALSE(Done(*done));
+  // Long host work (an optimizer step) on another thread, then the signal.
+  std::thread worker([&] {
+    Fill(in.data(), n, 21);
+    he->Signal(1);
+  });
+  ASSERT_TRUE(device_->SynchronizeEvent(*done).ok());
+  worker.join();
+  EXPECT_EQ(he->generation(), 1u);
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0)
+      << "the copy did not wait for the host's writes";
+}
+
+TEST_P(DeviceConformanceTest, HostEventGenerationsServeEveryStep) {
+  std::unique_ptr<HostEvent> he = NewHostEvent();
+  if (IsSkipped() || he == nullptr) return;
+  Stream& s = NewStream();
+  auto e = NewEvent();
+  ASSERT_TRUE(device_->WaitHostEvent(s, *he, 2).ok());
+  ASSERT_TRUE(device_->RecordEvent(*e, s).ok());
+  he->Signal(1);
+  EXPECT_EQ(he->generation(), 1u);
+  EXPECT_FALSE(Done(*e)) << "generation 1 released a wait for 2";
+  he->Signal(2);
+  ASSERT_TRUE(device_->SynchronizeEvent(*e).ok());
+  he->Signal(1);
+  EXPECT_EQ(he->generation(), 2u) << "a signal never lowers the generation";
+  // Reached generations enqueue nothing.
+  ASSERT_TRUE(device_->WaitHostEvent(s, *he, 1).ok());
+  ASSERT_TRUE(device_->WaitHostEvent(s, *he, 2).ok());
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  // One event, reused step after step.
+  int steps = 0;  // written by the stream only, read after sync
+  for (uint64_t step = 3; step < 8; ++step) {
+    ASSERT_TRUE(device_->WaitHostEvent(s, *he, step).ok());
+    ASSERT_TRUE(device_->LaunchHostFunc(s, [&steps] { ++steps; }).ok());
+    std::thread([&he, step] { he->Signal(step); }).join();
+    ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+    EXPECT_EQ(steps, static_cast<int>(step - 2));
+  }
+  EXPECT_EQ(device_->WaitHostEvent(s, *he, 7 + (uint64_t{1} << 31)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(device_->WaitHostEvent(s, *he, 6 + (uint64_t{1} << 31)).ok());
+  he->Signal(6 + (uint64_t{1} << 31));
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+}
+
+TEST_P(DeviceConformanceTest, HostEventSignalledFromAHostFunction) {
+  std::unique_ptr<HostEvent> he = NewHostEvent();
+  if (IsSkipped() || he == nullptr) return;
+  Stream& a = NewStream();
+  Stream& b = NewStream();
+  Gate gate;
+  ASSERT_TRUE(gate.Close(*device_, a).ok());
+  HostEvent* raw = he.get();
+  ASSERT_TRUE(device_->LaunchHostFunc(a, [raw] { raw->Signal(1); }).ok());
+  ASSERT_TRUE(device_->WaitHostEvent(b, *he, 1).ok());
+  auto e = NewEvent();
+  ASSERT_TRUE(device_->RecordEvent(*e, b).ok());
+  EXPECT_FALSE(Done(*e));
+  gate.Open();
+  ASSERT_TRUE(device_->SynchronizeEvent(*e).ok());
+  ASSERT_TRUE(device_->SynchronizeStream(a).ok());
+}
+
+TEST_P(DeviceConformanceTest, AbandonOrDestructionReleasesWaitingStreams) {
+  std::unique_ptr<HostEvent> he = NewHostEvent();
+  if (IsSkipped() || he == nullptr) return;
+  Stream& s = NewStream();
+  ASSERT_TRUE(device_->WaitHostEvent(s, *he, 1).ok());
+  he->Abandon();
+  EXPECT_TRUE(he->abandoned());
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  ASSERT_TRUE(device_->WaitHostEvent(s, *he, 5).ok());  // enqueues nothing
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+
+  std::unique_ptr<HostEvent> dropped = NewHostEvent();
+  ASSERT_NE(dropped, nullptr);
+  ASSERT_TRUE(device_->WaitHostEvent(s, *dropped, 3).ok());
+  dropped.reset();  // breaks the REQUIRES; must not hang or crash
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+
+  // A new event (on CUDA, on the dropped event's word) waits as it should.
+  std::unique_ptr<HostEvent> fresh = NewHostEvent();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->generation(), 0u);
+  EXPECT_FALSE(fresh->abandoned());
+  ASSERT_TRUE(device_->WaitHostEvent(s, *fresh, 1).ok());
+  auto e = NewEvent();
+  ASSERT_TRUE(device_->RecordEvent(*e, s).ok());
+  EXPECT_FALSE(Done(*e));
+  fresh->Signal(1);
+  ASSERT_TRUE(device_->SynchronizeEvent(*e).ok());
+}
+
+TEST_P(DeviceConformanceTest, HostFunctionsMayBeMoveOnly) {
+  Stream& s = NewStream();
+  std::promise<int> promise;
+  std::future<int> result = promise.get_future();
+  auto value = std::make_unique<int>(42);
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(s,
+                                   [promise = std::move(promise),
+                                    value = std::move(value)]() mutable {
+                                     promise.set_value(*value);
+                                   })
+                  .ok());
+  EXPECT_EQ(result.get(), 42);
+  EXPECT_EQ(device_->LaunchHostFunc(s, std::function<void()>()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->LaunchHostFunc(s, HostFunction()).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+}
+
+// ---- TryAllocate
+// ----------------------------------------------------------------
+
+TEST_P(DeviceConformanceTest, TryAllocateAnswersAtOnce) {
+  Init(1 << 20);
+  if (IsSkipped()) return;
+  Stream& s = NewStream();
+  Stream& user = NewStream();
+  Gate gate;
+  {
+    DeviceMemory m = Alloc(1 << 20, s);
+    m.RecordUse(user);
+    ASSERT_TRUE(gate.Close(*device_, user).ok());
+  }  // pending until `user` passes the gate
+  auto busy = device_->TryAllocate(512 << 10, s);
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.status().code(), StatusCode::kBusy);
+  EXPECT_NE(busy.status().message().find("pending frees"), std::string::npos)
+      << busy.status().ToString();
+  EXPECT_EQ(device_->TryAllocate(2 << 20, s).status().code(),
+            StatusCode::kOutOfMemory)
+      << "not even pending frees could make room";
+  DeviceMemoryStats st = device_->memory_stats();
+  EXPECT_EQ(st.busy_allocations, 1u);
+  EXPECT_EQ(st.failed_allocations, 1u);
+  EXPECT_EQ(st.reuse_waits, 0u);
+  gate.Open();
+  ASSERT_TRUE(device_->SynchronizeStream(user).ok());
+  auto m2 = device_->TryAllocate(1 << 20, s);
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  EXPECT_EQ(device_->memory_stats().allocations, 2u);
+  auto empty = device_->TryAllocate(0, s);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+}
+
 #ifdef STRATA_TEST_CUDA_BACKEND
 INSTANTIATE_TEST_SUITE_P(Cuda, DeviceConformanceTest,
                          ::testing::Values("cuda"));
@@ -655,7 +1028,8 @@ std::string HostParamName(const ::testing::TestParamInfo<std::string>& p) {
   return s;
 }
 INSTANTIATE_TEST_SUITE_P(Host, DeviceConformanceTest,
-                         ::testing::Values("host", "host-throttled"),
+                         ::testing::Values("host", "host-throttled",
+                                           "host-wrapped"),
                          HostParamName);
 #endif
 

@@ -1,12 +1,15 @@
-// What only the host-emulated backend promises: its link model, and that it
+// What only the host-emulated backend promises: its link model, that it
 // enforces CUDA's rules for host functions (which the CUDA suite cannot probe
-// without risking the context).
+// without risking the context), what its native stream handles accept, and
+// that host memory declared device memory is treated as such.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include "strata/device.h"
 #include "util/host_alloc_faults.h"
@@ -145,6 +148,75 @@ TEST(DeviceWrapperTest, ForwardsAndLetsADoubleInjectFailures) {
           .code(),
       StatusCode::kIoError);
   EXPECT_EQ(wrapped.kind(), DeviceKind::kHostEmulated);
+}
+
+// The native handle of a host-emulated stream is its executor: only a live
+// stream's handle of the same device can be wrapped.
+TEST(HostNativeStreamTest, WrapsOnlyLiveStreamsOfItsOwnDevice) {
+  auto d = NewHostEmulatedDevice({});
+  auto other = NewHostEmulatedDevice({});
+  ASSERT_TRUE(d.ok() && other.ok());
+  auto s = (*d)->NewStream({});
+  auto foreign = (*other)->NewStream({});
+  ASSERT_TRUE(s.ok() && foreign.ok());
+  int not_a_stream = 0;
+  for (void* bad :
+       {static_cast<void*>(nullptr), static_cast<void*>(&not_a_stream),
+        (*foreign)->native_handle()}) {
+    EXPECT_EQ((*d)->WrapNativeStream(bad, StreamKind::kCompute).status().code(),
+              StatusCode::kInvalidArgument);
+  }
+  // A wrapper of a wrapper is one more view of the same executor.
+  auto w = (*d)->WrapNativeStream((*s)->native_handle(), StreamKind::kCompute);
+  ASSERT_TRUE(w.ok());
+  auto ww = (*d)->WrapNativeStream((*w)->native_handle(), StreamKind::kCopy);
+  ASSERT_TRUE(ww.ok());
+  EXPECT_EQ((*ww)->native_handle(), (*s)->native_handle());
+  // Once the owner is gone its handle names no stream, and a wrapper that
+  // outlived it (breaking its REQUIRES) still runs work instead of crashing.
+  void* handle = (*s)->native_handle();
+  s->reset();
+  EXPECT_EQ(
+      (*d)->WrapNativeStream(handle, StreamKind::kCompute).status().code(),
+      StatusCode::kInvalidArgument);
+  int ran = 0;
+  ASSERT_TRUE((*d)->LaunchHostFunc(**w, [&ran] { ++ran; }).ok());
+  ASSERT_TRUE((*d)->SynchronizeStream(**ww).ok());
+  EXPECT_EQ(ran, 1);
+}
+
+// On the host-emulated device, external "device memory" is host memory the
+// caller declares so: a copy from it is device-to-device, and it is refused
+// as a host end.
+TEST(HostExternalMemoryTest, DeclaredHostMemoryActsAsDeviceMemory) {
+  DeviceOptions o;
+  o.memory_budget_bytes = 1 << 20;
+  auto d = NewHostEmulatedDevice(o);
+  ASSERT_TRUE(d.ok());
+  auto s = (*d)->NewStream({});
+  ASSERT_TRUE(s.ok());
+  std::vector<std::byte> tensor(4096, std::byte{3}), host(4096);
+  auto ext = (*d)->RegisterExternalMemory(tensor.data(), tensor.size());
+  ASSERT_TRUE(ext.ok()) << ext.status().ToString();
+  EXPECT_EQ((*d)->CopyAsync(**s, tensor.data(), host.data(), 16,
+                            CopyKind::kDeviceToHost)
+                .code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*d)->CopyAsync(**s, host.data(), tensor.data(), tensor.size(),
+                              CopyKind::kDeviceToHost)
+                  .ok());
+  ASSERT_TRUE((*d)->SynchronizeStream(**s).ok());
+  EXPECT_EQ(std::memcmp(host.data(), tensor.data(), tensor.size()), 0);
+  // Two adjacent registrations are fine; a copy across their border is not
+  // inside one range.
+  std::vector<std::byte> pair(8192);
+  auto lo = (*d)->RegisterExternalMemory(pair.data(), 4096);
+  auto hi = (*d)->RegisterExternalMemory(pair.data() + 4096, 4096);
+  ASSERT_TRUE(lo.ok() && hi.ok());
+  EXPECT_EQ((*d)->MemsetAsync(**s, pair.data() + 4000, 0, 200).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*d)->MemsetAsync(**s, pair.data() + 4096, 0, 4096).ok());
+  ASSERT_TRUE((*d)->SynchronizeStream(**s).ok());
 }
 
 TEST(HostFuncRulesTest, DeviceCallsFromAHostFunctionAreRefused) {

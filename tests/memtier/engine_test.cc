@@ -54,8 +54,9 @@ EngineOptions BaseOptions() {
   o.staging_buffer_bytes = 64 << 10;
   o.io_block_bytes = 64 << 10;
   o.io.queue_depth = 4;
-  o.optimizer.threads = 1;
-  o.optimizer.weight_decay = 0.01;
+  o.optimizer.cpu.threads = 1;
+  o.optimizer.cpu.weight_decay = 0.01;
+  o.persistence_threshold_bytes = 0;  // every unit may be evicted
   return o;
 }
 
