@@ -651,6 +651,15 @@ TEST_F(DeviceArenaTest, CompactionWaitsForQueuedWorkOnOtherStreams) {
     big = arena->Allocate(3 * kU, *stream_);
     ASSERT_TRUE(big.ok()) << big.status().ToString();
     EXPECT_EQ(b.offset(), 0u);
+    // The compaction on stream_ cannot finish while other_ is held. (Were
+    // it not ordered, stream_ would drain within these yields.)
+    auto after = device_->NewEvent();
+    ASSERT_TRUE(after.ok());
+    ASSERT_TRUE(device_->RecordEvent(**after, *stream_).ok());
+    for (int i = 0; i < 10000 && !*device_->QueryEvent(**after); ++i) {
+      std::this_thread::yield();
+    }
+    EXPECT_FALSE(*device_->QueryEvent(**after));
     gate.Open();
     ASSERT_TRUE(device_->SynchronizeStream(*other_).ok());
   }
