@@ -435,34 +435,33 @@ Status DeviceArena::SyncMovableLocked(const Record& r) {
   return planner_.SetMovable(r.offset, r.movable && r.pins == 0);
 }
 
+bool DeviceArena::Complete(const Event& event) const {
+  auto done = device_->QueryEvent(event);
+  // An error (a failed CUDA context) counts as unfinished: the work is not
+  // known to be done, and the error surfaces on the next synchronization.
+  return done.ok() && *done;
+}
+
 std::shared_ptr<Event> DeviceArena::UnfinishedCompactionLocked() {
-  if (last_compaction_) {
-    auto done = device_->QueryEvent(*last_compaction_);
-    // An error keeps it: the copies are not known to be finished.
-    if (done.ok() && *done) last_compaction_.reset();
+  if (last_compaction_ && Complete(*last_compaction_)) {
+    last_compaction_.reset();
   }
   return last_compaction_;
 }
 
 void DeviceArena::ReclaimLocked() {
   for (auto it = pending_.begin(); it != pending_.end();) {
-    bool done = true;
-    for (auto& e : (*it)->events) {
-      auto q = device_->QueryEvent(*e);
-      if (!q.ok() || !*q) {
-        done = false;
-        break;
-      }
-    }
-    if (done) {
-      Status st = planner_.Free((*it)->offset);
-      assert(st.ok());
-      st.IgnoreError();
-      counters_.pending_free_bytes -= (*it)->bytes;
-      it = pending_.erase(it);
-    } else {
+    const PendingFree& p = **it;
+    if (!std::all_of(p.events.begin(), p.events.end(),
+                     [this](const auto& e) { return Complete(*e); })) {
       ++it;
+      continue;
     }
+    Status st = planner_.Free(p.offset);
+    assert(st.ok());
+    st.IgnoreError();
+    counters_.pending_free_bytes -= p.bytes;
+    it = pending_.erase(it);
   }
 }
 
@@ -586,14 +585,8 @@ uint64_t DeviceArena::OffsetOf(uint64_t id) const {
 StatusOr<ArenaPin> DeviceArena::Pin(uint64_t id, Stream& stream) {
   MutexLock lock(&mu_);
   Record& r = records_.at(id);
-  if (r.ready) {
-    auto done = device_->QueryEvent(*r.ready);
-    if (done.ok() && *done) {
-      r.ready.reset();
-    } else {
-      STRATA_RETURN_IF_ERROR(device_->WaitEvent(stream, *r.ready));
-    }
-  }
+  if (r.ready && Complete(*r.ready)) r.ready.reset();
+  if (r.ready) STRATA_RETURN_IF_ERROR(device_->WaitEvent(stream, *r.ready));
   AddUser(r, &stream);
   if (++r.pins == 1) {
     ++counters_.pinned_blocks;

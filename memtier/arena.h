@@ -323,6 +323,8 @@ class DeviceArena {
   Status SetMovable(uint64_t id, bool movable) STRATA_EXCLUDES(mu_);
   void Free(uint64_t id) noexcept STRATA_EXCLUDES(mu_);
 
+  // Whether the event's work is known to be done (a query; never waits).
+  bool Complete(const Event& event) const;
   // Moves completed pending frees to the planner (queries only).
   void ReclaimLocked() STRATA_REQUIRES(mu_);
   // The planner's movable flag for a block in this state.
