@@ -189,6 +189,14 @@ class ArenaPin {
 // A block of the arena; move-only; destruction frees it in stream order. Its
 // address may change while it is unpinned and movable: read it through a pin
 // (ArenaBlock::Pin). Thread-compatible; must be destroyed before its arena.
+//
+//   STRATA_ASSIGN_OR_RETURN(ArenaBlock b, arena.Allocate(bytes, copy_stream));
+//   {
+//     STRATA_ASSIGN_OR_RETURN(ArenaPin pin, b.Pin(copy_stream));
+//     STRATA_RETURN_IF_ERROR(device.CopyAsync(copy_stream, pin.data(), host,
+//                                             bytes, CopyKind::kHostToDevice));
+//   }  // unpinned once enqueued: a compaction waits for the copy
+//   ...  // later, on any stream: Pin again and use the new pin.data()
 class ArenaBlock {
  public:
   ArenaBlock() = default;
