@@ -601,7 +601,9 @@ StatusOr<ArenaPin> DeviceArena::Pin(uint64_t id, Stream& stream) {
 
 void DeviceArena::Unpin(uint64_t id) noexcept {
   MutexLock lock(&mu_);
-  Record& r = records_.at(id);
+  auto it = records_.find(id);
+  if (it == records_.end()) return;  // the block went first (see ArenaPin)
+  Record& r = it->second;
   assert(r.pins > 0);
   if (--r.pins == 0) {
     --counters_.pinned_blocks;

@@ -165,7 +165,8 @@ class ArenaPlanner {
 class DeviceArena;
 
 // A pin: while it lives, its block does not move and data() is its address.
-// Move-only; dropping it unpins. Thread-compatible.
+// Move-only; dropping it unpins. Drop it before its block (a pin that
+// outlives its block is inert and its data() dangles). Thread-compatible.
 class ArenaPin {
  public:
   ArenaPin() = default;
@@ -272,12 +273,12 @@ struct DeviceArenaOptions {
 //     the oldest pending free and retries; kOutOfMemory when nothing is
 //     pending.
 //
-// Thread-safe. The lock is held while a compaction's copies and event
-// records are enqueued: every other call would have to wait for the new
-// offsets anyway, and those device calls only enqueue (no device
-// synchronization happens under the lock). Lifetimes: the arena outlives its
-// blocks; the creation stream and every stream a block used outlive the
-// arena.
+// Thread-safe. The lock is held while a compaction's copies, event records
+// and waits are enqueued (and while Pin enqueues its wait): every other call
+// would have to wait for the new offsets anyway, and those device calls only
+// enqueue (no device synchronization happens under the lock). Lifetimes: the
+// arena outlives its blocks; the creation stream and every stream a block used
+// outlive the arena.
 class DeviceArena {
  public:
   // Takes options.capacity_bytes from `device` with `stream` as the first
