@@ -91,7 +91,7 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
 }
 
 EngineImpl::EngineImpl(const EngineOptions& o, Device* device)
-    : options_(o), device_(device) {}
+    : options_(o), counting_device_(device), device_(&counting_device_) {}
 
 EngineImpl::~EngineImpl() {
   // Workers first: their jobs use everything below.
@@ -102,8 +102,17 @@ EngineImpl::~EngineImpl() {
   if (release_stream_) {
     device_->SynchronizeStream(*release_stream_).IgnoreError();
   }
+  {
+    MutexLock l(&mu_);
+    for (UnitState& s : units_) {
+      s.pin.Reset();
+      s.dev.Reset();
+    }
+  }
+  arena_.reset();  // before the streams its blocks used
   MutexLock l(&mu_);
   for (UnitState& s : units_) {
+    s.pin.Reset();
     s.dev.Reset();
     for (auto& handles : s.nvme) {
       for (SwapHandle& h : handles) swap_->Free(std::move(h));
@@ -261,8 +270,16 @@ Status EngineImpl::Start() {
 
   // Device tier: the budget, and the parameters that rest there.
   device_budget_ = options_.device_budget_bytes;
-  if (device_budget_ == 0)
-    device_budget_ = device_->memory_stats().budget_bytes;
+  if (device_budget_ == 0) {
+    // Automatic: half of what the device has free, the rest left to the
+    // trainer's activations and workspaces.
+    device_budget_ = device_->memory_stats().free_bytes / 2 / 4096 * 4096;
+  }
+  DeviceArenaOptions ao;
+  ao.capacity_bytes = device_budget_;
+  ao.name = "engine device arena";
+  STRATA_ASSIGN_OR_RETURN(arena_,
+                          DeviceArena::Create(device_, *copy_stream_, ao));
   if (options_.params == Residence::kDevice) {
     for (UnitState& s : units_) {
       device_used_ += RoundUp(s.param_bytes, 256);
@@ -274,11 +291,16 @@ Status EngineImpl::Start() {
           " (rest params on host or nvme)");
     }
     for (UnitState& s : units_) {
+      // Resting here for good: unmovable, and pinned for the engine's life.
       STRATA_ASSIGN_OR_RETURN(s.dev,
-                              device_->Allocate(s.param_bytes, *copy_stream_));
-      s.dev.RecordUse(*release_stream_);
+                              arena_->Allocate(s.param_bytes, *copy_stream_,
+                                               /*movable=*/false));
+      STRATA_ASSIGN_OR_RETURN(s.pin, s.dev.Pin(*copy_stream_));
+      { STRATA_ASSIGN_OR_RETURN(ArenaPin user, s.dev.Pin(*release_stream_)); }
+      s.addr = s.pin.data();
+      s.rests_here = true;
       STRATA_RETURN_IF_ERROR(
-          device_->MemsetAsync(*copy_stream_, s.dev.data(), 0, s.param_bytes));
+          device_->MemsetAsync(*copy_stream_, s.pin.data(), 0, s.param_bytes));
       STRATA_RETURN_IF_ERROR(device_->RecordEvent(*s.ready, *copy_stream_));
       s.resident = true;
     }
@@ -405,7 +427,7 @@ Status EngineImpl::ForEachPieceOfTensor(
     for (uint64_t b = 0; b < t.elems; b += piece_elems_) {
       const uint64_t n = std::min(piece_elems_, t.elems - b);
       STRATA_ASSIGN_OR_RETURN(StagingLease lease, staging_->Acquire());
-      std::byte* dev = s.dev.at((t.offset + b) * esize);
+      std::byte* dev = DevAt(s, (t.offset + b) * esize);
       STRATA_RETURN_IF_ERROR(device_->CopyAsync(*copy_stream_, lease.data(),
                                                 dev, n * esize,
                                                 CopyKind::kDeviceToHost));
@@ -499,7 +521,7 @@ Status EngineImpl::CheckTensor(TensorId id, const char* what) const {
 }
 
 void EngineImpl::InvalidateCaches() {
-  std::vector<DeviceMemory> freed;
+  std::vector<ArenaBlock> freed;
   {
     MutexLock l(&mu_);
     if (options_.params == Residence::kDevice) return;
@@ -540,7 +562,7 @@ StatusOr<ParamPin> EngineImpl::Fetch(TensorId id) {
     }
     pin.engine_ = this;
     pin.unit_ = u;
-    pin.data_ = s.dev.at(layout_->tensor(id).offset * ElementSize(s.dtype));
+    pin.data_ = DevAt(s, layout_->tensor(id).offset * ElementSize(s.dtype));
     pin.bytes_ = numel_[id] * ElementSize(s.dtype);
     pin.dtype_ = s.dtype;
     ahead = PrefetchCandidatesLocked();
@@ -617,14 +639,20 @@ int64_t EngineImpl::PickVictimLocked(uint64_t than) {
 Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
                                 bool* hit) {
   const uint64_t need = RoundUp(units_[u].param_bytes, 256);
-  std::vector<DeviceMemory> victims;
+  std::vector<ArenaBlock> victims;
   {
     MutexLock l(&mu_);
     UnitState& s = units_[u];
     while (s.allocating) cv_.Wait(&mu_);
+    if (s.resident && !s.arriving && !s.arrival.ok() && s.pins == 0) {
+      EvictLocked(u, &victims);  // a failed arrival is never a copy
+    }
     if (s.resident) {
       *hit = true;
-      if (pin) ++s.pins;
+      if (pin) {
+        if (s.pin.empty()) STRATA_RETURN_IF_ERROR(PinLocked(s));
+        ++s.pins;
+      }
       s.last_use = ++clock_;
       return Status::Ok();
     }
@@ -650,7 +678,15 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
     UpdateTierStatsLocked();
   }
   victims.clear();  // stream-ordered frees, outside the lock
-  StatusOr<DeviceMemory> mem = AllocateEvicting(u, need);
+  StatusOr<ArenaBlock> mem = AllocateEvicting(u, need);
+  StatusOr<ArenaPin> held = Status::Ok();
+  if (mem.ok()) {
+    // The release stream is a user of every block (Note [Consumer streams]);
+    // the copy stream fills it, pinned until the arrival is over.
+    StatusOr<ArenaPin> user = mem->Pin(*release_stream_);
+    held = user.ok() ? mem->Pin(*copy_stream_) : user.status();
+    if (!held.ok()) mem = held.status();
+  }
   if (!mem.ok()) {
     MutexLock l(&mu_);
     UnitState& s = units_[u];
@@ -660,18 +696,31 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
     cv_.SignalAll();
     return mem.status();
   }
-  mem->RecordUse(*release_stream_);
   {
     MutexLock l(&mu_);
-    units_[u].dev = std::move(mem).value();
-    units_[u].allocating = false;
-    if (started_steps_) ++stats_.hot_path_allocations;
+    UnitState& s = units_[u];
+    s.dev = std::move(mem).value();
+    s.pin = std::move(held).value();
+    s.addr = s.pin.data();
+    s.allocating = false;
   }
   cv_.SignalAll();
   return StartArrival(u, prefetch ? Priority::kBackground : Priority::kUrgent);
 }
 
-void EngineImpl::EvictLocked(uint32_t v, std::vector<DeviceMemory>* freed) {
+// Pins a settled, resident unit's block on the copy stream. If compaction
+// moved it since its `ready` was recorded, `ready` is recorded again after
+// the copy stream's wait for that compaction.
+Status EngineImpl::PinLocked(UnitState& s) {
+  STRATA_ASSIGN_OR_RETURN(s.pin, s.dev.Pin(*copy_stream_));
+  if (s.pin.data() != s.addr) {
+    STRATA_RETURN_IF_ERROR(device_->RecordEvent(*s.ready, *copy_stream_));
+    s.addr = s.pin.data();
+  }
+  return Status::Ok();
+}
+
+void EngineImpl::EvictLocked(uint32_t v, std::vector<ArenaBlock>* freed) {
   UnitState& s = units_[v];
   freed->push_back(std::move(s.dev));
   s.resident = false;
@@ -682,14 +731,14 @@ void EngineImpl::EvictLocked(uint32_t v, std::vector<DeviceMemory>* freed) {
 
 // The device allocator may refuse a request that fits the budget when its
 // free space is split; evict colder copies until it succeeds or none is left.
-StatusOr<DeviceMemory> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
+StatusOr<ArenaBlock> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
   for (;;) {
-    StatusOr<DeviceMemory> mem =
-        device_->Allocate(units_[u].param_bytes, *copy_stream_);
+    StatusOr<ArenaBlock> mem =
+        arena_->Allocate(units_[u].param_bytes, *copy_stream_);
     if (mem.ok() || mem.status().code() != StatusCode::kOutOfMemory) {
       return mem;
     }
-    std::vector<DeviceMemory> victims;
+    std::vector<ArenaBlock> victims;
     {
       MutexLock l(&mu_);
       const int64_t v = PickVictimLocked(FetchTrace::kNever);
@@ -731,7 +780,7 @@ Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
   UnitState& s = units_[u];
   if (options_.params == Residence::kHost) {
     Status st =
-        device_->CopyAsync(*copy_stream_, s.dev.data(), HostAt(kParam, u, 0),
+        device_->CopyAsync(*copy_stream_, DevAt(s, 0), HostAt(kParam, u, 0),
                            s.param_bytes, CopyKind::kHostToDevice);
     if (st.ok()) st = device_->RecordEvent(*s.ready, *copy_stream_);
     FinishArrival(u, st, s.param_bytes);
@@ -751,7 +800,7 @@ Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
       st = ReadPiece(u, kParam, p, lease->span());
       if (st.ok()) {
         st = device_->CopyAsync(*copy_stream_,
-                                unit.dev.at(p * piece_elems_ * esize),
+                                DevAt(unit, p * piece_elems_ * esize),
                                 lease->data(), bytes, CopyKind::kHostToDevice);
       }
       if (st.ok()) st = lease->RecordDone(*copy_stream_);
@@ -768,6 +817,7 @@ void EngineImpl::FinishArrival(uint32_t u, const Status& st, uint64_t bytes) {
     UnitState& s = units_[u];
     s.arriving = false;
     s.arrival = st;
+    if (s.pins == 0 && !s.rests_here) s.pin.Reset();  // may move now
     if (st.ok()) {
       h2d_bytes_ += bytes;
     } else {
@@ -819,7 +869,9 @@ void EngineImpl::Unpin(uint32_t u, const std::vector<Stream*>& consumers) {
         device_->SynchronizeStream(*c).IgnoreError();
       }
     }
-    if (s.pins > 0) --s.pins;
+    if (s.pins > 0 && --s.pins == 0 && !s.arriving && !s.rests_here) {
+      s.pin.Reset();
+    }
     s.last_use = ++clock_;
   }
   cv_.SignalAll();
@@ -988,6 +1040,9 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
     }
     trace_->EndStep();
     started_steps_ = true;
+    if (allocations_after_first_step_ == UINT64_MAX) {
+      allocations_after_first_step_ = counting_device_.count();
+    }
     std::fill(grad_count_.begin(), grad_count_.end(), 0);
     UpdateTierStatsLocked();
   }
@@ -1174,7 +1229,7 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   const size_t wbytes = piece.n * ElementSize(s.dtype);
   if (options_.params == Residence::kDevice) {
     STRATA_RETURN_IF_ERROR(device_->CopyAsync(
-        *copy_stream_, s.dev.at(piece.begin * ElementSize(s.dtype)),
+        *copy_stream_, DevAt(s, piece.begin * ElementSize(s.dtype)),
         piece.working.data(), wbytes, CopyKind::kHostToDevice));
     STRATA_RETURN_IF_ERROR(piece.working.RecordDone(*copy_stream_));
     {
@@ -1237,16 +1292,20 @@ void EngineImpl::UpdateTierStatsLocked() {
 EngineStats EngineImpl::stats() const {
   MutexLock l(&mu_);
   EngineStats s = stats_;
+  if (started_steps_) {
+    s.hot_path_allocations =
+        counting_device_.count() - allocations_after_first_step_;
+  }
   s.nvme_read_bytes = nvme_read_bytes_;
   s.nvme_write_bytes = nvme_write_bytes_;
   s.h2d_bytes = h2d_bytes_;
   s.d2h_bytes = d2h_bytes_;
   s.order_changes = trace_ ? trace_->order_changes() : 0;
-  const DeviceMemoryStats d = device_->memory_stats();
-  s.fragmentation = d.free_bytes == 0
-                        ? 0.0
-                        : 1.0 - static_cast<double>(d.largest_free_block) /
-                                    static_cast<double>(d.free_bytes);
+  if (arena_) {
+    const DeviceArenaStats a = arena_->stats();
+    s.fragmentation = a.planner.fragmentation;
+    s.compactions = a.planner.compactions;
+  }
   return s;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "memtier/arena.h"
 #include "memtier/layout.h"
 #include "memtier/staging.h"
 #include "memtier/trace.h"
@@ -28,7 +29,12 @@ struct UnitState {
   ElementType dtype = ElementType::kBFloat16;
   uint64_t param_bytes = 0;
   // ---- Device copy of the parameters ----
-  DeviceMemory dev;                 // empty unless resident
+  ArenaBlock dev;  // empty unless resident
+  // Held while arriving or pinned by a ParamPin: the block stays put and
+  // pin.data() is its address. Dropped otherwise, so compaction may move it.
+  ArenaPin pin;
+  void* addr = nullptr;     // the block's address when `ready` was recorded
+  bool rests_here = false;  // params rest on the device: pinned for good
   std::unique_ptr<Event> ready;     // recorded after the copy that fills dev
   std::unique_ptr<Event> use_done;  // Note [Consumer streams]
   bool resident = false;            // dev holds, or is receiving, the params
@@ -41,6 +47,36 @@ struct UnitState {
   // ---- Host and NVMe ----
   std::array<uint64_t, kRoles> host_offset{};        // bytes into host_[role]
   std::array<std::vector<SwapHandle>, kRoles> nvme;  // one per piece
+};
+
+// The device as the engine sees it: every call forwarded, and every request
+// for memory, a stream or an event counted, so that the stats can say what
+// the hot path asked for after the first step.
+class AllocationCountingDevice final : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    ++count_;
+    return DeviceWrapper::Allocate(bytes, stream);
+  }
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    ++count_;
+    return DeviceWrapper::AllocatePinnedHost(bytes, options);
+  }
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    ++count_;
+    return DeviceWrapper::NewStream(options);
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    ++count_;
+    return DeviceWrapper::NewEvent();
+  }
+  uint64_t count() const { return count_.load(); }
+
+ private:
+  std::atomic<uint64_t> count_{0};
 };
 
 class EngineImpl final : public Engine {
@@ -78,6 +114,10 @@ class EngineImpl final : public Engine {
     return uint64_t{unit} * kRoles + static_cast<uint64_t>(role);
   }
   std::byte* HostAt(int role, uint32_t unit, uint64_t elem);
+  // The pinned device block of a unit, plus `bytes`. REQUIRES: s.pin held.
+  static std::byte* DevAt(const UnitState& s, uint64_t bytes) {
+    return static_cast<std::byte*>(s.pin.data()) + bytes;
+  }
   uint64_t PinnedRoleBytes() const;
   Status CheckTensor(TensorId id, const char* what) const;
 
@@ -95,14 +135,15 @@ class EngineImpl final : public Engine {
 
   Status MakeResident(uint32_t unit, bool pin, bool prefetch, bool* hit)
       STRATA_EXCLUDES(mu_);
-  StatusOr<DeviceMemory> AllocateEvicting(uint32_t unit, uint64_t need)
+  StatusOr<ArenaBlock> AllocateEvicting(uint32_t unit, uint64_t need)
       STRATA_EXCLUDES(mu_);
   Status StartArrival(uint32_t unit, Priority priority) STRATA_EXCLUDES(mu_);
   void FinishArrival(uint32_t unit, const Status& st, uint64_t bytes)
       STRATA_EXCLUDES(mu_);
   std::vector<uint32_t> PrefetchCandidatesLocked() STRATA_REQUIRES(mu_);
   int64_t PickVictimLocked(uint64_t than) STRATA_REQUIRES(mu_);
-  void EvictLocked(uint32_t unit, std::vector<DeviceMemory>* freed)
+  Status PinLocked(UnitState& s) STRATA_REQUIRES(mu_);
+  void EvictLocked(uint32_t unit, std::vector<ArenaBlock>* freed)
       STRATA_REQUIRES(mu_);
   Status OutOfDeviceMemoryLocked(uint32_t unit) STRATA_REQUIRES(mu_);
   void InvalidateCaches() STRATA_EXCLUDES(mu_);
@@ -119,7 +160,9 @@ class EngineImpl final : public Engine {
   void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
 
   const EngineOptions options_;
-  Device* const device_;
+  AllocationCountingDevice counting_device_;
+  Device* const device_;                                // &counting_device_
+  uint64_t allocations_after_first_step_ = UINT64_MAX;  // set by Step
 
   // Fixed at Start (read without the lock afterwards).
   std::vector<TensorSpec> specs_;
@@ -128,6 +171,7 @@ class EngineImpl final : public Engine {
   uint64_t piece_elems_ = 0;
   uint64_t device_budget_ = 0;
   std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<DeviceArena> arena_;      // the device budget, one allocation
   std::unique_ptr<Stream> copy_stream_;     // host -> device
   std::unique_ptr<Stream> d2h_stream_;      // gradients, device -> host
   std::unique_ptr<Stream> release_stream_;  // Note [Consumer streams]

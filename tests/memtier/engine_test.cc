@@ -305,6 +305,64 @@ TEST(EngineTest, OffloadingChangesNothing) {
   }
 }
 
+// Counts what the engine asks the system for: device memory, pinned host
+// memory, streams and events.
+class CountingDevice : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    ++calls;
+    return DeviceWrapper::Allocate(bytes, stream);
+  }
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    ++calls;
+    return DeviceWrapper::AllocatePinnedHost(bytes, options);
+  }
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    ++calls;
+    return DeviceWrapper::NewStream(options);
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    ++calls;
+    return DeviceWrapper::NewEvent();
+  }
+  int calls = 0;
+};
+
+TEST(EngineTest, AfterTheFirstStepNothingIsAllocated) {
+  TempDir dir;
+  auto dev = HostDevice();
+  CountingDevice counting(dev.get());
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kNvme;
+  o.optimizer_states = Residence::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.io.backend = IoBackend::kMemory;
+  o.device_budget_bytes = 3 * kUnitBytes;
+  auto eng = Engine::Create(o, &counting);
+  ASSERT_TRUE(eng.ok());
+  LinearNet net(dev.get(), eng->get());  // the trainer's own memory apart
+  ASSERT_TRUE((*eng)->Start().ok());
+  ASSERT_TRUE(net.Init(1).ok());
+  int calls_after_first = 0;
+  uint64_t pinned_after_first = 0;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(net.MicroBatch(5).ok());
+    auto r = (*eng)->Step({});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (step == 0) {
+      calls_after_first = counting.calls;
+      pinned_after_first = HostBuffer::TotalPinnedBytes();
+    }
+  }
+  EXPECT_EQ(counting.calls, calls_after_first);
+  EXPECT_EQ(HostBuffer::TotalPinnedBytes(), pinned_after_first);
+  EXPECT_EQ((*eng)->stats().hot_path_allocations, 0u);
+  EXPECT_GT((*eng)->stats().evictions, 0u);
+}
+
 class EngineFixture : public ::testing::Test {
  protected:
   void Make(EngineOptions o, int tensors, bool start = true) {
@@ -451,6 +509,51 @@ TEST_F(EngineFixture, SmallUnitsPersistAndStatsComeAsJson) {
   EXPECT_EQ(j["fetches"].get<uint64_t>(), 14u);
   EXPECT_GT(j["evictions"].get<uint64_t>(), 0u);
   EXPECT_TRUE(j["device"].contains("peak_bytes"));
+}
+
+TEST_F(EngineFixture, AFragmentedArenaIsCompactedForAFetch) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.device_budget_bytes = 64 << 10;
+  Make(o, 0, /*start=*/false);
+  std::vector<TensorId> t;
+  for (int i = 0; i < 4; ++i) {
+    TensorSpec s;
+    s.name = "t" + std::to_string(i);
+    s.shape = {i < 3 ? 8192 : 16384};  // three of 16 KiB, one of 32 KiB
+    t.push_back(eng_->Register(s).value());
+  }
+  ASSERT_TRUE(eng_->Start().ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        eng_->SetInitialValues(t[i], std::vector<float>(8192, i + 1.0f)).ok());
+  }
+  // a, b, c fill three quarters; b is used again, so a is the LRU victim and
+  // the free space is split around b and c.
+  for (int i : {0, 1, 2, 1}) ASSERT_TRUE(eng_->Fetch(t[i]).ok());
+  auto d = eng_->Fetch(t[3]);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const EngineStats s = eng_->stats();
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_GE(s.compactions, 1u);
+  d->Reset();
+  // The moved units still hold their values.
+  auto stream = std::move(dev_->NewStream({}).value());
+  for (int i : {1, 2}) {
+    auto p = eng_->Fetch(t[i]);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(p->WaitOn(*stream).ok());
+    std::vector<uint16_t> host(8192);
+    ASSERT_TRUE(dev_->CopyAsync(*stream, host.data(), p->data(), 8192 * 2,
+                                CopyKind::kDeviceToHost)
+                    .ok());
+    ASSERT_TRUE(dev_->SynchronizeStream(*stream).ok());
+    std::vector<float> back(8192);
+    ASSERT_TRUE(ConvertCpuArray(host.data(), CpuDType::kBFloat16, back.data(),
+                                CpuDType::kFloat32, 8192)
+                    .ok());
+    EXPECT_EQ(back, std::vector<float>(8192, i + 1.0f)) << "unit " << i;
+  }
 }
 
 TEST_F(EngineFixture, ErrorsNameWhatIsWrong) {
