@@ -16,7 +16,6 @@
 //     (cudaEventBlockingSync): the cores belong to the CPU optimizer and I/O.
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,7 +25,6 @@
 #include "gpu/cublas.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/host_func.h"
-#include "gpu/raw_copy.h"
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
@@ -468,45 +466,4 @@ StatusOr<std::unique_ptr<Device>> NewCudaDevice(const DeviceOptions& options) {
       ordinal, name, UniqueHandle<CudaMallocTraits>(base), budget));
 }
 
-namespace internal {
-
-StatusOr<double> TimeRawCudaCopies(Device& device,
-                                   std::span<const RawCopy> copies,
-                                   int iterations) {
-  auto* cuda = dynamic_cast<CudaDevice*>(&device);
-  if (cuda == nullptr) {
-    return Status::Unavailable("raw cudaMemcpyAsync needs a CUDA device");
-  }
-  ScopedCurrentDevice current(cuda->ordinal());
-  STRATA_RETURN_IF_ERROR(current.status());
-  std::vector<UniqueHandle<CudaStreamTraits>> streams;
-  for (size_t i = 0; i < copies.size(); ++i) {
-    cudaStream_t s = nullptr;
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-                   "cudaStreamCreateWithFlags"));
-    streams.emplace_back(s);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  for (int it = 0; it < iterations; ++it) {
-    for (size_t i = 0; i < copies.size(); ++i) {
-      const RawCopy& c = copies[i];
-      const cudaMemcpyKind k =
-          c.kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
-          : c.kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
-                                              : cudaMemcpyDeviceToDevice;
-      STRATA_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(c.dst, c.src, c.bytes, k, streams[i].get()),
-          "cudaMemcpyAsync"));
-    }
-  }
-  for (auto& s : streams) {
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize"));
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-}  // namespace internal
 }  // namespace strata
