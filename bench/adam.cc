@@ -527,20 +527,19 @@ int Main(int argc, char** argv) {
                "strata-bench adam"};
   AdamFlags flags;
   AddOptions(app, flags);
-  if (auto code = ParseCommandLine(app, argc, argv)) return *code;
-  auto cfg = ParseAdam(flags);
-  if (!cfg.ok()) return UsageError(kCommand, cfg.status());
-  RunGuard guard;
+  AdamConfig cfg;
   JsonOutput json;
-  if (Status s = CheckAdam(*cfg, &json); !s.ok()) {
-    return FailCheck(kCommand, s);
-  }
-  auto out = RunAdam(*cfg);
-  if (!out.ok()) return Fail(kCommand, out.status());
-  if (Status s = ReportAdam(*cfg, *out, json); !s.ok()) {
-    return Fail(kCommand, s);
-  }
-  return kExitOk;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseAdam(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard&) { return CheckAdam(cfg, &json); },
+      [&](RunGuard&) -> Status {
+        STRATA_ASSIGN_OR_RETURN(AdamOutcome out, RunAdam(cfg));
+        return ReportAdam(cfg, out, json);
+      });
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -65,6 +66,18 @@ int UsageError(std::string_view command, const Status& status);
 // Prints "strata-bench <command>: <status>" on stderr; returns 1, or
 // 128 + the signal when the run was interrupted (the message then says so).
 int Fail(std::string_view command, const Status& status);
+
+class RunGuard;
+
+// The one shape of every command, with its exit statuses: parses argv into
+// the flags `app` binds (--help: 0, CLI11 errors: 2), then `parse` (a
+// failure is 2), then, under a RunGuard, `check` (FailCheck) and
+// `run_and_report` (Fail). Each step keeps its results in the caller's
+// locals.
+int RunCommand(std::string_view command, CLI::App& app, int argc, char** argv,
+               const std::function<Status()>& parse,
+               const std::function<Status(RunGuard&)>& check,
+               const std::function<Status(RunGuard&)>& run_and_report);
 
 // A failed up-front check: 2 for kInvalidArgument (a path or value on the
 // command line, or an environment variable, cannot work), else as Fail.

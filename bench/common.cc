@@ -163,6 +163,18 @@ int FailCheck(std::string_view command, const Status& status) {
   return Fail(command, status);
 }
 
+int RunCommand(std::string_view command, CLI::App& app, int argc, char** argv,
+               const std::function<Status()>& parse,
+               const std::function<Status(RunGuard&)>& check,
+               const std::function<Status(RunGuard&)>& run_and_report) {
+  if (auto code = ParseCommandLine(app, argc, argv)) return *code;
+  if (Status s = parse(); !s.ok()) return UsageError(command, s);
+  RunGuard guard;
+  if (Status s = check(guard); !s.ok()) return FailCheck(command, s);
+  if (Status s = run_and_report(guard); !s.ok()) return Fail(command, s);
+  return kExitOk;
+}
+
 // ---- Signals and cleanup ---------------------------------------------------
 
 RunGuard::RunGuard() {

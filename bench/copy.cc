@@ -506,20 +506,23 @@ int Main(int argc, char** argv) {
                "strata-bench copy"};
   CopyFlags flags;
   AddOptions(app, flags);
-  if (auto code = ParseCommandLine(app, argc, argv)) return *code;
-  auto cfg = ParseCopy(flags);
-  if (!cfg.ok()) return UsageError(kCommand, cfg.status());
-  RunGuard guard;
-  auto prepared = CheckCopy(*cfg);
-  if (!prepared.ok()) {
-    return FailCheck(kCommand, prepared.status());
-  }
-  auto results = RunCopy(*cfg, *prepared);
-  if (!results.ok()) return Fail(kCommand, results.status());
-  if (Status s = ReportCopy(*cfg, *prepared, *results); !s.ok()) {
-    return Fail(kCommand, s);
-  }
-  return kExitOk;
+  Config cfg;
+  CopyPrepared prepared;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseCopy(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard&) -> Status {
+        STRATA_ASSIGN_OR_RETURN(prepared, CheckCopy(cfg));
+        return Status::Ok();
+      },
+      [&](RunGuard&) -> Status {
+        STRATA_ASSIGN_OR_RETURN(std::vector<Result> results,
+                                RunCopy(cfg, prepared));
+        return ReportCopy(cfg, prepared, results);
+      });
 }
 
 }  // namespace

@@ -607,20 +607,22 @@ int Run(int argc, char** argv) {
       "strata-bench io"};
   IoFlags flags;
   AddOptions(app, flags);
-  if (auto code = ParseCommandLine(app, argc, argv)) return *code;
-  auto cfg = ParseIo(flags);
-  if (!cfg.ok()) return UsageError(kCommand, cfg.status());
-  RunGuard guard;
-  auto prepared = CheckIo(*cfg, guard);
-  if (!prepared.ok()) {
-    return FailCheck(kCommand, prepared.status());
-  }
-  auto out = RunIo(*cfg, *prepared, guard);
-  if (!out.ok()) return Fail(kCommand, out.status());
-  if (Status s = ReportIo(*cfg, *prepared, *out); !s.ok()) {
-    return Fail(kCommand, s);
-  }
-  return kExitOk;
+  IoConfig cfg;
+  IoPrepared prepared;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseIo(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard& guard) -> Status {
+        STRATA_ASSIGN_OR_RETURN(prepared, CheckIo(cfg, guard));
+        return Status::Ok();
+      },
+      [&](RunGuard& guard) -> Status {
+        STRATA_ASSIGN_OR_RETURN(IoOutcome out, RunIo(cfg, prepared, guard));
+        return ReportIo(cfg, prepared, out);
+      });
 }
 
 }  // namespace
