@@ -177,49 +177,58 @@ bool WaitFor(Pred pred, double seconds) {
   return pred();
 }
 
-// Processes whose command line mentions `needle` (other than this test).
-std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = std::stoi(name);
-    if (pid == ::getpid()) continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), {});
-    if (cmd.find(needle) != std::string::npos) {
-      // A zombie still waiting for its parent counts as gone.
-      std::ifstream st(e.path() / "stat");
-      std::string s((std::istreambuf_iterator<char>(st)), {});
-      const size_t paren = s.rfind(')');
-      if (paren != std::string::npos && paren + 2 < s.size() &&
-          s[paren + 2] == 'Z') {
-        continue;
-      }
-      out.push_back(pid);
-    }
-  }
-  return out;
-}
+// One live process of /proc: its pid, name, state and parent, and its
+// command line (NULs between the arguments).
+struct Proc {
+  pid_t pid = 0;
+  std::string comm;
+  char state = 0;
+  pid_t ppid = 0;
+  std::string cmdline;
+};
 
-// Children of `parent` whose name is `comm`.
-bool HasChildNamed(pid_t parent, const std::string& comm) {
+std::vector<Proc> Processes() {
+  std::vector<Proc> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream st(e.path() / "stat");
-    std::string s((std::istreambuf_iterator<char>(st)), {});
+    const std::string s((std::istreambuf_iterator<char>(st)), {});
     const size_t open = s.find('('), close = s.rfind(')');
     if (open == std::string::npos || close == std::string::npos) continue;
-    if (s.substr(open + 1, close - open - 1) != comm) continue;
+    Proc p;
+    p.pid = std::stoi(name);
+    p.comm = s.substr(open + 1, close - open - 1);
     int ppid = 0;
-    char state = 0;
-    if (std::sscanf(s.c_str() + close + 2, "%c %d", &state, &ppid) == 2 &&
-        ppid == parent) {
-      return true;
+    if (std::sscanf(s.c_str() + close + 2, "%c %d", &p.state, &ppid) != 2) {
+      continue;
     }
+    p.ppid = ppid;
+    std::ifstream cmd(e.path() / "cmdline");
+    p.cmdline.assign(std::istreambuf_iterator<char>(cmd), {});
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Processes other than this test, zombies aside, whose command line
+// mentions `needle`.
+std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const Proc& p : Processes()) {
+    if (p.pid != ::getpid() && p.state != 'Z' &&
+        p.cmdline.find(needle) != std::string::npos) {
+      out.push_back(p.pid);
+    }
+  }
+  return out;
+}
+
+// Whether `parent` has a child named `comm`.
+bool HasChildNamed(pid_t parent, const std::string& comm) {
+  for (const Proc& p : Processes()) {
+    if (p.ppid == parent && p.comm == comm) return true;
   }
   return false;
 }
