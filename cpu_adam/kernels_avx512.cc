@@ -49,8 +49,6 @@ inline __m256i Load256(const void* p) {
 inline void Store256(void* p, __m256i x) {
   _mm256_storeu_si256(static_cast<__m256i*>(p), x);
 }
-inline __m512i Load512(const void* p) { return _mm512_loadu_si512(p); }
-inline void Store512(void* p, __m512i x) { _mm512_storeu_si512(p, x); }
 
 template <bool kHwBf16>
 struct Avx512 {
