@@ -23,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "strata/async_io.h"
 #include "strata/swap_space.h"
 #include "swap/backend.h"
 #include "swap/fault_backend.h"
@@ -613,6 +614,21 @@ TEST(SwapKernelFaultTest, SignalStormDoesNotLoseData) {
       ASSERT_TRUE(rs.ok()) << IoBackendName(b) << ": " << rs.ToString();
       ASSERT_EQ(FirstMismatch(r.span(), 0, rep), -1) << IoBackendName(b);
     }
+    // The same through an AsyncIo, whose completion thread sleeps in poll().
+    auto a = AsyncIo::Create(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    auto af = (*a)->Open(d.File("storm-async"), {.create = true});
+    ASSERT_TRUE(af.ok());
+    for (int rep = 0; rep < 40; ++rep) {
+      Stamp(w.span(), 0, rep + 100);
+      IoRequest wr{*af, 0, w.span(), IoOp::kWrite, 0};
+      Status ws = (*a)->Submit({&wr, 1}, IoPriority::kBackground).Wait();
+      ASSERT_TRUE(ws.ok()) << IoBackendName(b) << ": " << ws.ToString();
+      IoRequest rd{*af, 0, r.span(), IoOp::kRead, 0};
+      Status rs = (*a)->Submit({&rd, 1}, IoPriority::kUrgent).Wait();
+      ASSERT_TRUE(rs.ok()) << IoBackendName(b) << ": " << rs.ToString();
+      ASSERT_EQ(FirstMismatch(r.span(), 0, rep + 100), -1) << IoBackendName(b);
+    }
   }
   itimerval off{};
   ::setitimer(ITIMER_REAL, &off, nullptr);
@@ -648,7 +664,18 @@ int ProbeUnderSeccomp(int uring_errno, int aio_errno, IoBackend expect) {
   Stamp(w->span(), 0, 17);
   if (!(*e)->WriteAt(*f, 0, w->span()).ok()) return 15;
   if (!(*e)->ReadAt(*f, 0, r->span()).ok()) return 16;
-  return FirstMismatch(r->span(), 0, 17) == -1 ? 0 : 17;
+  if (FirstMismatch(r->span(), 0, 17) != -1) return 17;
+  // An AsyncIo probes the same way and works over the fallback.
+  auto a = AsyncIo::Create(IoEngineOptions{});
+  if (!a.ok() || (*a)->backend() != expect) return 18;
+  auto af = (*a)->Open(d.File("probe-async"), {.create = true});
+  if (!af.ok()) return 19;
+  IoRequest wr{*af, 0, w->span(), IoOp::kWrite, 0};
+  IoRequest rd{*af, 0, r->span(), IoOp::kRead, 0};
+  std::memset(r->data(), 0, r->size());
+  if (!(*a)->Submit({&wr, 1}, IoPriority::kBackground).Wait().ok()) return 20;
+  if (!(*a)->Submit({&rd, 1}, IoPriority::kUrgent).Wait().ok()) return 21;
+  return FirstMismatch(r->span(), 0, 17) == -1 ? 0 : 22;
 }
 
 TEST(SwapKernelFaultTest, UringRefusedFallsBackToAio) {
