@@ -31,13 +31,13 @@ struct IoTicket::State {
 
 IoTicket::IoTicket() : state_(std::make_shared<State>()) {}
 
+// Signals under the lock: a waiter that holds the only other reference may
+// destroy the state as soon as the lock is free.
 void IoTicket::Set(Status status) const {
-  {
-    MutexLock lock(&state_->mu);
-    if (state_->done) return;
-    state_->done = true;
-    state_->status = std::move(status);
-  }
+  MutexLock lock(&state_->mu);
+  if (state_->done) return;
+  state_->done = true;
+  state_->status = std::move(status);
   state_->cv.SignalAll();
 }
 

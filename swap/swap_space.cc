@@ -111,6 +111,38 @@ void RemoveStaleFiles(const std::string& dir) {
   ::closedir(d);
 }
 
+// A held directory lock. The lock file is unlinked while still held, then
+// closed (see LockDirectory).
+class DirLock {
+ public:
+  DirLock(std::string path, UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)) {}
+  DirLock(DirLock&&) noexcept = default;
+  DirLock& operator=(DirLock&&) = delete;
+  ~DirLock() {
+    if (fd_) ::unlink(path_.c_str());
+  }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+};
+
+// Locks every directory (none for the in-memory engine) and removes stale
+// swap files from each; before any ring or thread exists, so that a busy
+// directory is refused cheaply.
+StatusOr<std::vector<DirLock>> LockDirectories(const SwapSpaceOptions& o,
+                                               bool memory) {
+  std::vector<DirLock> locks;
+  if (memory) return locks;
+  for (const auto& dir : o.dirs) {
+    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, LockDirectory(dir));
+    locks.emplace_back(dir + "/" + kLockName, std::move(fd));
+    RemoveStaleFiles(dir);
+  }
+  return locks;
+}
+
 // Header pages (header_bytes each, aligned) for requests in flight: taken
 // per block, returned when its operation finishes. Grows by chunks that are
 // registered with the ring and kept; after warm-up nothing is allocated.
@@ -166,8 +198,9 @@ class HeaderPool {
 
 class SwapSpaceImpl final : public SwapSpace {
  public:
-  SwapSpaceImpl(const SwapSpaceOptions& o, std::shared_ptr<AsyncIo> io)
-      : io_(std::move(io)), options_(o) {}
+  SwapSpaceImpl(const SwapSpaceOptions& o, std::shared_ptr<AsyncIo> io,
+                std::vector<DirLock> locks)
+      : io_(std::move(io)), options_(o), locks_(std::move(locks)) {}
 
   ~SwapSpaceImpl() override {
     {
@@ -180,11 +213,7 @@ class SwapSpaceImpl final : public SwapSpace {
       io_->Close(file_ids_[i]).IgnoreError();
       if (!memory_) ::unlink(paths_[i].c_str());
     }
-    // Unlinked while still held (see LockDirectory), then released.
-    for (size_t i = 0; i < locks_.size(); ++i) {
-      ::unlink((options_.dirs[i] + "/" + kLockName).c_str());
-      locks_[i].reset();
-    }
+    locks_.clear();  // after the files are gone
   }
 
   Status Init() {
@@ -205,13 +234,7 @@ class SwapSpaceImpl final : public SwapSpace {
     if (total_slots_ >= kNoSlot) {
       return Status::InvalidArgument("swap capacity exceeds 2^32 blocks");
     }
-    // Lock every directory before touching any file in it.
-    for (const auto& dir : o.dirs) {
-      if (memory) continue;
-      STRATA_ASSIGN_OR_RETURN(UniqueFd lock, LockDirectory(dir));
-      locks_.push_back(std::move(lock));
-      RemoveStaleFiles(dir);
-    }
+    // Every directory is locked before any file in it is touched.
     for (const auto& dir : o.dirs) {
       const std::string path =
           dir + "/" + kFilePrefix + std::to_string(::getpid()) + kFileSuffix;
@@ -581,11 +604,10 @@ class SwapSpaceImpl final : public SwapSpace {
     EndOp();
   }
 
+  // Signals under the lock: once it is released the destructor may run.
   void EndOp() {
-    {
-      MutexLock lock(&mu_);
-      --ops_in_flight_;
-    }
+    MutexLock lock(&mu_);
+    --ops_in_flight_;
     ops_cv_.SignalAll();
   }
 
@@ -645,7 +667,7 @@ class SwapSpaceImpl final : public SwapSpace {
   std::shared_ptr<AsyncIo> io_;
   SwapSpaceOptions options_;
   bool memory_ = false;  // in-memory engine: no real files or locks
-  std::vector<UniqueFd> locks_;
+  std::vector<DirLock> locks_;
   std::vector<FileId> file_ids_;
   std::vector<std::string> paths_;
   size_t align_ = 1;
@@ -667,18 +689,48 @@ class SwapSpaceImpl final : public SwapSpace {
   bool bounce_busy_ STRATA_GUARDED_BY(mu_) = false;
 };
 
+namespace {
+
+StatusOr<std::unique_ptr<SwapSpace>> OpenLocked(const SwapSpaceOptions& options,
+                                                std::shared_ptr<AsyncIo> io,
+                                                std::vector<DirLock> locks) {
+  auto space =
+      std::make_unique<SwapSpaceImpl>(options, std::move(io), std::move(locks));
+  STRATA_RETURN_IF_ERROR(space->Init());
+  return std::unique_ptr<SwapSpace>(std::move(space));
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<SwapSpace>> OpenSwapSpaceWithEngine(
     const SwapSpaceOptions& options, std::unique_ptr<IoEngine> engine) {
+  STRATA_ASSIGN_OR_RETURN(
+      auto locks,
+      LockDirectories(options, engine->backend() == IoBackend::kMemory));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<AsyncIo> io,
                           AsyncIo::Create(std::move(engine)));
-  return OpenSwapSpaceOver(options, std::move(io));
+  return OpenLocked(options, std::move(io), std::move(locks));
 }
 
 StatusOr<std::unique_ptr<SwapSpace>> OpenSwapSpaceOver(
     const SwapSpaceOptions& options, std::shared_ptr<AsyncIo> io) {
-  auto space = std::make_unique<SwapSpaceImpl>(options, std::move(io));
-  STRATA_RETURN_IF_ERROR(space->Init());
-  return std::unique_ptr<SwapSpace>(std::move(space));
+  STRATA_ASSIGN_OR_RETURN(
+      auto locks,
+      LockDirectories(options, io->backend() == IoBackend::kMemory));
+  return OpenLocked(options, std::move(io), std::move(locks));
+}
+
+StatusOr<std::unique_ptr<SwapSpace>> OpenSwapSpace(
+    const SwapSpaceOptions& options) {
+  if (options.shared_io != nullptr) {
+    return OpenSwapSpaceOver(options, options.shared_io);
+  }
+  IoEngineOptions eo = options.io;
+  eo.queue_depth = options.queue_depth;
+  STRATA_ASSIGN_OR_RETURN(
+      auto locks, LockDirectories(options, eo.backend == IoBackend::kMemory));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<AsyncIo> io, AsyncIo::Create(eo));
+  return OpenLocked(options, std::move(io), std::move(locks));
 }
 
 }  // namespace strata::swap
@@ -769,13 +821,7 @@ Status SwapSpace::Read(const SwapHandle& h, std::span<std::byte> out) {
 
 StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::Open(
     const SwapSpaceOptions& options) {
-  std::shared_ptr<AsyncIo> io = options.shared_io;
-  if (io == nullptr) {
-    IoEngineOptions eo = options.io;
-    eo.queue_depth = options.queue_depth;
-    STRATA_ASSIGN_OR_RETURN(io, AsyncIo::Create(eo));
-  }
-  return swap::OpenSwapSpaceOver(options, std::move(io));
+  return swap::OpenSwapSpace(options);
 }
 
 }  // namespace strata

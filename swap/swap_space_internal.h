@@ -13,6 +13,9 @@ namespace strata::swap {
 
 StatusOr<std::unique_ptr<SwapSpace>> OpenSwapSpaceWithEngine(
     const SwapSpaceOptions& options, std::unique_ptr<IoEngine> engine);
+// SwapSpace::Open.
+StatusOr<std::unique_ptr<SwapSpace>> OpenSwapSpace(
+    const SwapSpaceOptions& options);
 // A SwapSpace over a given AsyncIo (SwapSpace::Open with options.shared_io).
 StatusOr<std::unique_ptr<SwapSpace>> OpenSwapSpaceOver(
     const SwapSpaceOptions& options, std::shared_ptr<AsyncIo> io);

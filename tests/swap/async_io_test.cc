@@ -89,11 +89,9 @@ class GatedBackend final : public swap::BackendWrapper {
 class Latch {
  public:
   void Hit() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++hits_;
-    }
-    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++hits_;
+    cv_.notify_all();  // under the lock: the waiter may destroy the latch
   }
   void WaitFor(int n) {
     std::unique_lock<std::mutex> lock(mu_);

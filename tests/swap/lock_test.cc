@@ -70,20 +70,25 @@ int ExitCode(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A, B and C are children of this (single-threaded) test process, so that
+// each is a clean process with no descriptor or thread of the others.
 TEST(SwapLockTest, ThreeProcessesNeverBothOwnTheDirectory) {
   ScratchDir dir;
   const SwapSpaceOptions o = Options(dir.path());
-  auto a = SwapSpace::Open(o);  // A: this process
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-
-  Pipe b_at_flock, b_go, c_owns, c_quit;
+  Pipe a_owns, a_quit, a_done, b_at_flock, b_go, c_owns, c_quit;
+  const pid_t a = ::fork();
+  if (a == 0) {
+    auto s = SwapSpace::Open(o);
+    if (!s.ok()) ::_exit(3);
+    a_owns.Put();
+    a_quit.Get();
+    s->reset();  // shut down: the lock file is unlinked, the lock dropped
+    a_done.Put();
+    ::_exit(0);
+  }
+  a_owns.Get();
   const pid_t b = ::fork();
   if (b == 0) {
-    // A's lock descriptor came along with fork; a real second job has none
-    // (it would keep A's flock alive through B).
-    for (int fd = 3; fd < 1024; ++fd) {
-      if (fd != b_at_flock.w && fd != b_go.r) ::close(fd);
-    }
     g_gate_out = b_at_flock.w;
     g_gate_in = b_go.r;
     auto s = SwapSpace::Open(o);
@@ -91,8 +96,8 @@ TEST(SwapLockTest, ThreeProcessesNeverBothOwnTheDirectory) {
     ::_exit(s.ok() ? 1 : s.status().code() == StatusCode::kBusy ? 0 : 2);
   }
   b_at_flock.Get();  // B has opened A's lock file and waits to flock it
-  a->reset();        // A shuts down: the file is unlinked, the lock dropped
-
+  a_quit.Put();
+  a_done.Get();
   const pid_t c = ::fork();
   if (c == 0) {
     auto s = SwapSpace::Open(o);
@@ -106,6 +111,7 @@ TEST(SwapLockTest, ThreeProcessesNeverBothOwnTheDirectory) {
   EXPECT_EQ(ExitCode(b), 0) << "1: two processes owned the directory";
   c_quit.Put();
   EXPECT_EQ(ExitCode(c), 0);
+  EXPECT_EQ(ExitCode(a), 0);
   // And after C, the directory is free for the next user.
   auto next = SwapSpace::Open(o);
   EXPECT_TRUE(next.ok()) << next.status().ToString();
