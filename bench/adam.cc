@@ -3,31 +3,25 @@
 //
 // For each thread count T and moment dtype, each repetition times
 //   bound  a streaming kernel over the same arrays with the same access
-//          pattern as the optimizer (master, grad, m, v read; master, m, v
-//          written in place; the 16-bit working copy written once with
-//          non-temporal stores) and trivial integer arithmetic;
+//          pattern as the optimizer (bench/bound.h), always with the widest
+//          ISA the CPU reports, on T threads split as a Step splits;
 //   step   one CpuOptimizer::Step per variant over all N parameters;
 // and the best repetition of each is kept (other jobs share the machine;
 // the best run is the one least disturbed). ratio_to_bound =
 // time(bound) / time(step). The separate gradient-statistics pass (squared
 // norm + inf/nan) is timed too. When a python3 with torch is found, the
 // same N parameters go through torch.optim.Adam for its figure.
-#include <unistd.h>
-
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/bench.h"
-#include "cpu_adam/kernels.h"
+#include "bench/bound.h"
 #include "strata/cpu_adam.h"
 #include "strata/host_buffer.h"
 #include "util/find_python.h"
@@ -37,12 +31,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr const char* kCommand = "adam";
+constexpr uint64_t kMaxParams = uint64_t{1} << 40;
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxReps = 1000;
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
 // torch.optim.Adam on N fp32 parameters with T intra-op threads; prints
-// {"params_per_s": best over reps}.
+// {"params_per_s": best over reps}. Run with `python3 -c` and its numbers
+// as arguments: no file, no shell.
 constexpr const char* kTorchScript = R"PY(
 import json, sys, time
 import torch
@@ -60,34 +60,168 @@ for _ in range(reps):
 print(json.dumps({"params_per_s": n / best, "torch": torch.__version__}))
 )PY";
 
-// Runs the torch script; nullopt (and a note on stderr) on any failure.
-std::optional<nlohmann::json> RunTorch(const std::string& py, uint64_t n,
-                                       int threads, int reps) {
-  char path[] = "/tmp/strata_adam_torch_XXXXXX";
-  const int fd = mkstemp(path);
-  if (fd < 0) return std::nullopt;
-  const size_t len = std::strlen(kTorchScript);
-  const bool wrote = write(fd, kTorchScript, len) == static_cast<ssize_t>(len);
-  close(fd);
-  std::optional<nlohmann::json> out;
-  if (wrote) {
-    const std::string cmd = py + " " + path + " " + std::to_string(n) + " " +
-                            std::to_string(threads) + " " +
-                            std::to_string(reps);
-    if (FILE* p = popen(cmd.c_str(), "r")) {
-      std::string text;
-      char buf[512];
-      while (std::fgets(buf, sizeof(buf), p) != nullptr) text += buf;
-      if (pclose(p) == 0) {
-        out = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-        if (out->is_discarded()) out.reset();
+// The command line as typed.
+struct AdamFlags {
+  std::string params = "256M";
+  std::string threads;
+  std::string variants;
+  std::string moments = "fp32,bf16";
+  std::string optimizer = "adamw";
+  std::string working = "bf16";
+  std::string grad = "fp32";
+  std::string reps = "5";
+  std::string json;
+  std::string torch = "auto";
+};
+
+struct AdamConfig {
+  uint64_t n = 0;
+  std::vector<int> threads;  // 0 = all CPUs the process may use
+  std::vector<CpuKernelVariant> variants;
+  std::vector<CpuDType> moments;
+  std::string algo_name;
+  CpuOptimizerAlgo algo = CpuOptimizerAlgo::kAdamW;
+  std::string grad_name;
+  CpuDType grad = CpuDType::kFloat32;
+  std::string working_name;
+  bool has_working = true;
+  CpuDType working = CpuDType::kBFloat16;
+  int reps = 5;
+  bool torch = true;
+  std::string json;
+
+  size_t grad_bytes() const { return grad == CpuDType::kFloat32 ? 4 : 2; }
+  // Bytes of all arrays: master, grad, fp32 and bf16 moments, working copy.
+  uint64_t array_bytes() const {
+    return n * (4 + grad_bytes() + 4 + 4 + 2 + 2 + (has_working ? 2 : 0));
+  }
+};
+
+struct AdamOutcome {
+  nlohmann::json results = nlohmann::json::array();
+  Table table{{"optimizer", "variant", "threads", "moments", "Gparams/s",
+               "GB/s", "bound GB/s", "ratio"}};
+};
+
+// ---- Parse -----------------------------------------------------------------
+
+void AddOptions(CLI::App& app, AdamFlags& f) {
+  app.add_option("--params", f.params,
+                 "parameters per step, K/M/G/T suffixes (default 256M)");
+  app.add_option("--threads", f.threads,
+                 "comma-separated thread counts, 0 = all CPUs (default "
+                 "1..all CPUs)");
+  app.add_option("--variants", f.variants,
+                 "scalar,avx2,avx512,avx512bf16 (default: all supported)");
+  app.add_option("--moments", f.moments, "moment dtypes: fp32,bf16");
+  app.add_option("--optimizer", f.optimizer, "adam, adamw, adagrad or lion");
+  app.add_option("--working", f.working, "working copy: bf16, fp16 or none");
+  app.add_option("--grad", f.grad, "gradient dtype: fp32, fp16 or bf16");
+  app.add_option("--reps", f.reps,
+                 "timed repetitions, 1..1000; the best is kept (default 5)");
+  app.add_option("--json", f.json, "write results as JSON to FILE");
+  app.add_option("--torch", f.torch, "torch.optim.Adam figure: auto, off");
+}
+
+CpuDType DTypeOf(const std::string& s) {
+  return s == "fp32"   ? CpuDType::kFloat32
+         : s == "fp16" ? CpuDType::kFloat16
+                       : CpuDType::kBFloat16;
+}
+
+StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
+  AdamConfig cfg;
+  STRATA_ASSIGN_OR_RETURN(cfg.n,
+                          ParseSizeOption("--params", f.params, 1, kMaxParams));
+  const int cpus = UsableCpus();
+  if (f.threads.empty()) {
+    for (int t = 1; t <= cpus; ++t) cfg.threads.push_back(t);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> ts,
+        ParseIntListOption("--threads", f.threads, 0, kMaxThreads));
+    for (int64_t t : ts) {
+      if (t > cpus) {
+        return Status::InvalidArgument(
+            "--threads: " + std::to_string(t) + " is more than the " +
+            std::to_string(cpus) + " CPUs this process may use (accepted 0.." +
+            std::to_string(cpus) + "; 0 = all of them)");
       }
+      cfg.threads.push_back(static_cast<int>(t));
     }
   }
-  unlink(path);
-  if (!out) std::fprintf(stderr, "adam: the torch run failed; no figure\n");
-  return out;
+  if (f.variants.empty()) {
+    for (CpuKernelVariant v :
+         {CpuKernelVariant::kScalar, CpuKernelVariant::kAvx2,
+          CpuKernelVariant::kAvx512, CpuKernelVariant::kAvx512Bf16}) {
+      if (CpuKernelVariantSupported(v)) cfg.variants.push_back(v);
+    }
+  } else {
+    STRATA_ASSIGN_OR_RETURN(
+        auto names,
+        ParseChoiceListOption("--variants", f.variants,
+                              {"scalar", "avx2", "avx512", "avx512bf16"}));
+    for (const auto& s : names) {
+      STRATA_ASSIGN_OR_RETURN(CpuKernelVariant v, ParseCpuKernelVariant(s));
+      if (!CpuKernelVariantSupported(v)) {
+        return Status::InvalidArgument("--variants: " + s +
+                                       " needs instructions this CPU does not "
+                                       "report");
+      }
+      cfg.variants.push_back(v);
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      auto moments,
+      ParseChoiceListOption("--moments", f.moments, {"fp32", "bf16"}));
+  for (const auto& m : moments) cfg.moments.push_back(DTypeOf(m));
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.algo_name, ParseChoiceOption("--optimizer", f.optimizer,
+                                       {"adam", "adamw", "adagrad", "lion"}));
+  cfg.algo = cfg.algo_name == "adam"      ? CpuOptimizerAlgo::kAdam
+             : cfg.algo_name == "adamw"   ? CpuOptimizerAlgo::kAdamW
+             : cfg.algo_name == "adagrad" ? CpuOptimizerAlgo::kAdagrad
+                                          : CpuOptimizerAlgo::kLion;
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.working_name,
+      ParseChoiceOption("--working", f.working, {"bf16", "fp16", "none"}));
+  cfg.has_working = cfg.working_name != "none";
+  if (cfg.has_working) cfg.working = DTypeOf(cfg.working_name);
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.grad_name,
+      ParseChoiceOption("--grad", f.grad, {"fp32", "fp16", "bf16"}));
+  cfg.grad = DTypeOf(cfg.grad_name);
+  STRATA_ASSIGN_OR_RETURN(int64_t reps,
+                          ParseIntOption("--reps", f.reps, 1, kMaxReps));
+  cfg.reps = static_cast<int>(reps);
+  STRATA_ASSIGN_OR_RETURN(
+      std::string torch,
+      ParseChoiceOption("--torch", f.torch, {"auto", "off"}));
+  cfg.torch = torch == "auto";
+  cfg.json = f.json;
+  return cfg;
 }
+
+// ---- Check -----------------------------------------------------------------
+
+// The optimizer the variant-less rows use (grad_stats): made up front, so
+// that a bad STRATA_CPU_ADAM_VARIANT is reported before any work.
+StatusOr<std::unique_ptr<CpuOptimizer>> DefaultOptimizer(int threads) {
+  CpuOptimizerOptions o;
+  o.threads = threads;
+  return NewCpuOptimizer(o);
+}
+
+Status CheckAdam(const AdamConfig& cfg, JsonOutput* json) {
+  if (!cfg.json.empty()) {
+    STRATA_ASSIGN_OR_RETURN(*json, JsonOutput::Prepare("--json", cfg.json));
+  }
+  STRATA_RETURN_IF_ERROR(DefaultOptimizer(1).status());
+  return CheckMemory("adam's arrays (--params " + std::to_string(cfg.n) + ")",
+                     cfg.array_bytes());
+}
+
+// ---- Run -------------------------------------------------------------------
 
 struct Arrays {
   HostBuffer master, grad, m32, v32, m16, v16, working;
@@ -110,315 +244,307 @@ void Fill(HostBuffer& b, uint32_t bits, size_t elem_size) {
   }
 }
 
-int RunAdam(int argc, char** argv) {
-  CLI::App app{"fused CPU optimizer throughput beside the in-run bound",
-               "strata-bench adam"};
-  std::string params_s = "256M", threads_s, variants_s, moments_s = "fp32,bf16";
-  std::string algo_s = "adamw", working_s = "bf16", grad_s = "fp32";
-  std::string json_path, torch_s = "auto";
-  int reps = 5;
-  app.add_option("--params", params_s,
-                 "parameters per step, K/M/G suffixes (default 256M)");
-  app.add_option("--threads", threads_s,
-                 "comma-separated thread counts (default 1..all cores)");
-  app.add_option("--variants", variants_s,
-                 "scalar,avx2,avx512,avx512bf16 (default: all supported)");
-  app.add_option("--moments", moments_s, "moment dtypes: fp32,bf16");
-  app.add_option("--optimizer", algo_s, "adam, adamw, adagrad or lion");
-  app.add_option("--working", working_s, "working copy: bf16, fp16 or none");
-  app.add_option("--grad", grad_s, "gradient dtype: fp32, fp16 or bf16");
-  app.add_option("--reps", reps, "timed repetitions; the best is kept");
-  app.add_option("--json", json_path, "write results as JSON to FILE");
-  app.add_option("--torch", torch_s, "torch.optim.Adam figure: auto, off");
-  CLI11_PARSE(app, argc, argv);
-
-  auto n_or = ParseSize(params_s);
-  if (!n_or.ok() || *n_or == 0) {
-    std::fprintf(stderr, "adam: bad --params '%s'\n", params_s.c_str());
-    return 2;
-  }
-  const uint64_t n = *n_or;
-  std::vector<int> threads;
-  if (threads_s.empty()) {
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    for (int t = 1; t <= std::max(1L, cpus); ++t) threads.push_back(t);
-  } else {
-    for (const std::string& t : SplitList(threads_s)) {
-      threads.push_back(std::max(1, std::atoi(t.c_str())));
-    }
-  }
-  std::vector<CpuKernelVariant> variants;
-  if (variants_s.empty()) {
-    for (CpuKernelVariant v :
-         {CpuKernelVariant::kScalar, CpuKernelVariant::kAvx2,
-          CpuKernelVariant::kAvx512, CpuKernelVariant::kAvx512Bf16}) {
-      if (CpuKernelVariantSupported(v)) variants.push_back(v);
-    }
-  } else {
-    for (const std::string& s : SplitList(variants_s)) {
-      auto v = ParseCpuKernelVariant(s);
-      if (!v.ok() || !CpuKernelVariantSupported(*v)) {
-        std::fprintf(stderr, "adam: variant '%s' unknown or unsupported\n",
-                     s.c_str());
-        return 2;
-      }
-      variants.push_back(*v);
-    }
-  }
-  auto dtype_of = [](const std::string& s) -> std::optional<CpuDType> {
-    if (s == "fp32") return CpuDType::kFloat32;
-    if (s == "fp16") return CpuDType::kFloat16;
-    if (s == "bf16") return CpuDType::kBFloat16;
-    return std::nullopt;
-  };
-  std::vector<CpuDType> moments;
-  for (const std::string& s : SplitList(moments_s)) {
-    auto d = dtype_of(s);
-    if (!d || *d == CpuDType::kFloat16) {
-      std::fprintf(stderr, "adam: moments are fp32 or bf16\n");
-      return 2;
-    }
-    moments.push_back(*d);
-  }
-  const auto grad_dtype = dtype_of(grad_s);
-  const bool has_working = working_s != "none";
-  const auto working_dtype = has_working ? dtype_of(working_s) : CpuDType{};
-  if (!grad_dtype || (has_working && (!working_dtype ||
-                                      *working_dtype == CpuDType::kFloat32))) {
-    std::fprintf(stderr, "adam: bad --grad or --working\n");
-    return 2;
-  }
-  CpuOptimizerAlgo algo;
-  if (algo_s == "adam") {
-    algo = CpuOptimizerAlgo::kAdam;
-  } else if (algo_s == "adamw") {
-    algo = CpuOptimizerAlgo::kAdamW;
-  } else if (algo_s == "adagrad") {
-    algo = CpuOptimizerAlgo::kAdagrad;
-  } else if (algo_s == "lion") {
-    algo = CpuOptimizerAlgo::kLion;
-  } else {
-    std::fprintf(stderr, "adam: unknown --optimizer '%s'\n", algo_s.c_str());
-    return 2;
-  }
-  const bool uses_m = algo != CpuOptimizerAlgo::kAdagrad;
-  const bool uses_v = algo != CpuOptimizerAlgo::kLion;
-  reps = std::max(1, reps);
-
-  // ---- Arrays -------------------------------------------------------------
-  const size_t gsize = *grad_dtype == CpuDType::kFloat32 ? 4 : 2;
+StatusOr<Arrays> MakeArrays(const AdamConfig& cfg) {
+  const uint64_t n = cfg.n;
+  const size_t gsize = cfg.grad_bytes();
   Arrays a;
   for (auto [buf, bytes] :
        {std::pair{&a.master, n * 4}, std::pair{&a.grad, n * gsize},
         std::pair{&a.m32, n * 4}, std::pair{&a.v32, n * 4},
         std::pair{&a.m16, n * 2}, std::pair{&a.v16, n * 2},
-        std::pair{&a.working, has_working ? n * 2 : 0}}) {
-    auto b = Alloc(bytes);
-    if (!b.ok()) return Fail("adam", b.status());
-    *buf = std::move(b).value();
+        std::pair{&a.working, cfg.has_working ? n * 2 : 0}}) {
+    STRATA_ASSIGN_OR_RETURN(*buf, Alloc(bytes));
   }
-  std::fprintf(
-      stderr, "adam: %llu parameters, %s of arrays; filling\n",
-      static_cast<unsigned long long>(n),
-      FormatBytes(a.master.size() + a.grad.size() + a.m32.size() +
-                  a.v32.size() + a.m16.size() + a.v16.size() + a.working.size())
-          .c_str());
+  std::fprintf(stderr, "adam: %llu parameters, %s of arrays; filling\n",
+               static_cast<unsigned long long>(n),
+               FormatBytes(cfg.array_bytes()).c_str());
   Fill(a.master, 0x3f000000u, 4);                           // 0.5
   Fill(a.grad, gsize == 4 ? 0x3c23d70au : 0x3c24u, gsize);  // ~0.01
   Fill(a.m32, 0, 4);
   Fill(a.v32, 0, 4);
   Fill(a.m16, 0, 2);
   Fill(a.v16, 0, 2);
-  if (has_working) Fill(a.working, 0, 2);
+  if (cfg.has_working) Fill(a.working, 0, 2);
+  return a;
+}
 
-  // ---- Measurements -------------------------------------------------------
-  nlohmann::json results = nlohmann::json::array();
-  Table table({"optimizer", "variant", "threads", "moments", "Gparams/s",
-               "GB/s", "bound GB/s", "ratio"});
-  Progress progress(threads.size() * moments.size());
-  int64_t step = 0;
-  std::vector<std::pair<int, double>> best_fp32;  // threads -> params/s
-  for (int t : threads) {
-    std::vector<std::unique_ptr<CpuOptimizer>> opts;
-    for (CpuKernelVariant v : variants) {
-      CpuOptimizerOptions o;
-      o.algo = algo;
-      o.variant = v;
-      o.threads = t;
-      o.weight_decay = 0.01;
-      auto opt = NewCpuOptimizer(o);
-      if (!opt.ok()) return Fail("adam", opt.status());
-      opts.push_back(std::move(opt).value());
-    }
-    // The bound runs with the fastest variant's kernel on the same threads.
-    CpuOptimizerOptions bo;
-    bo.threads = t;
-    auto bound_opt = NewCpuOptimizer(bo);
-    if (!bound_opt.ok()) return 1;
-    double fp32_rate = 0;
-    for (CpuDType mom : moments) {
-      progress.Step("threads " + std::to_string(t));
-      const bool m16 = mom == CpuDType::kBFloat16;
-      const size_t msize = m16 ? 2 : 4;
-      CpuOptimizerTensors tensors;
-      tensors.n = n;
-      tensors.master = reinterpret_cast<float*>(a.master.data());
-      tensors.grad = a.grad.data();
-      tensors.grad_dtype = *grad_dtype;
-      tensors.exp_avg = (m16 ? a.m16 : a.m32).data();
-      tensors.exp_avg_sq = (m16 ? a.v16 : a.v32).data();
-      tensors.moment_dtype = mom;
-      tensors.working = has_working ? a.working.data() : nullptr;
-      if (has_working) tensors.working_dtype = *working_dtype;
-      cpu_adam::BoundArrays ba{tensors.master,
-                               tensors.grad,
-                               tensors.exp_avg,
-                               tensors.exp_avg_sq,
-                               reinterpret_cast<uint16_t*>(tensors.working),
-                               static_cast<int>(gsize),
-                               static_cast<int>(msize)};
-      // Bytes one parameter moves: master read+write, grad read, each used
-      // moment read+write, working copy written.
-      const double bytes_per_param = 8.0 + gsize + (uses_m ? 2.0 * msize : 0) +
-                                     (uses_v ? 2.0 * msize : 0) +
-                                     (has_working ? 2.0 : 0);
-      const double bound_bytes_per_param =
-          8.0 + gsize + 4.0 * msize + (has_working ? 2.0 : 0);
-      CpuStepArgs args;
-      args.lr = 1e-5;
-      args.check_overflow = false;  // the fused pass alone; stats timed apart
-      std::vector<double> best(variants.size(), 1e30);
-      double best_bound = 1e30, best_stats = 1e30;
-      for (int r = 0; r <= reps; ++r) {  // r == 0 warms up
-        auto t0 = Clock::now();
-        cpu_adam::RunBoundKernel(**bound_opt, ba, n);
-        auto t1 = Clock::now();
-        if (r > 0) best_bound = std::min(best_bound, Seconds(t0, t1));
-        for (size_t k = 0; k < variants.size(); ++k) {
-          args.step = ++step;
-          t0 = Clock::now();
-          auto res = opts[k]->Step(tensors, args);
-          t1 = Clock::now();
-          if (!res.ok() || !res->applied) {
-            std::fprintf(stderr, "adam: step failed\n");
-            return 1;
-          }
-          if (r > 0) best[k] = std::min(best[k], Seconds(t0, t1));
-        }
+// One thread count: every variant and moment dtype, beside the bound and
+// the gradient statistics. Appends rows; *fp32_rate gets the best
+// variant's params/s with fp32 moments.
+Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
+                      Progress& progress, AdamOutcome& out, int* ran_threads,
+                      double* fp32_rate) {
+  const uint64_t n = cfg.n;
+  const size_t gsize = cfg.grad_bytes();
+  const bool uses_m = cfg.algo != CpuOptimizerAlgo::kAdagrad;
+  const bool uses_v = cfg.algo != CpuOptimizerAlgo::kLion;
+  std::vector<std::unique_ptr<CpuOptimizer>> opts;
+  for (CpuKernelVariant v : cfg.variants) {
+    CpuOptimizerOptions o;
+    o.algo = cfg.algo;
+    o.variant = v;
+    o.threads = t;
+    o.weight_decay = 0.01;
+    STRATA_ASSIGN_OR_RETURN(auto opt, NewCpuOptimizer(o));
+    opts.push_back(std::move(opt));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto stats_opt, DefaultOptimizer(t));
+  const int threads = stats_opt->threads();  // what ran, 0 resolved
+  *ran_threads = threads;
+  // The bound: the widest ISA, whatever variant the optimizer is forced to.
+  BoundRunner bound(BestBoundIsa(), threads, stats_opt->options().tile_elems);
+  const std::string bound_isa(BoundIsaName(bound.isa()));
+  for (CpuDType mom : cfg.moments) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    progress.Step("threads " + std::to_string(threads));
+    const bool m16 = mom == CpuDType::kBFloat16;
+    const size_t msize = m16 ? 2 : 4;
+    CpuOptimizerTensors tensors;
+    tensors.n = n;
+    tensors.master = reinterpret_cast<float*>(a.master.data());
+    tensors.grad = a.grad.data();
+    tensors.grad_dtype = cfg.grad;
+    tensors.exp_avg = (m16 ? a.m16 : a.m32).data();
+    tensors.exp_avg_sq = (m16 ? a.v16 : a.v32).data();
+    tensors.moment_dtype = mom;
+    tensors.working = cfg.has_working ? a.working.data() : nullptr;
+    if (cfg.has_working) tensors.working_dtype = cfg.working;
+    const BoundArrays ba{tensors.master,
+                         tensors.grad,
+                         tensors.exp_avg,
+                         tensors.exp_avg_sq,
+                         reinterpret_cast<uint16_t*>(tensors.working),
+                         static_cast<int>(gsize),
+                         static_cast<int>(msize)};
+    // Bytes one parameter moves: master read+write, grad read, each used
+    // moment read+write, working copy written.
+    const double bytes_per_param = 8.0 + gsize + (uses_m ? 2.0 * msize : 0) +
+                                   (uses_v ? 2.0 * msize : 0) +
+                                   (cfg.has_working ? 2.0 : 0);
+    const double bound_bytes_per_param =
+        8.0 + gsize + 4.0 * msize + (cfg.has_working ? 2.0 : 0);
+    CpuStepArgs args;
+    args.lr = 1e-5;
+    args.check_overflow = false;  // the fused pass alone; stats timed apart
+    std::vector<double> best(cfg.variants.size(), 1e30);
+    double best_bound = 1e30, best_stats = 1e30;
+    for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
+      STRATA_RETURN_IF_ERROR(CheckInterrupted());
+      auto t0 = Clock::now();
+      bound.Run(ba, n);
+      auto t1 = Clock::now();
+      if (r > 0) best_bound = std::min(best_bound, Seconds(t0, t1));
+      for (size_t k = 0; k < cfg.variants.size(); ++k) {
+        args.step = ++*step;
         t0 = Clock::now();
-        auto stats =
-            (*bound_opt)->ComputeGradStats(tensors.grad, *grad_dtype, n, 1.0);
+        auto res = opts[k]->Step(tensors, args);
         t1 = Clock::now();
-        if (!stats.ok()) return 1;
-        if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
+        if (!res.ok()) return res.status();
+        if (!res->applied) return Status::Internal("adam: a step was skipped");
+        if (r > 0) best[k] = std::min(best[k], Seconds(t0, t1));
       }
-      const double bound_gbps = n * bound_bytes_per_param / best_bound / 1e9;
-      const char* mom_name = m16 ? "bf16" : "fp32";
-      for (size_t k = 0; k < variants.size(); ++k) {
-        const double pps = n / best[k];
-        const double gbps = pps * bytes_per_param / 1e9;
-        // The bound kernel streams both moments: it is the bound of Adam
-        // and AdamW only.
-        const bool bounded = uses_m && uses_v;
-        const double ratio = best_bound / best[k];
-        nlohmann::json row = {
-            {"optimizer", algo_s},
-            {"variant", std::string(CpuKernelVariantName(variants[k]))},
-            {"threads", t},
-            {"params", n},
-            {"moment_dtype", mom_name},
-            {"grad_dtype", grad_s},
-            {"working_dtype", working_s},
-            {"bytes_per_param", bytes_per_param},
-            {"seconds", best[k]},
-            {"params_per_s", pps},
-            {"gbps", gbps},
-            {"bound_gbps", bound_gbps},
-            {"bound_seconds", best_bound},
-            {"ratio_to_bound", bounded ? nlohmann::json(ratio) : nullptr}};
-        if (variants[k] == BestCpuKernelVariant()) {
-          if (!m16) fp32_rate = pps;
-          if (m16 && fp32_rate > 0) {
-            row["speedup_vs_fp32_moments"] = pps / fp32_rate;
-          }
-        }
-        results.push_back(row);
-        table.AddRow({algo_s, row["variant"], std::to_string(t), mom_name,
-                      Fixed(pps / 1e9, 3), Fixed(gbps, 1), Fixed(bound_gbps, 1),
-                      bounded ? Fixed(ratio, 3) : "-"});
-      }
-      const double stats_gbps = n * gsize / best_stats / 1e9;
-      results.push_back({{"optimizer", "grad_stats"},
-                         {"variant", std::string(CpuKernelVariantName(
-                                         (*bound_opt)->variant()))},
-                         {"threads", t},
-                         {"params", n},
-                         {"moment_dtype", mom_name},
-                         {"params_per_s", n / best_stats},
-                         {"gbps", stats_gbps},
-                         {"bound_gbps", nullptr},
-                         {"ratio_to_bound", nullptr}});
-      table.AddRow({"grad_stats",
-                    std::string(CpuKernelVariantName((*bound_opt)->variant())),
-                    std::to_string(t), "-", Fixed(n / best_stats / 1e9, 3),
-                    Fixed(stats_gbps, 1), "-", "-"});
+      t0 = Clock::now();
+      auto stats = stats_opt->ComputeGradStats(tensors.grad, cfg.grad, n, 1.0);
+      t1 = Clock::now();
+      if (!stats.ok()) return stats.status();
+      if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
     }
-    best_fp32.emplace_back(t, fp32_rate);
-  }
-
-  // ---- torch ----------------------------------------------------------------
-  a = Arrays{};  // give the memory back before torch allocates its own
-  std::string py;
-  if (torch_s != "off") py = FindPythonWith("torch");
-  if (py.empty() && torch_s != "off") {
-    std::fprintf(stderr, "adam: no python3 with torch; no torch figure\n");
-  }
-  if (!py.empty()) {
-    for (auto [t, ours] : best_fp32) {
-      auto out = RunTorch(py, n, t, std::min(reps, 3));
-      if (!out || !out->contains("params_per_s")) continue;
-      const double pps = (*out)["params_per_s"].get<double>();
+    const double bound_gbps = n * bound_bytes_per_param / best_bound / 1e9;
+    const char* mom_name = m16 ? "bf16" : "fp32";
+    for (size_t k = 0; k < cfg.variants.size(); ++k) {
+      const double pps = n / best[k];
+      const double gbps = pps * bytes_per_param / 1e9;
+      // The bound kernel streams both moments: it is the bound of Adam
+      // and AdamW only.
+      const bool bounded = uses_m && uses_v;
+      const double ratio = best_bound / best[k];
       nlohmann::json row = {
-          {"optimizer", "torch.optim.Adam"},
-          {"variant", "torch " + (*out)["torch"].get<std::string>()},
-          {"threads", t},
+          {"optimizer", cfg.algo_name},
+          {"variant", std::string(CpuKernelVariantName(cfg.variants[k]))},
+          {"threads", opts[k]->threads()},
           {"params", n},
-          {"moment_dtype", "fp32"},
+          {"moment_dtype", mom_name},
+          {"grad_dtype", cfg.grad_name},
+          {"working_dtype", cfg.working_name},
+          {"bytes_per_param", bytes_per_param},
+          {"seconds", best[k]},
           {"params_per_s", pps},
-          {"gbps", pps * 28 / 1e9},
-          {"bound_gbps", nullptr},
-          {"ratio_to_bound", nullptr}};
-      if (ours > 0) row["strata_speedup"] = ours / pps;
-      results.push_back(row);
-      table.AddRow({"torch.Adam", "torch", std::to_string(t), "fp32",
-                    Fixed(pps / 1e9, 3), Fixed(pps * 28 / 1e9, 1), "-",
-                    ours > 0 ? "x" + Fixed(ours / pps, 2) + " strata" : "-"});
+          {"gbps", gbps},
+          {"bound_gbps", bound_gbps},
+          {"bound_isa", bound_isa},
+          {"bound_seconds", best_bound},
+          {"ratio_to_bound", bounded ? nlohmann::json(ratio) : nullptr}};
+      if (cfg.variants[k] == BestCpuKernelVariant()) {
+        if (!m16) *fp32_rate = pps;
+        if (m16 && *fp32_rate > 0) {
+          row["speedup_vs_fp32_moments"] = pps / *fp32_rate;
+        }
+      }
+      out.results.push_back(row);
+      out.table.AddRow({cfg.algo_name, row["variant"],
+                        std::to_string(opts[k]->threads()), mom_name,
+                        Fixed(pps / 1e9, 3), Fixed(gbps, 1),
+                        Fixed(bound_gbps, 1), bounded ? Fixed(ratio, 3) : "-"});
     }
+    const double stats_gbps = n * gsize / best_stats / 1e9;
+    const std::string stats_variant(CpuKernelVariantName(stats_opt->variant()));
+    out.results.push_back({{"optimizer", "grad_stats"},
+                           {"variant", stats_variant},
+                           {"threads", threads},
+                           {"params", n},
+                           {"moment_dtype", mom_name},
+                           {"params_per_s", n / best_stats},
+                           {"gbps", stats_gbps},
+                           {"bound_gbps", nullptr},
+                           {"ratio_to_bound", nullptr}});
+    out.table.AddRow({"grad_stats", stats_variant, std::to_string(threads), "-",
+                      Fixed(n / best_stats / 1e9, 3), Fixed(stats_gbps, 1), "-",
+                      "-"});
   }
+  return Status::Ok();
+}
 
+// The first candidate python that imports torch, or nullopt; kAborted when
+// interrupted meanwhile (the child is killed).
+StatusOr<std::optional<std::string>> FindTorchPython() {
+  for (const std::string& py : PythonCandidates()) {
+    auto r = RunChild({py, "-c", PythonImport("torch")});
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kAborted) return r.status();
+      continue;
+    }
+    if (r->exit_code == 0) return std::optional<std::string>(py);
+  }
+  return std::optional<std::string>();
+}
+
+// The torch figure for each thread count; a failed torch run is a note on
+// stderr, an interrupt ends the command.
+Status MeasureTorch(const AdamConfig& cfg,
+                    const std::vector<std::pair<int, double>>& best_fp32,
+                    AdamOutcome& out) {
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> py, FindTorchPython());
+  if (!py) {
+    std::fprintf(stderr, "adam: no python3 with torch; no torch figure\n");
+    return Status::Ok();
+  }
+  const uint64_t n = cfg.n;
+  for (auto [t, ours] : best_fp32) {
+    auto run =
+        RunChild({*py, "-c", kTorchScript, std::to_string(n), std::to_string(t),
+                  std::to_string(std::min(cfg.reps, 3))});
+    if (!run.ok() && run.status().code() == StatusCode::kAborted) {
+      return run.status();
+    }
+    nlohmann::json j;
+    if (run.ok() && run->exit_code == 0) {
+      j = nlohmann::json::parse(run->out, nullptr, /*allow_exceptions=*/false);
+    }
+    if (j.is_discarded() || !j.is_object() || !j.contains("params_per_s") ||
+        !j["params_per_s"].is_number() || !j.contains("torch") ||
+        !j["torch"].is_string()) {
+      std::fprintf(stderr, "adam: the torch run failed; no figure\n");
+      continue;
+    }
+    const double pps = j["params_per_s"].get<double>();
+    nlohmann::json row = {{"optimizer", "torch.optim.Adam"},
+                          {"variant", "torch " + j["torch"].get<std::string>()},
+                          {"threads", t},
+                          {"params", n},
+                          {"moment_dtype", "fp32"},
+                          {"params_per_s", pps},
+                          {"gbps", pps * 28 / 1e9},
+                          {"bound_gbps", nullptr},
+                          {"ratio_to_bound", nullptr}};
+    if (ours > 0) row["strata_speedup"] = ours / pps;
+    out.results.push_back(row);
+    out.table.AddRow({"torch.Adam", "torch", std::to_string(t), "fp32",
+                      Fixed(pps / 1e9, 3), Fixed(pps * 28 / 1e9, 1), "-",
+                      ours > 0 ? "x" + Fixed(ours / pps, 2) + " strata" : "-"});
+  }
+  return Status::Ok();
+}
+
+StatusOr<AdamOutcome> RunAdam(const AdamConfig& cfg) {
+  AdamOutcome out;
+  std::vector<std::pair<int, double>> best_fp32;  // threads -> params/s
+  {
+    STRATA_ASSIGN_OR_RETURN(Arrays a, MakeArrays(cfg));
+    Progress progress(cfg.threads.size() * cfg.moments.size());
+    int64_t step = 0;
+    for (int t : cfg.threads) {
+      int ran = t;
+      double fp32_rate = 0;
+      STRATA_RETURN_IF_ERROR(
+          MeasureThreads(cfg, a, t, &step, progress, out, &ran, &fp32_rate));
+      best_fp32.emplace_back(ran, fp32_rate);
+    }
+  }  // the arrays go before torch allocates its own
+  if (cfg.torch) STRATA_RETURN_IF_ERROR(MeasureTorch(cfg, best_fp32, out));
+  return out;
+}
+
+// ---- Report ----------------------------------------------------------------
+
+nlohmann::json ConfigJson(const AdamConfig& cfg) {
+  nlohmann::json variants = nlohmann::json::array();
+  for (auto v : cfg.variants) variants.push_back(CpuKernelVariantName(v));
+  nlohmann::json moments = nlohmann::json::array();
+  for (auto m : cfg.moments) {
+    moments.push_back(m == CpuDType::kFloat32 ? "fp32" : "bf16");
+  }
+  return {{"params", cfg.n},
+          {"threads", cfg.threads},
+          {"variants", variants},
+          {"moments", moments},
+          {"optimizer", cfg.algo_name},
+          {"grad_dtype", cfg.grad_name},
+          {"working_dtype", cfg.working_name},
+          {"reps", cfg.reps},
+          {"torch", cfg.torch ? "auto" : "off"},
+          {"bound_isa", BoundIsaName(BestBoundIsa())}};
+}
+
+Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
+                  JsonOutput& json) {
   std::printf(
       "strata-bench adam: %llu params, grad %s, working %s, best of "
-      "%d\n%s",
-      static_cast<unsigned long long>(n), grad_s.c_str(), working_s.c_str(),
-      reps, table.ToString().c_str());
-  if (!json_path.empty()) {
-    nlohmann::json j = {{"command", "adam"},
-                        {"machine", MachineInfo()},
-                        {"config",
-                         {{"params", n},
-                          {"optimizer", algo_s},
-                          {"grad_dtype", grad_s},
-                          {"working_dtype", working_s},
-                          {"reps", reps}}},
-                        {"results", results}};
-    if (Status s = WriteJson(json_path, j); !s.ok()) return Fail("adam", s);
-  }
-  return 0;
+      "%d, bound %s\n%s",
+      static_cast<unsigned long long>(cfg.n), cfg.grad_name.c_str(),
+      cfg.working_name.c_str(), cfg.reps,
+      std::string(BoundIsaName(BestBoundIsa())).c_str(),
+      out.table.ToString().c_str());
+  if (!json.active()) return Status::Ok();
+  nlohmann::json j = {{"command", kCommand},
+                      {"machine", MachineInfo()},
+                      {"config", ConfigJson(cfg)},
+                      {"results", out.results}};
+  return json.Commit(j);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"fused CPU optimizer throughput beside the in-run bound",
+               "strata-bench adam"};
+  AdamFlags flags;
+  AddOptions(app, flags);
+  AdamConfig cfg;
+  JsonOutput json;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseAdam(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard&) { return CheckAdam(cfg, &json); },
+      [&](RunGuard&) -> Status {
+        STRATA_ASSIGN_OR_RETURN(AdamOutcome out, RunAdam(cfg));
+        return ReportAdam(cfg, out, json);
+      });
 }
 
 }  // namespace
 
 STRATA_BENCH_COMMAND("adam", "fused CPU optimizer vs in-run bandwidth bound",
-                     RunAdam);
+                     Main);
 
 }  // namespace strata::bench

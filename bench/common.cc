@@ -1,12 +1,25 @@
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/sysinfo.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -97,20 +110,447 @@ nlohmann::json FilesystemInfo(const std::string& path) {
   return j;
 }
 
-int Fail(std::string_view command, const Status& status) {
-  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(command.size()),
-               command.data(), status.ToString().c_str());
-  return 1;
+// ---- Exit statuses ---------------------------------------------------------
+
+std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints --help on stdout and errors on stderr; its own codes
+    // (104..114) become the tool's one usage status.
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  return std::nullopt;
 }
 
-Status WriteJson(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  if (!out) return Status::FromErrno(errno, "cannot open " + path);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) return Status::IoError("cannot write " + path);
+namespace {
+void PrintError(std::string_view command, const std::string& message) {
+  std::fprintf(stderr, "strata-bench %.*s: %s\n",
+               static_cast<int>(command.size()), command.data(),
+               message.c_str());
+}
+
+volatile sig_atomic_t g_signal = 0;
+
+void OnSignal(int sig) {
+  if (g_signal == 0) g_signal = sig;
+}
+
+struct sigaction g_old_int {};
+struct sigaction g_old_term {};
+}  // namespace
+
+int UsageError(std::string_view command, const Status& status) {
+  PrintError(command, status.ToString());
+  return kExitUsage;
+}
+
+int Fail(std::string_view command, const Status& status) {
+  if (const int sig = InterruptSignal(); sig != 0) {
+    PrintError(command, std::string("interrupted by SIG") + sigabbrev_np(sig) +
+                            "; removed what the run created");
+    return 128 + sig;
+  }
+  PrintError(command, status.ToString());
+  return kExitFailure;
+}
+
+int FailCheck(std::string_view command, const Status& status) {
+  if (status.code() == StatusCode::kInvalidArgument && InterruptSignal() == 0) {
+    return UsageError(command, status);
+  }
+  return Fail(command, status);
+}
+
+int RunCommand(std::string_view command, CLI::App& app, int argc, char** argv,
+               const std::function<Status()>& parse,
+               const std::function<Status(RunGuard&)>& check,
+               const std::function<Status(RunGuard&)>& run_and_report) {
+  if (auto code = ParseCommandLine(app, argc, argv)) return *code;
+  if (Status s = parse(); !s.ok()) return UsageError(command, s);
+  RunGuard guard;
+  if (Status s = check(guard); !s.ok()) return FailCheck(command, s);
+  if (Status s = run_and_report(guard); !s.ok()) return Fail(command, s);
+  return kExitOk;
+}
+
+// ---- Signals and cleanup ---------------------------------------------------
+
+RunGuard::RunGuard() {
+  g_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocking call returns EINTR
+  ::sigaction(SIGINT, &sa, &g_old_int);
+  ::sigaction(SIGTERM, &sa, &g_old_term);
+}
+
+RunGuard::~RunGuard() {
+  for (const std::string& f : files_) ::unlink(f.c_str());
+  locks_.clear();
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+}
+
+void RunGuard::RemoveOnExit(std::string path) {
+  files_.push_back(std::move(path));
+}
+
+void RunGuard::Keep(const std::string& path) {
+  files_.erase(std::remove(files_.begin(), files_.end(), path), files_.end());
+}
+
+void RunGuard::AdoptLock(DirLock lock) { locks_.push_back(std::move(lock)); }
+
+int InterruptSignal() { return g_signal; }
+
+Status CheckInterrupted() {
+  if (const int sig = g_signal; sig != 0) {
+    return Status(StatusCode::kAborted,
+                  std::string("interrupted by SIG") + sigabbrev_np(sig));
+  }
   return Status::Ok();
 }
+
+// ---- Child processes -------------------------------------------------------
+
+std::optional<std::string> FindOnPath(std::string_view name) {
+  if (name.empty()) return std::nullopt;
+  auto executable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+           ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string_view::npos) {
+    if (executable(std::string(name))) return std::string(name);
+    return std::nullopt;
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const size_t colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + std::string(name);
+    if (executable(candidate)) return candidate;
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// One spawned child: killed and reaped on destruction if still running.
+class Child {
+ public:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() { Kill(); }
+
+  // Reaps without blocking; true once the child is gone.
+  bool TryReap(int* status) {
+    if (pid_ <= 0) return true;
+    const pid_t r = ::waitpid(pid_, status, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+      pid_ = -1;
+      return true;
+    }
+    return false;
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_;
+};
+
+void SleepMs(int ms) {
+  struct timespec ts {
+    0, ms * 1000000L
+  };
+  ::nanosleep(&ts, nullptr);
+}
+
+}  // namespace
+
+StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv) {
+  if (argv.empty()) return Status::InvalidArgument("RunChild: empty argv");
+  STRATA_RETURN_IF_ERROR(CheckInterrupted());
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe2");
+  UniqueFd read_end(fds[0]);
+  UniqueFd write_end(fds[1]);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, write_end.get(), 1);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  // The child starts with default SIGINT/SIGTERM and nothing blocked.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t defaults, none;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> args;
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int err =
+      ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (err != 0) return Status::FromErrno(err, "cannot run " + argv[0]);
+  Child child(pid);
+  write_end.reset();
+  ChildResult result;
+  bool eof = false;
+  int status = 0;
+  while (true) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());  // ~Child kills and reaps
+    if (!eof) {
+      struct pollfd p {
+        read_end.get(), POLLIN, 0
+      };
+      const int r = ::poll(&p, 1, 50);
+      if (r < 0 && errno != EINTR) return Status::FromErrno(errno, "poll");
+      if (r > 0) {
+        char buf[4096];
+        const ssize_t n = ::read(read_end.get(), buf, sizeof buf);
+        if (n > 0) {
+          result.out.append(buf, static_cast<size_t>(n));
+        } else if (n == 0 || errno != EINTR) {
+          eof = true;
+        }
+      }
+      continue;
+    }
+    if (child.TryReap(&status)) break;
+    SleepMs(10);
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// ---- Up-front checks -------------------------------------------------------
+
+StatusOr<JsonOutput> JsonOutput::Prepare(std::string_view option,
+                                         const std::string& path) {
+  const std::string opt(option);
+  if (path.empty()) {
+    return Status::InvalidArgument(opt + ": empty path");
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) {
+      return Status::InvalidArgument(opt + ": " + path +
+                                     " is a directory; give a file path");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(opt + ": " + path +
+                                     " exists and is not a regular file");
+    }
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos
+                              ? "."
+                              : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string base =
+      slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.empty()) {
+    return Status::InvalidArgument(opt + ": " + path + " names no file");
+  }
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) != 0 || !S_ISDIR(dst.st_mode)) {
+    return Status::InvalidArgument(opt + ": directory " + dir + " of " + path +
+                                   " does not exist");
+  }
+  struct statfs sf {};
+  if (::statfs(dir.c_str(), &sf) == 0 &&
+      (sf.f_type == PROC_SUPER_MAGIC || sf.f_type == SYSFS_MAGIC)) {
+    return Status::InvalidArgument(opt + ": " + path +
+                                   " is in /proc or /sys, not a place for a "
+                                   "results file");
+  }
+  JsonOutput out;
+  out.path_ = path;
+  std::string temp = dir + "/." + base + ".tmp-XXXXXX";
+  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
+  if (fd < 0) {
+    return Status::FromErrno(errno, opt + ": cannot create a file in " + dir +
+                                        " (for " + path + ")");
+  }
+  out.fd_.reset(fd);
+  out.temp_ = std::move(temp);
+  return out;
+}
+
+JsonOutput::JsonOutput(JsonOutput&& other) noexcept
+    : path_(std::move(other.path_)),
+      temp_(std::exchange(other.temp_, std::string())),
+      fd_(std::move(other.fd_)) {}
+
+JsonOutput& JsonOutput::operator=(JsonOutput&& other) noexcept {
+  if (this != &other) {
+    if (!temp_.empty()) ::unlink(temp_.c_str());
+    path_ = std::move(other.path_);
+    temp_ = std::exchange(other.temp_, std::string());
+    fd_ = std::move(other.fd_);
+  }
+  return *this;
+}
+
+JsonOutput::~JsonOutput() {
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+}
+
+Status JsonOutput::Commit(const nlohmann::json& j) {
+  if (!fd_) return Status::FailedPrecondition("JsonOutput: not prepared");
+  const std::string text = j.dump(2) + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n =
+        ::write(fd_.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "write " + temp_);
+    done += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd_.get(), 0644) != 0 || ::fsync(fd_.get()) != 0) {
+    return Status::FromErrno(errno, "write " + temp_);
+  }
+  fd_.reset();
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    return Status::FromErrno(errno, "rename " + temp_ + " to " + path_);
+  }
+  temp_.clear();
+  return Status::Ok();
+}
+
+StatusOr<DirLock> DirLock::Acquire(const std::string& dir,
+                                   const std::string& name) {
+  const std::string path = dir + "/" + name;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fd) return Status::FromErrno(errno, "open lock " + path);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err != EWOULDBLOCK) return Status::FromErrno(err, "flock " + path);
+      char pid[32] = {};
+      (void)!::pread(fd.get(), pid, sizeof pid - 1, 0);
+      return Status(StatusCode::kBusy,
+                    dir + " is in use by pid " +
+                        (pid[0] != '\0' ? std::string(pid) : "(unknown)") +
+                        " (lock " + path +
+                        "); wait for it or give this run another --dir",
+                    err);
+    }
+    // The holder before us may have removed the file between our open and
+    // our flock: then we locked an orphan, and must start over.
+    struct stat by_fd {
+    }, by_path{};
+    if (::fstat(fd.get(), &by_fd) != 0) {
+      return Status::FromErrno(errno, "fstat " + path);
+    }
+    if (::stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino ||
+        by_fd.st_dev != by_path.st_dev) {
+      continue;
+    }
+    const std::string me = std::to_string(::getpid());
+    if (::ftruncate(fd.get(), 0) != 0 ||
+        ::pwrite(fd.get(), me.data(), me.size(), 0) !=
+            static_cast<ssize_t>(me.size())) {
+      const int err = errno;
+      ::unlink(path.c_str());
+      return Status::FromErrno(err, "write lock " + path);
+    }
+    DirLock lock;
+    lock.path_ = path;
+    lock.fd_ = std::move(fd);
+    return lock;
+  }
+  return Status(StatusCode::kBusy, "lock " + path + " keeps changing hands");
+}
+
+DirLock& DirLock::operator=(DirLock&& other) noexcept {
+  if (this != &other) {
+    Release();
+    path_ = std::move(other.path_);
+    fd_ = std::move(other.fd_);
+  }
+  return *this;
+}
+
+DirLock::~DirLock() { Release(); }
+
+void DirLock::Release() {
+  // Unlinked while held: a waiter that locks the old file afterwards sees
+  // the path gone and starts over.
+  if (fd_) ::unlink(path_.c_str());
+  fd_.reset();
+}
+
+StatusOr<uint64_t> FreeBytes(const std::string& path) {
+  struct statvfs s {};
+  if (::statvfs(path.c_str(), &s) != 0) {
+    return Status::FromErrno(errno, "statvfs " + path);
+  }
+  return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+}
+
+std::optional<uint64_t> MemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+Status CheckMemory(std::string_view what, uint64_t bytes) {
+  const auto avail = MemAvailableBytes();
+  if (avail && bytes > *avail) {
+    return Status::OutOfMemory(
+        std::string(what) + " need " + FormatBytes(bytes) + " (" +
+        std::to_string(bytes) + " bytes) of memory, but " + "only " +
+        std::to_string(*avail) + " bytes are available (MemAvailable)");
+  }
+  return Status::Ok();
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    return std::max(1, CPU_COUNT(&set));
+  }
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+std::optional<uint64_t> CheckedMul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+// ---- Reporting -------------------------------------------------------------
 
 Table::Table(std::vector<std::string> header) {
   rows_.push_back(std::move(header));
@@ -165,69 +605,6 @@ double Percentile(std::vector<double>& v, double p) {
   const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
   size_t idx = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
   return v[std::min(idx, v.size() - 1)];
-}
-
-StatusOr<uint64_t> ParseSize(std::string_view s) {
-  std::string t;
-  for (char c : s) {
-    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
-  }
-  if (t.empty()) return Status::InvalidArgument("empty size");
-  size_t pos = 0;
-  while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) {
-    ++pos;
-  }
-  if (pos == 0) return Status::InvalidArgument("bad size '" + t + "'");
-  uint64_t n = std::stoull(t.substr(0, pos));
-  std::string suffix = t.substr(pos);
-  for (auto& c : suffix) c = static_cast<char>(std::toupper(c));
-  uint64_t mult = 1;
-  if (suffix.empty() || suffix == "B") {
-    mult = 1;
-  } else if (suffix == "K" || suffix == "KB" || suffix == "KIB") {
-    mult = uint64_t{1} << 10;
-  } else if (suffix == "M" || suffix == "MB" || suffix == "MIB") {
-    mult = uint64_t{1} << 20;
-  } else if (suffix == "G" || suffix == "GB" || suffix == "GIB") {
-    mult = uint64_t{1} << 30;
-  } else if (suffix == "T" || suffix == "TB" || suffix == "TIB") {
-    mult = uint64_t{1} << 40;
-  } else {
-    return Status::InvalidArgument("bad size suffix in '" + t + "'");
-  }
-  return n * mult;
-}
-
-std::vector<std::string> SplitList(std::string_view s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t comma = s.find(',', start);
-    if (comma == std::string_view::npos) comma = s.size();
-    if (comma > start) out.emplace_back(s.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return out;
-}
-
-StatusOr<std::vector<uint64_t>> ParseSizeList(std::string_view s) {
-  std::vector<uint64_t> out;
-  for (const auto& item : SplitList(s)) {
-    STRATA_ASSIGN_OR_RETURN(uint64_t v, ParseSize(item));
-    out.push_back(v);
-  }
-  if (out.empty()) return Status::InvalidArgument("empty list");
-  return out;
-}
-
-std::string FormatBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
-    bytes /= 1024;
-    ++u;
-  }
-  return std::to_string(bytes) + " " + kUnits[u];
 }
 
 std::string Fixed(double v, int digits) {

@@ -7,7 +7,7 @@
 // GB/s (1e9 bytes/s) is throughput with the copies pipelined, as the engine's
 // prefetcher runs them. Single synchronized copies give the latency
 // percentiles. On a CUDA device the same buffers are also copied by a plain
-// cudaMemcpyAsync loop (gpu/raw_copy.h) and the ratio is reported.
+// cudaMemcpyAsync loop (bench/raw_copy.h) and the ratio is reported.
 //
 // With no GPU it runs on the host-emulated device, whose link is throttled to
 // --link-gbps (PCIe Gen4 x16 by default): the figures then check the
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "bench/bench.h"
-#include "gpu/raw_copy.h"
+#include "bench/raw_copy.h"
 #include "strata/device.h"
 
 namespace strata::bench {
@@ -29,11 +29,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Config {
+constexpr const char* kCommand = "copy";
+constexpr uint64_t kMaxCopy = uint64_t{1} << 40;  // 1 TiB
+
+// The command line as typed; ParseCopy turns it into a Config.
+struct CopyFlags {
   std::string device = "auto";
   std::string sizes = "4K,64K,1M,16M,64M,256M,1G";
   std::string directions = "h2d,d2h,both";
   std::string memory = "pinned,pageable";
+  std::string min_time = "0.2";
+  std::string warmup = "2";
+  std::string link_gbps = "25";
+  std::string pageable_gbps = "12";
+  std::string latency_us = "5";
+  std::string json;
+};
+
+struct Config {
+  std::string device = "auto";
+  std::vector<uint64_t> sizes;
+  std::vector<std::string> directions;
+  std::vector<std::string> memory;
   double min_time_s = 0.2;
   int warmup = 2;
   int latency_samples = 20;
@@ -41,6 +58,10 @@ struct Config {
   double pageable_gbps = 12;  // host-emulated only
   double latency_us = 5;      // host-emulated only
   std::string json;
+
+  uint64_t max_size() const {
+    return *std::max_element(sizes.begin(), sizes.end());
+  }
 };
 
 struct Buffers {
@@ -68,13 +89,14 @@ double Seconds(Clock::time_point since) {
 
 class CopyBench {
  public:
-  CopyBench(Device& device, Stream& up, Stream& down)
-      : device_(device), up_(up), down_(down) {}
+  CopyBench(Device& device, int cuda_ordinal, Stream& up, Stream& down)
+      : device_(device), cuda_ordinal_(cuda_ordinal), up_(up), down_(down) {}
 
   // Enqueues `iterations` rounds of the direction's copies, then waits.
   Status Run(Buffers& b, const std::string& dir, uint64_t bytes,
              int iterations) {
     for (int i = 0; i < iterations; ++i) {
+      if (i % 64 == 0) STRATA_RETURN_IF_ERROR(CheckInterrupted());
       if (dir != "d2h") {
         STRATA_RETURN_IF_ERROR(device_.CopyAsync(
             up_, b.dev_in.data(), b.in.data(), bytes, CopyKind::kHostToDevice));
@@ -115,7 +137,7 @@ class CopyBench {
     r.seconds = Seconds(t);
     r.gbps = static_cast<double>(moved) * r.iterations / r.seconds / 1e9;
     if (device_.kind() == DeviceKind::kCuda) {
-      std::vector<internal::RawCopy> copies;
+      std::vector<RawCopy> copies;
       if (dir != "d2h") {
         copies.push_back(
             {b.dev_in.data(), b.in.data(), bytes, CopyKind::kHostToDevice});
@@ -124,8 +146,8 @@ class CopyBench {
         copies.push_back(
             {b.out.data(), b.dev_out.data(), bytes, CopyKind::kDeviceToHost});
       }
-      STRATA_ASSIGN_OR_RETURN(double raw_s, internal::TimeRawCudaCopies(
-                                                device_, copies, r.iterations));
+      STRATA_ASSIGN_OR_RETURN(
+          double raw_s, TimeRawCudaCopies(cuda_ordinal_, copies, r.iterations));
       r.baseline_gbps = static_cast<double>(moved) * r.iterations / raw_s / 1e9;
     }
     return r;
@@ -133,6 +155,7 @@ class CopyBench {
 
  private:
   Device& device_;
+  int cuda_ordinal_;
   Stream& up_;
   Stream& down_;
 };
@@ -213,62 +236,87 @@ nlohmann::json CheckTargets(const std::vector<Result>& results, bool emulated) {
   return out;
 }
 
-int Main(int argc, char** argv) {
-  Config cfg;
-  CLI::App app{"host<->device copy bandwidth, pinned and pageable"};
-  app.add_option("--device", cfg.device,
+// ---- Parse -----------------------------------------------------------------
+
+void AddOptions(CLI::App& app, CopyFlags& f) {
+  app.add_option("--device", f.device,
                  "auto (GPU when one works), cuda or host; auto defers to "
                  "STRATA_DEVICE")
-      ->check(CLI::IsMember({"auto", "cuda", "host"}));
-  app.add_option("--sizes", cfg.sizes, "bytes per copy, comma-separated")
       ->capture_default_str();
-  app.add_option("--directions", cfg.directions, "h2d, d2h, both")
+  app.add_option("--sizes", f.sizes,
+                 "bytes per copy, comma-separated, 1 B..1T (K/M/G/T suffixes)")
       ->capture_default_str();
-  app.add_option("--memory", cfg.memory, "pinned, pageable")
+  app.add_option("--directions", f.directions, "h2d, d2h, both")
       ->capture_default_str();
-  app.add_option("--min-time", cfg.min_time_s, "seconds per timed run")
+  app.add_option("--memory", f.memory, "pinned, pageable")
       ->capture_default_str();
-  app.add_option("--warmup", cfg.warmup, "untimed rounds first")
+  app.add_option("--min-time", f.min_time,
+                 "seconds per timed run, > 0 and <= 3600")
       ->capture_default_str();
-  app.add_option("--link-gbps", cfg.link_gbps,
-                 "host-emulated link, GB/s per direction (pinned)")
+  app.add_option("--warmup", f.warmup, "untimed rounds first, 0..1000")
       ->capture_default_str();
-  app.add_option("--pageable-gbps", cfg.pageable_gbps,
-                 "host-emulated link for pageable memory, GB/s")
+  app.add_option("--link-gbps", f.link_gbps,
+                 "host-emulated link, GB/s per direction (pinned), > 0 and "
+                 "<= 10000")
       ->capture_default_str();
-  app.add_option("--latency-us", cfg.latency_us,
-                 "host-emulated fixed cost per copy, microseconds")
+  app.add_option("--pageable-gbps", f.pageable_gbps,
+                 "host-emulated link for pageable memory, GB/s, > 0 and <= "
+                 "10000")
       ->capture_default_str();
-  app.add_option("--json", cfg.json, "also write the results here");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  app.add_option("--latency-us", f.latency_us,
+                 "host-emulated fixed cost per copy, microseconds, 0..1000000")
+      ->capture_default_str();
+  app.add_option("--json", f.json, "also write the results here");
+}
 
-  auto sizes = ParseSizeList(cfg.sizes);
-  if (!sizes.ok()) {
-    std::fprintf(stderr, "copy: --sizes: %s\n",
-                 sizes.status().ToString().c_str());
-    return 2;
-  }
-  const std::vector<std::string> dirs = SplitList(cfg.directions);
-  const std::vector<std::string> mems = SplitList(cfg.memory);
-  for (const auto& d : dirs) {
-    if (d != "h2d" && d != "d2h" && d != "both") {
-      std::fprintf(stderr, "copy: bad direction '%s'\n", d.c_str());
-      return 2;
-    }
-  }
-  for (const auto& m : mems) {
-    if (m != "pinned" && m != "pageable") {
-      std::fprintf(stderr, "copy: bad memory kind '%s'\n", m.c_str());
-      return 2;
-    }
-  }
-  const uint64_t max_size = *std::max_element(sizes->begin(), sizes->end());
+StatusOr<Config> ParseCopy(const CopyFlags& f) {
+  Config cfg;
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.device,
+      ParseChoiceOption("--device", f.device, {"auto", "cuda", "host"}));
+  STRATA_ASSIGN_OR_RETURN(cfg.sizes,
+                          ParseSizeListOption("--sizes", f.sizes, 1, kMaxCopy));
+  STRATA_ASSIGN_OR_RETURN(cfg.directions,
+                          ParseChoiceListOption("--directions", f.directions,
+                                                {"h2d", "d2h", "both"}));
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.memory,
+      ParseChoiceListOption("--memory", f.memory, {"pinned", "pageable"}));
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.min_time_s,
+      ParseDoubleOption("--min-time", f.min_time, 0, 3600, true));
+  STRATA_ASSIGN_OR_RETURN(int64_t warmup,
+                          ParseIntOption("--warmup", f.warmup, 0, 1000));
+  cfg.warmup = static_cast<int>(warmup);
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.link_gbps,
+      ParseDoubleOption("--link-gbps", f.link_gbps, 0, 10000, true));
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.pageable_gbps,
+      ParseDoubleOption("--pageable-gbps", f.pageable_gbps, 0, 10000, true));
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.latency_us, ParseDoubleOption("--latency-us", f.latency_us, 0, 1e6));
+  cfg.json = f.json;
+  return cfg;
+}
 
-  DeviceOptions opts;
+// ---- Check -----------------------------------------------------------------
+
+struct CopyPrepared {
+  JsonOutput json;
+  DeviceOptions options;
+  std::unique_ptr<Device> device;
+  std::string why;
+};
+
+// Usage errors come back as kInvalidArgument.
+StatusOr<CopyPrepared> CheckCopy(const Config& cfg) {
+  CopyPrepared p;
+  if (!cfg.json.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.json, JsonOutput::Prepare("--json", cfg.json));
+  }
+  const uint64_t max_size = cfg.max_size();
+  DeviceOptions& opts = p.options;
   opts.choice = cfg.device == "cuda"   ? DeviceChoice::kCuda
                 : cfg.device == "host" ? DeviceChoice::kHostEmulated
                                        : DeviceChoice::kAuto;
@@ -280,14 +328,36 @@ int Main(int argc, char** argv) {
   opts.emulated_pageable_bytes_per_s =
       static_cast<uint64_t>(cfg.pageable_gbps * 1e9);
   opts.emulated_copy_latency_ns = static_cast<uint64_t>(cfg.latency_us * 1e3);
-  std::string why;
-  auto made = NewDevice(opts, &why);
-  if (!made.ok()) return Fail("copy", made.status());
-  std::unique_ptr<Device> device = std::move(*made);
-  const bool emulated = device->kind() == DeviceKind::kHostEmulated;
+  // Host memory: an in and an out buffer per memory kind, and on the
+  // host-emulated device its two "device" buffers as well. Checked before
+  // the device is made, counting the emulated buffers unless --device cuda.
+  uint64_t host = 2 * max_size * cfg.memory.size();
+  if (opts.choice != DeviceChoice::kCuda) host += 2 * max_size;
+  STRATA_RETURN_IF_ERROR(CheckMemory(
+      "the copy buffers (2 x the largest --sizes per --memory kind, and 2 "
+      "more on the host-emulated device)",
+      host));
+  // A bad STRATA_DEVICE comes back as kInvalidArgument: a usage error like
+  // a bad --device.
+  STRATA_ASSIGN_OR_RETURN(p.device, NewDevice(opts, &p.why));
+  return p;
+}
 
+// ---- Run -------------------------------------------------------------------
+
+StatusOr<std::vector<Result>> RunCopy(const Config& cfg, CopyPrepared& p) {
+  Device& device = *p.device;
+  const bool emulated = device.kind() == DeviceKind::kHostEmulated;
+  const uint64_t max_size = cfg.max_size();
+  std::string sizes;
+  for (uint64_t s : cfg.sizes) {
+    sizes += (sizes.empty() ? "" : ",") + FormatBytes(s);
+  }
+  std::string dirs, mems;
+  for (const auto& d : cfg.directions) dirs += (dirs.empty() ? "" : ",") + d;
+  for (const auto& m : cfg.memory) mems += (mems.empty() ? "" : ",") + m;
   std::printf("strata-bench copy\n  device: %s\n  chosen: %s\n",
-              device->name().c_str(), why.c_str());
+              device.name().c_str(), p.why.c_str());
   if (emulated) {
     std::printf(
         "  NOTE: no GPU in use; this is the host-emulated device with a "
@@ -295,79 +365,71 @@ int Main(int argc, char** argv) {
         cfg.link_gbps, cfg.pageable_gbps, cfg.latency_us);
   }
   std::printf("  sizes: %s  directions: %s  memory: %s  min-time: %.2f s\n\n",
-              cfg.sizes.c_str(), cfg.directions.c_str(), cfg.memory.c_str(),
-              cfg.min_time_s);
+              sizes.c_str(), dirs.c_str(), mems.c_str(), cfg.min_time_s);
+  std::fflush(stdout);
 
-  auto up = device->NewStream({StreamKind::kCopy});
-  auto down = device->NewStream({StreamKind::kCopy});
-  if (!up.ok() || !down.ok()) {
-    std::fprintf(stderr, "copy: cannot create streams: %s\n",
-                 (!up.ok() ? up.status() : down.status()).ToString().c_str());
-    return 1;
-  }
+  STRATA_ASSIGN_OR_RETURN(auto up, device.NewStream({StreamKind::kCopy}));
+  STRATA_ASSIGN_OR_RETURN(auto down, device.NewStream({StreamKind::kCopy}));
   std::vector<Result> results;
-  {
-    Buffers pinned, pageable;
-    auto dev_in = device->Allocate(max_size, **up);
-    auto dev_out = device->Allocate(max_size, **down);
-    if (!dev_in.ok() || !dev_out.ok()) {
-      return Fail("copy", !dev_in.ok() ? dev_in.status() : dev_out.status());
-    }
-    HostBufferOptions plain;
-    plain.pin = false;
-    plain.prefault = true;
-    for (const auto& m : mems) {
-      Buffers& b = m == "pinned" ? pinned : pageable;
-      auto in = m == "pinned" ? device->AllocatePinnedHost(max_size, {})
-                              : HostBuffer::Allocate(max_size, plain);
-      auto out = m == "pinned" ? device->AllocatePinnedHost(max_size, {})
+  Buffers pinned, pageable;
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dev_in, device.Allocate(max_size, *up));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dev_out,
+                          device.Allocate(max_size, *down));
+  HostBufferOptions plain;
+  plain.pin = false;
+  plain.prefault = true;
+  for (const auto& m : cfg.memory) {
+    Buffers& b = m == "pinned" ? pinned : pageable;
+    for (HostBuffer* h : {&b.in, &b.out}) {
+      auto buf = m == "pinned" ? device.AllocatePinnedHost(max_size, {})
                                : HostBuffer::Allocate(max_size, plain);
-      if (!in.ok() || !out.ok()) {
-        std::fprintf(
-            stderr, "copy: %s host memory: %s\n", m.c_str(),
-            (!in.ok() ? in.status() : out.status()).ToString().c_str());
-        return 1;
-      }
-      b.in = std::move(*in);
-      b.out = std::move(*out);
-      std::memset(b.in.data(), 0x5a, max_size);
+      if (!buf.ok()) return buf.status().WithContext(m + " host memory");
+      *h = std::move(*buf);
     }
-    // Declared after every buffer, so destroyed first: on any return, the
-    // copies still queued finish before the memory they touch goes.
-    struct DrainOnExit {
-      Device& device;
-      Stream& a;
-      Stream& b;
-      ~DrainOnExit() {
-        device.SynchronizeStream(a).IgnoreError();
-        device.SynchronizeStream(b).IgnoreError();
-      }
-    } drain{*device, **up, **down};
-    // Both kinds share the device buffers, moved in and out of each.
-    CopyBench bench(*device, **up, **down);
-    Progress progress(mems.size() * dirs.size() * sizes->size());
-    for (const auto& m : mems) {
-      Buffers& b = m == "pinned" ? pinned : pageable;
-      b.dev_in = std::move(*dev_in);
-      b.dev_out = std::move(*dev_out);
-      for (const auto& d : dirs) {
-        for (uint64_t size : *sizes) {
-          progress.Step(m + " " + d + " " + FormatBytes(size));
-          auto r = bench.Measure(b, d, size, m == "pinned", cfg);
-          if (!r.ok()) {
-            std::fprintf(stderr, "copy: %s %s %s: %s\n", m.c_str(), d.c_str(),
-                         FormatBytes(size).c_str(),
-                         r.status().ToString().c_str());
-            return 1;
-          }
-          results.push_back(*r);
-        }
-      }
-      dev_in = std::move(b.dev_in);
-      dev_out = std::move(b.dev_out);
-    }
+    std::memset(b.in.data(), 0x5a, max_size);
   }
+  // Declared after every buffer, so destroyed first: on any return, the
+  // copies still queued finish before the memory they touch goes.
+  struct DrainOnExit {
+    Device& device;
+    Stream& a;
+    Stream& b;
+    ~DrainOnExit() {
+      device.SynchronizeStream(a).IgnoreError();
+      device.SynchronizeStream(b).IgnoreError();
+    }
+  } drain{device, *up, *down};
+  // Both kinds share the device buffers, moved in and out of each.
+  CopyBench bench(device, p.options.cuda_ordinal, *up, *down);
+  Progress progress(cfg.memory.size() * cfg.directions.size() *
+                    cfg.sizes.size());
+  for (const auto& m : cfg.memory) {
+    Buffers& b = m == "pinned" ? pinned : pageable;
+    b.dev_in = std::move(dev_in);
+    b.dev_out = std::move(dev_out);
+    for (const auto& d : cfg.directions) {
+      for (uint64_t size : cfg.sizes) {
+        STRATA_RETURN_IF_ERROR(CheckInterrupted());
+        progress.Step(m + " " + d + " " + FormatBytes(size));
+        auto r = bench.Measure(b, d, size, m == "pinned", cfg);
+        if (!r.ok()) {
+          return r.status().WithContext(m + " " + d + " " + FormatBytes(size));
+        }
+        results.push_back(*r);
+      }
+    }
+    dev_in = std::move(b.dev_in);
+    dev_out = std::move(b.dev_out);
+  }
+  return results;
+}
 
+// ---- Report ----------------------------------------------------------------
+
+Status ReportCopy(const Config& cfg, CopyPrepared& p,
+                  const std::vector<Result>& results) {
+  const Device& device = *p.device;
+  const bool emulated = device.kind() == DeviceKind::kHostEmulated;
   std::vector<std::string> header = {"memory", "direction", "size",  "iters",
                                      "GB/s",   "p50 us",    "p99 us"};
   if (!emulated) {
@@ -409,32 +471,58 @@ int Main(int argc, char** argv) {
         "\n(host-emulated device: GB/s reflects the configured link, not a "
         "GPU)\n");
   }
-
-  if (!cfg.json.empty()) {
-    nlohmann::json out;
-    out["command"] = "copy";
-    out["machine"] = MachineInfo();
-    out["device"] = {{"kind", DeviceKindName(device->kind())},
-                     {"name", device->name()},
-                     {"emulated", emulated},
-                     {"why", why}};
-    if (emulated) {
-      out["device"]["emulated_link_gbps"] = cfg.link_gbps;
-      out["device"]["emulated_pageable_gbps"] = cfg.pageable_gbps;
-      out["device"]["emulated_latency_us"] = cfg.latency_us;
-    }
-    out["config"] = {{"sizes", cfg.sizes},
-                     {"directions", cfg.directions},
-                     {"memory", cfg.memory},
-                     {"min_time_s", cfg.min_time_s},
-                     {"warmup", cfg.warmup}};
-    out["results"] = std::move(jr);
-    out["targets"] = targets;
-    if (Status st = WriteJson(cfg.json, out); !st.ok()) {
-      return Fail("copy", st);
-    }
+  if (!p.json.active()) return Status::Ok();
+  nlohmann::json out;
+  out["command"] = kCommand;
+  out["machine"] = MachineInfo();
+  out["device"] = {{"kind", DeviceKindName(device.kind())},
+                   {"name", device.name()},
+                   {"emulated", emulated},
+                   {"why", p.why}};
+  if (emulated) {
+    out["device"]["emulated_link_gbps"] = cfg.link_gbps;
+    out["device"]["emulated_pageable_gbps"] = cfg.pageable_gbps;
+    out["device"]["emulated_latency_us"] = cfg.latency_us;
   }
-  return 0;
+  out["config"] = {{"device", cfg.device},
+                   {"cuda_ordinal", p.options.cuda_ordinal},
+                   {"sizes", cfg.sizes},
+                   {"directions", cfg.directions},
+                   {"memory", cfg.memory},
+                   {"min_time_s", cfg.min_time_s},
+                   {"warmup", cfg.warmup},
+                   {"latency_samples", cfg.latency_samples},
+                   {"link_gbps", cfg.link_gbps},
+                   {"pageable_gbps", cfg.pageable_gbps},
+                   {"latency_us", cfg.latency_us},
+                   {"device_budget_bytes", p.options.memory_budget_bytes}};
+  out["results"] = std::move(jr);
+  out["targets"] = targets;
+  return p.json.Commit(out);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"host<->device copy bandwidth, pinned and pageable",
+               "strata-bench copy"};
+  CopyFlags flags;
+  AddOptions(app, flags);
+  Config cfg;
+  CopyPrepared prepared;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseCopy(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard&) -> Status {
+        STRATA_ASSIGN_OR_RETURN(prepared, CheckCopy(cfg));
+        return Status::Ok();
+      },
+      [&](RunGuard&) -> Status {
+        STRATA_ASSIGN_OR_RETURN(std::vector<Result> results,
+                                RunCopy(cfg, prepared));
+        return ReportCopy(cfg, prepared, results);
+      });
 }
 
 }  // namespace

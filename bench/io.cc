@@ -5,13 +5,17 @@
 // Each run moves the whole file once: sequential runs in order, random runs
 // visit every block once in a shuffled order (as fio's random map does), with
 // queue_depth requests kept in flight. Latency is submit to reap.
+//
+// The run holds <dir>/strata-bench-io.lock for its whole length, so two runs
+// on one directory never share the test file, and removes the test file on
+// every exit path (errors, SIGINT, SIGTERM) unless --keep-file.
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,17 +30,43 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct IoConfig {
+constexpr const char* kCommand = "io";
+constexpr const char* kDataName = "strata-bench-io.dat";
+constexpr const char* kLockName = "strata-bench-io.lock";
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kMaxSize = uint64_t{1} << 50;   // 1 PiB
+constexpr uint64_t kMaxBlock = uint64_t{1} << 30;  // 1 GiB
+constexpr int64_t kMaxQueueDepth = 1024;
+
+// The command line as typed; ParseIo turns it into an IoConfig.
+struct IoFlags {
   std::string dir = ".";
-  uint64_t size = uint64_t{1} << 30;
+  std::string size = "1G";
+  std::string engines;
+  std::string block_sizes = "1M,4M";
+  std::string depths = "8,32";
+  std::string rw = "read,write";
+  std::string pattern = "seq,rand";
+  std::string json;
+  bool emit_ds = false;
+  bool no_fio = false;
+  bool keep_file = false;
+  bool no_thp = false;
+};
+
+struct IoConfig {
+  std::string dir;
+  uint64_t size = 0;
   std::vector<IoBackend> engines;  // empty: the probe's choice
-  std::vector<uint64_t> block_sizes = {1 << 20, 4 << 20};
-  std::vector<uint64_t> queue_depths = {8, 32};
-  std::vector<IoOp> ops = {IoOp::kRead, IoOp::kWrite};
-  std::vector<bool> random = {false, true};
-  bool fio = true;
+  std::vector<uint64_t> block_sizes;
+  std::vector<uint64_t> queue_depths;
+  std::vector<IoOp> ops;
+  std::vector<bool> random;
+  bool fio_requested = true;
   bool keep_file = false;
   bool huge_pages = true;
+  bool emit_ds = false;
+  std::string json;
 };
 
 struct IoResult {
@@ -56,7 +86,184 @@ struct IoResult {
   }
 };
 
+// What the up-front checks found and hold for the run.
+struct IoPrepared {
+  std::string path;  // the test file
+  std::string fio;   // fio's path; empty: not run
+  JsonOutput json;
+  nlohmann::json filesystem;
+};
+
+struct IoOutcome {
+  std::vector<IoResult> results;
+  nlohmann::json probe;  // null unless the probe chose the engine
+};
+
 const char* OpName(IoOp op) { return op == IoOp::kRead ? "read" : "write"; }
+
+bool UsesDisk(const IoConfig& cfg) {
+  return cfg.engines.empty() ||
+         std::any_of(cfg.engines.begin(), cfg.engines.end(),
+                     [](IoBackend b) { return b != IoBackend::kMemory; });
+}
+
+// ---- Parse -----------------------------------------------------------------
+
+void AddOptions(CLI::App& app, IoFlags& f) {
+  app.add_option("--dir", f.dir, "Directory for the test file")
+      ->capture_default_str();
+  app.add_option("--size", f.size,
+                 "Test file size, a multiple of 4 KiB and of every block size "
+                 "(K/M/G/T suffixes, powers of 1024)")
+      ->capture_default_str();
+  app.add_option("--engine", f.engines,
+                 "Engines: uring,aio,psync,memory (default: the start-up "
+                 "probe's choice)");
+  app.add_option("--block-size", f.block_sizes,
+                 "Block sizes, multiples of 4 KiB up to 1G")
+      ->capture_default_str();
+  app.add_option("--queue-depth", f.depths, "Queue depths, 1..1024")
+      ->capture_default_str();
+  app.add_option("--rw", f.rw, "Directions: read,write")->capture_default_str();
+  app.add_option("--pattern", f.pattern, "Offsets: seq,rand")
+      ->capture_default_str();
+  app.add_option("--json", f.json, "Write results as JSON to FILE");
+  app.add_flag("--emit-ds-config", f.emit_ds,
+               "Print the best sequential read/write settings as a DeepSpeed "
+               "\"aio\" block (needs --pattern with seq, --rw read,write)");
+  app.add_flag("--no-fio", f.no_fio, "Do not run fio beside strata");
+  app.add_flag("--keep-file", f.keep_file, "Keep the test file afterwards");
+  app.add_flag("--no-thp", f.no_thp,
+               "Back the I/O buffers with 4 KiB pages instead of transparent "
+               "huge pages (shows what buffer contiguity is worth)");
+}
+
+StatusOr<IoConfig> ParseIo(const IoFlags& f) {
+  IoConfig cfg;
+  cfg.dir = f.dir;
+  if (cfg.dir.empty()) return Status::InvalidArgument("--dir: empty path");
+  STRATA_ASSIGN_OR_RETURN(cfg.size,
+                          ParseSizeOption("--size", f.size, kAlign, kMaxSize));
+  if (cfg.size % kAlign != 0) {
+    return Status::InvalidArgument("--size: " + std::to_string(cfg.size) +
+                                   " bytes is not a multiple of 4 KiB");
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      cfg.block_sizes,
+      ParseSizeListOption("--block-size", f.block_sizes, kAlign, kMaxBlock));
+  for (uint64_t bs : cfg.block_sizes) {
+    if (bs % kAlign != 0) {
+      return Status::InvalidArgument("--block-size: " + std::to_string(bs) +
+                                     " bytes is not a multiple of 4 KiB");
+    }
+    if (bs > cfg.size || cfg.size % bs != 0) {
+      return Status::InvalidArgument(
+          "--size: " + FormatBytes(cfg.size) +
+          " is not a whole number of blocks of " + FormatBytes(bs) +
+          " (--block-size); give a multiple of every block size");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<int64_t> qds,
+      ParseIntListOption("--queue-depth", f.depths, 1, kMaxQueueDepth));
+  cfg.queue_depths.assign(qds.begin(), qds.end());
+  STRATA_ASSIGN_OR_RETURN(
+      auto rw, ParseChoiceListOption("--rw", f.rw, {"read", "write"}));
+  for (const auto& d : rw) {
+    cfg.ops.push_back(d == "read" ? IoOp::kRead : IoOp::kWrite);
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      auto pattern,
+      ParseChoiceListOption("--pattern", f.pattern, {"seq", "rand"}));
+  for (const auto& p : pattern) cfg.random.push_back(p == "rand");
+  if (!f.engines.empty()) {
+    const std::vector<std::string> names = SplitList(f.engines);
+    if (names.empty()) {
+      return Status::InvalidArgument("--engine: empty list '" + f.engines +
+                                     "' (accepted: uring,aio,psync,memory)");
+    }
+    for (const auto& e : names) {
+      auto b = ParseIoBackend(e);
+      if (!b.ok() || *b == IoBackend::kAuto) {
+        return Status::InvalidArgument(
+            "--engine: '" + e +
+            "' is not one of uring,aio,psync,memory (leave --engine out for "
+            "the start-up probe's choice)");
+      }
+      if (std::find(cfg.engines.begin(), cfg.engines.end(), *b) ==
+          cfg.engines.end()) {
+        cfg.engines.push_back(*b);
+      }
+    }
+  }
+  cfg.emit_ds = f.emit_ds;
+  if (cfg.emit_ds) {
+    const bool seq = std::count(cfg.random.begin(), cfg.random.end(), false);
+    const bool both = cfg.ops.size() == 2;
+    if (!seq || !both) {
+      return Status::InvalidArgument(
+          "--emit-ds-config picks the best sequential read and write "
+          "settings: it needs 'seq' in --pattern and both read,write in "
+          "--rw");
+    }
+  }
+  cfg.fio_requested = !f.no_fio;
+  cfg.keep_file = f.keep_file;
+  cfg.huge_pages = !f.no_thp;
+  cfg.json = f.json;
+  return cfg;
+}
+
+// ---- Check
+// -------------------------------------------------------------------
+
+// Usage errors (the directory or --json path cannot work) come back as
+// kInvalidArgument; the rest are failures of this machine or run.
+StatusOr<IoPrepared> CheckIo(const IoConfig& cfg, RunGuard& guard) {
+  IoPrepared p;
+  struct stat st {};
+  if (::stat(cfg.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("--dir: " + cfg.dir +
+                                   " is not an existing directory");
+  }
+  p.path = cfg.dir + "/" + kDataName;
+  if (!cfg.json.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.json, JsonOutput::Prepare("--json", cfg.json));
+  }
+  STRATA_ASSIGN_OR_RETURN(DirLock lock, DirLock::Acquire(cfg.dir, kLockName));
+  guard.AdoptLock(std::move(lock));
+  p.filesystem = FilesystemInfo(cfg.dir);
+  if (UsesDisk(cfg)) {
+    // A test file a kept run left counts as space already taken.
+    uint64_t have = 0;
+    if (::stat(p.path.c_str(), &st) == 0) {
+      have = static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+    STRATA_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(cfg.dir));
+    if (cfg.size > have && cfg.size - have > free_bytes) {
+      return Status::NoSpace("--size " + FormatBytes(cfg.size) +
+                             " does not fit in " + cfg.dir + ": " +
+                             std::to_string(free_bytes) +
+                             " bytes are free; give a smaller --size");
+    }
+  }
+  const uint64_t max_qd =
+      *std::max_element(cfg.queue_depths.begin(), cfg.queue_depths.end());
+  const uint64_t max_bs =
+      *std::max_element(cfg.block_sizes.begin(), cfg.block_sizes.end());
+  uint64_t memory = max_qd * max_bs;  // <= 2^40: no overflow
+  if (std::count(cfg.engines.begin(), cfg.engines.end(), IoBackend::kMemory)) {
+    memory += cfg.size;  // the memory engine's file lives in RAM
+  }
+  STRATA_RETURN_IF_ERROR(CheckMemory(
+      "the I/O buffers (largest --queue-depth x largest --block-size)",
+      memory));
+  if (cfg.fio_requested) p.fio = FindOnPath("fio").value_or("");
+  return p;
+}
+
+// ---- Run
+// -----------------------------------------------------------------------
 
 StatusOr<IoResult> RunOne(IoEngine& engine, FileId file, const IoConfig& cfg,
                           IoOp op, bool random, uint64_t bs, uint64_t qd,
@@ -95,7 +302,11 @@ StatusOr<IoResult> RunOne(IoEngine& engine, FileId file, const IoConfig& cfg,
           std::chrono::duration<double, std::micro>(now - started[slot])
               .count());
       r.bytes += bs;
-      if (next < nblocks) STRATA_RETURN_IF_ERROR(submit(slot));
+      if (next < nblocks) {
+        // Stop submitting once interrupted; the engine drains the rest.
+        STRATA_RETURN_IF_ERROR(CheckInterrupted());
+        STRATA_RETURN_IF_ERROR(submit(slot));
+      }
     }
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -104,50 +315,72 @@ StatusOr<IoResult> RunOne(IoEngine& engine, FileId file, const IoConfig& cfg,
   return r;
 }
 
-bool HaveFio() { return std::system("command -v fio >/dev/null 2>&1") == 0; }
+// fio's --filename takes ':' as a separator between files.
+std::string FioFileName(const std::string& path) {
+  std::string out;
+  for (char c : path) {
+    if (c == ':') out += '\\';
+    out += c;
+  }
+  return out;
+}
 
-// fio on the same file, pattern, block size and depth. Returns GB/s or < 0.
-double RunFio(const std::string& path, const IoConfig& cfg, IoBackend engine,
-              IoOp op, bool random, uint64_t bs, uint64_t qd) {
-  std::string rw = std::string(random ? "rand" : "") +
-                   (op == IoOp::kRead ? "read" : "write");
-  std::string cmd = "fio --name=strata --filename=" + path + " --rw=" + rw +
-                    " --bs=" + std::to_string(bs) +
-                    " --direct=1 --output-format=json --norandommap=0"
-                    " --randrepeat=0 --group_reporting";
+// fio on the same file, pattern, block size and depth: GB/s, or < 0 when
+// fio did not give a figure. kAborted when interrupted (fio is killed).
+StatusOr<double> RunFio(const std::string& fio, const std::string& path,
+                        const IoConfig& cfg, IoBackend engine, IoOp op,
+                        bool random, uint64_t bs, uint64_t qd) {
+  const std::string rw = std::string(random ? "rand" : "") +
+                         (op == IoOp::kRead ? "read" : "write");
+  std::vector<std::string> argv = {fio,
+                                   "--name=strata",
+                                   "--filename=" + FioFileName(path),
+                                   "--rw=" + rw,
+                                   "--bs=" + std::to_string(bs),
+                                   "--direct=1",
+                                   "--output-format=json",
+                                   "--norandommap=0",
+                                   "--randrepeat=0",
+                                   "--group_reporting"};
   switch (engine) {
     case IoBackend::kUring:
       // Registered buffers and files, as strata's io_uring engine uses.
-      cmd += " --ioengine=io_uring --fixedbufs --registerfiles --iodepth=" +
-             std::to_string(qd) + " --size=" + std::to_string(cfg.size);
+      argv.insert(argv.end(),
+                  {"--ioengine=io_uring", "--fixedbufs", "--registerfiles",
+                   "--iodepth=" + std::to_string(qd),
+                   "--size=" + std::to_string(cfg.size)});
       break;
     case IoBackend::kAio:
-      cmd += " --ioengine=libaio --iodepth=" + std::to_string(qd) +
-             " --size=" + std::to_string(cfg.size);
+      argv.insert(argv.end(),
+                  {"--ioengine=libaio", "--iodepth=" + std::to_string(qd),
+                   "--size=" + std::to_string(cfg.size)});
       break;
+    case IoBackend::kMemory:
+      return -1.0;  // nothing on disk to compare with
     default: {
       // A pool of synchronous workers: qd jobs over disjoint slices.
       const uint64_t slice = cfg.size / qd / bs * bs;
-      if (slice == 0) return -1;
-      cmd += " --ioengine=psync --thread --numjobs=" + std::to_string(qd) +
-             " --size=" + std::to_string(slice) +
-             " --offset_increment=" + std::to_string(slice);
+      if (slice == 0) return -1.0;
+      argv.insert(argv.end(), {"--ioengine=psync", "--thread",
+                               "--numjobs=" + std::to_string(qd),
+                               "--size=" + std::to_string(slice),
+                               "--offset_increment=" + std::to_string(slice)});
       break;
     }
   }
-  cmd += " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string out;
-  char chunk[4096];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, p)) > 0) out.append(chunk, n);
-  if (::pclose(p) != 0) return -1;
+  auto child = RunChild(argv);
+  if (!child.ok()) {
+    if (child.status().code() == StatusCode::kAborted) return child.status();
+    return -1.0;
+  }
+  if (child->exit_code != 0) return -1.0;
   // fio may print warnings before the JSON.
-  const size_t brace = out.find('{');
-  if (brace == std::string::npos) return -1;
-  auto j = nlohmann::json::parse(out.substr(brace), nullptr, false);
-  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty()) return -1;
+  const size_t brace = child->out.find('{');
+  if (brace == std::string::npos) return -1.0;
+  auto j = nlohmann::json::parse(child->out.substr(brace), nullptr, false);
+  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty()) {
+    return -1.0;
+  }
   const auto& job = j["jobs"][0][op == IoOp::kRead ? "read" : "write"];
   return job.value("bw_bytes", 0.0) / 1e9;
 }
@@ -161,183 +394,159 @@ Status FillFile(IoEngine& engine, FileId file, uint64_t size) {
     std::memcpy(buf.data() + i, &v, 8);
   }
   for (uint64_t off = 0; off < size; off += kChunk) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
     const uint64_t n = std::min(kChunk, size - off);
     STRATA_RETURN_IF_ERROR(engine.WriteAt(file, off, buf.span().subspan(0, n)));
   }
   return engine.Sync(file);
 }
 
-int Run(int argc, char** argv) {
-  CLI::App app{
-      "strata-bench io: NVMe tier bandwidth per engine, block size, "
-      "queue depth and direction, beside fio",
-      "strata-bench io"};
-  IoConfig cfg;
-  std::string size = "1G", engines, block_sizes = "1M,4M", depths = "8,32",
-              rw = "read,write", pattern = "seq,rand", json;
-  bool emit_ds = false, no_fio = false;
-  app.add_option("--dir", cfg.dir, "Directory for the test file")
-      ->capture_default_str();
-  app.add_option("--size", size, "Test file size (K/M/G suffixes)")
-      ->capture_default_str();
-  app.add_option("--engine", engines,
-                 "Engines: uring,aio,psync (default: the start-up probe's "
-                 "choice)");
-  app.add_option("--block-size", block_sizes, "Block sizes")
-      ->capture_default_str();
-  app.add_option("--queue-depth", depths, "Queue depths")
-      ->capture_default_str();
-  app.add_option("--rw", rw, "Directions: read,write")->capture_default_str();
-  app.add_option("--pattern", pattern, "Offsets: seq,rand")
-      ->capture_default_str();
-  app.add_option("--json", json, "Write results as JSON to FILE");
-  app.add_flag("--emit-ds-config", emit_ds,
-               "Print the best settings as a DeepSpeed \"aio\" block");
-  app.add_flag("--no-fio", no_fio, "Do not run fio beside strata");
-  app.add_flag("--keep-file", cfg.keep_file, "Keep the test file afterwards");
-  bool no_thp = false;
-  app.add_flag("--no-thp", no_thp,
-               "Back the I/O buffers with 4 KiB pages instead of transparent "
-               "huge pages (shows what buffer contiguity is worth)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  auto fail = [](const Status& s) { return Fail("strata-bench io", s); };
-  auto sz = ParseSize(size);
-  if (!sz.ok()) return fail(sz.status());
-  cfg.size = *sz;
-  auto bss = ParseSizeList(block_sizes);
-  if (!bss.ok()) return fail(bss.status());
-  cfg.block_sizes = *bss;
-  auto qds = ParseSizeList(depths);
-  if (!qds.ok()) return fail(qds.status());
-  cfg.queue_depths = *qds;
-  cfg.ops.clear();
-  for (const auto& d : SplitList(rw)) {
-    if (d == "read") {
-      cfg.ops.push_back(IoOp::kRead);
-    } else if (d == "write") {
-      cfg.ops.push_back(IoOp::kWrite);
-    } else {
-      return fail(Status::InvalidArgument("--rw takes read,write, not " + d));
-    }
-  }
-  cfg.random.clear();
-  for (const auto& p : SplitList(pattern)) {
-    if (p != "seq" && p != "rand") {
-      return fail(Status::InvalidArgument("--pattern takes seq,rand"));
-    }
-    cfg.random.push_back(p == "rand");
-  }
-  for (const auto& e : SplitList(engines)) {
-    auto b = ParseIoBackend(e);
-    if (!b.ok()) return fail(b.status());
-    cfg.engines.push_back(*b);
-  }
-  for (uint64_t bs : cfg.block_sizes) {
-    if (bs == 0 || bs % 4096 != 0 || bs > cfg.size) {
-      return fail(Status::InvalidArgument(
-          "block sizes must be multiples of 4 KiB no larger than --size"));
-    }
-  }
-  for (uint64_t qd : cfg.queue_depths) {
-    if (qd == 0 || qd > 1024) {
-      return fail(Status::InvalidArgument("queue depths must be 1..1024"));
-    }
-  }
-  cfg.fio = !no_fio && HaveFio();
-  cfg.huge_pages = !no_thp;
-
-  nlohmann::json doc;
-  doc["tool"] = "strata-bench io";
-  doc["machine"] = MachineInfo();
-  doc["filesystem"] = FilesystemInfo(cfg.dir);
+StatusOr<IoOutcome> RunIo(IoConfig cfg, const IoPrepared& p, RunGuard& guard) {
+  IoOutcome out;
   std::string probe_note;
   if (cfg.engines.empty()) {
-    auto probe = NewIoEngine({});
-    if (!probe.ok()) return fail(probe.status());
-    cfg.engines.push_back((*probe)->backend());
-    doc["probe"] = {{"engine", (*probe)->name()},
-                    {"fallback_reason", (*probe)->fallback_reason()}};
-    probe_note = "engine: " + std::string((*probe)->name()) +
-                 " (start-up probe" +
-                 ((*probe)->fallback_reason().empty()
+    STRATA_ASSIGN_OR_RETURN(auto probe, NewIoEngine({}));
+    cfg.engines.push_back(probe->backend());
+    out.probe = {{"engine", probe->name()},
+                 {"fallback_reason", probe->fallback_reason()}};
+    probe_note = "engine: " + std::string(probe->name()) + " (start-up probe" +
+                 (probe->fallback_reason().empty()
                       ? std::string(")")
-                      : "; " + std::string((*probe)->fallback_reason()) + ")");
+                      : "; " + std::string(probe->fallback_reason()) + ")");
   }
-  const std::string path = cfg.dir + "/strata-bench-io.dat";
-  std::vector<IoResult> results;
-  uint64_t max_qd =
+  const uint64_t max_qd =
       *std::max_element(cfg.queue_depths.begin(), cfg.queue_depths.end());
-  uint64_t max_bs =
+  const uint64_t max_bs =
       *std::max_element(cfg.block_sizes.begin(), cfg.block_sizes.end());
   HostBufferOptions bo;
   bo.huge_pages = cfg.huge_pages;
-  auto buf = HostBuffer::Allocate(max_qd * max_bs, bo);
-  if (!buf.ok()) return fail(buf.status());
+  STRATA_ASSIGN_OR_RETURN(HostBuffer buf,
+                          HostBuffer::Allocate(max_qd * max_bs, bo));
   const size_t runs = cfg.engines.size() * cfg.block_sizes.size() *
                       cfg.queue_depths.size() * cfg.ops.size() *
                       cfg.random.size();
   Progress progress(runs + 1);
   std::printf("strata-bench io: %s file %s, O_DIRECT%s\n",
-              FormatBytes(cfg.size).c_str(), path.c_str(),
-              cfg.fio ? ", beside fio" : " (fio not run)");
+              FormatBytes(cfg.size).c_str(), p.path.c_str(),
+              p.fio.empty() ? " (fio not run)" : ", beside fio");
   if (!probe_note.empty()) std::printf("%s\n", probe_note.c_str());
-  bool filled = false;
+  std::fflush(stdout);
+  if (UsesDisk(cfg) && !cfg.keep_file) guard.RemoveOnExit(p.path);
+  bool disk_filled = false;
   for (IoBackend b : cfg.engines) {
+    const bool memory = b == IoBackend::kMemory;
     for (uint64_t qd : cfg.queue_depths) {
+      STRATA_RETURN_IF_ERROR(CheckInterrupted());
       IoEngineOptions o;
       o.backend = b;
       o.queue_depth = static_cast<uint32_t>(qd);
-      auto engine = NewIoEngine(o);
-      if (!engine.ok()) return fail(engine.status());
-      auto file = (*engine)->Open(path, {.create = true});
-      if (!file.ok()) return fail(file.status());
-      if (!(*engine)->direct(*file)) {
+      STRATA_ASSIGN_OR_RETURN(auto engine, NewIoEngine(o));
+      STRATA_ASSIGN_OR_RETURN(FileId file,
+                              engine->Open(p.path, {.create = true}));
+      if (!memory && !engine->direct(file)) {
         std::fprintf(stderr,
                      "strata-bench io: %s refuses O_DIRECT; figures are for "
                      "buffered I/O\n",
                      cfg.dir.c_str());
       }
-      const std::span<std::byte> whole = buf->span();
-      if (Status s = (*engine)->RegisterBuffers({&whole, 1}); !s.ok()) {
-        return fail(s);
-      }
-      if (!filled) {
+      const std::span<std::byte> whole = buf.span();
+      STRATA_RETURN_IF_ERROR(engine->RegisterBuffers({&whole, 1}));
+      // The memory engine's file is new with each engine.
+      if (memory || !disk_filled) {
         progress.Step("filling the test file");
-        if (Status s = (*engine)->Allocate(*file, cfg.size); !s.ok()) {
-          return fail(s);
-        }
-        if (Status s = FillFile(**engine, *file, cfg.size); !s.ok()) {
-          return fail(s);
-        }
-        filled = true;
+        STRATA_RETURN_IF_ERROR(engine->Allocate(file, cfg.size));
+        STRATA_RETURN_IF_ERROR(FillFile(*engine, file, cfg.size));
+        if (!memory) disk_filled = true;
       }
       for (uint64_t bs : cfg.block_sizes) {
         for (IoOp op : cfg.ops) {
           for (bool rnd : cfg.random) {
-            progress.Step(std::string((*engine)->name()) + " " + OpName(op) +
+            progress.Step(std::string(engine->name()) + " " + OpName(op) +
                           (rnd ? " rand " : " seq ") + FormatBytes(bs) +
                           " qd " + std::to_string(qd));
-            auto r = RunOne(**engine, *file, cfg, op, rnd, bs, qd, *buf);
-            if (!r.ok()) return fail(r.status());
-            if (cfg.fio) {
-              r->fio_gbps = RunFio(path, cfg, b, op, rnd, bs, qd);
+            STRATA_ASSIGN_OR_RETURN(
+                IoResult r, RunOne(*engine, file, cfg, op, rnd, bs, qd, buf));
+            if (!p.fio.empty()) {
+              STRATA_ASSIGN_OR_RETURN(
+                  r.fio_gbps, RunFio(p.fio, p.path, cfg, b, op, rnd, bs, qd));
             }
-            results.push_back(*r);
+            out.results.push_back(r);
           }
         }
       }
     }
   }
-  if (!cfg.keep_file) std::filesystem::remove(path);
+  return out;
+}
 
+// ---- Report ----------------------------------------------------------------
+
+nlohmann::json ConfigJson(const IoConfig& cfg, const IoPrepared& p) {
+  nlohmann::json engines = nlohmann::json::array();
+  for (IoBackend b : cfg.engines) engines.push_back(IoBackendName(b));
+  nlohmann::json rw = nlohmann::json::array();
+  for (IoOp op : cfg.ops) rw.push_back(OpName(op));
+  nlohmann::json pattern = nlohmann::json::array();
+  for (bool r : cfg.random) pattern.push_back(r ? "rand" : "seq");
+  return {{"dir", cfg.dir},
+          {"file", p.path},
+          {"size", cfg.size},
+          {"engines", engines},  // empty: the start-up probe's choice
+          {"block_sizes", cfg.block_sizes},
+          {"queue_depths", cfg.queue_depths},
+          {"rw", rw},
+          {"patterns", pattern},
+          {"direct", true},
+          {"fio", !p.fio.empty()},
+          {"fio_requested", cfg.fio_requested},
+          {"thp", cfg.huge_pages},
+          {"keep_file", cfg.keep_file},
+          {"emit_ds_config", cfg.emit_ds}};
+}
+
+// DeepSpeed's aio is libaio: prefer its rows. Best = highest harmonic mean
+// of sequential read and write GB/s at one block size and depth. null when
+// no engine has both rows at one setting.
+nlohmann::json BestDsConfig(const std::vector<IoResult>& results,
+                            std::string* engine) {
+  std::string want = "aio";
+  if (std::none_of(results.begin(), results.end(),
+                   [&](const IoResult& r) { return r.engine == want; })) {
+    want = results.empty() ? "" : results.front().engine;
+  }
+  double best = -1;
+  uint64_t best_bs = 0, best_qd = 0;
+  for (const IoResult& rd : results) {
+    if (rd.engine != want || rd.op != IoOp::kRead || rd.random) continue;
+    for (const IoResult& wr : results) {
+      if (wr.engine != want || wr.op != IoOp::kWrite || wr.random ||
+          wr.block_size != rd.block_size || wr.queue_depth != rd.queue_depth) {
+        continue;
+      }
+      const double h = 2 / (1 / rd.gbps() + 1 / wr.gbps());
+      if (h > best) {
+        best = h;
+        best_bs = rd.block_size;
+        best_qd = rd.queue_depth;
+      }
+    }
+  }
+  *engine = want;
+  if (best < 0) return nullptr;
+  return {{"aio",
+           {{"block_size", best_bs},
+            {"queue_depth", best_qd},
+            {"intra_op_parallelism", 1},
+            {"single_submit", false},
+            {"overlap_events", true},
+            {"use_gds", false}}}};
+}
+
+Status ReportIo(const IoConfig& cfg, IoPrepared& p, const IoOutcome& out) {
   Table table({"engine", "op", "pattern", "block", "qd", "GB/s", "IOPS",
                "p50 us", "p99 us", "fio GB/s", "ratio"});
   nlohmann::json arr = nlohmann::json::array();
-  for (const IoResult& r : results) {
+  for (const IoResult& r : out.results) {
     const bool have_fio = r.fio_gbps > 0;
     table.AddRow({r.engine, OpName(r.op), r.random ? "rand" : "seq",
                   FormatBytes(r.block_size), std::to_string(r.queue_depth),
@@ -363,52 +572,57 @@ int Run(int argc, char** argv) {
     arr.push_back(std::move(j));
   }
   std::printf("%s", table.ToString().c_str());
-  doc["config"] = {
-      {"dir", cfg.dir}, {"size", cfg.size}, {"direct", true}, {"fio", cfg.fio}};
+  nlohmann::json doc;
+  doc["command"] = kCommand;
+  doc["machine"] = MachineInfo();
+  doc["filesystem"] = p.filesystem;
+  if (!out.probe.is_null()) doc["probe"] = out.probe;
+  doc["config"] = ConfigJson(cfg, p);
   doc["results"] = arr;
-
-  if (emit_ds) {
-    // DeepSpeed's aio is libaio: prefer its rows. Best = highest harmonic
-    // mean of sequential read and write GB/s at one block size and depth.
-    std::string want = "aio";
-    if (std::none_of(results.begin(), results.end(),
-                     [&](const IoResult& r) { return r.engine == want; })) {
-      want = results.empty() ? "" : results.front().engine;
+  if (cfg.emit_ds) {
+    std::string engine;
+    nlohmann::json aio = BestDsConfig(out.results, &engine);
+    if (aio.is_null()) {
+      std::printf(
+          "\nDeepSpeed config: no sequential read and write rows of "
+          "one engine at one setting; none printed\n");
+    } else {
+      std::printf(
+          "\nDeepSpeed config (best sequential read/write of %s):\n%s\n",
+          engine.c_str(), aio.dump(2).c_str());
     }
-    double best = -1;
-    uint64_t best_bs = 1 << 20, best_qd = 8;
-    for (const IoResult& rd : results) {
-      if (rd.engine != want || rd.op != IoOp::kRead || rd.random) continue;
-      for (const IoResult& wr : results) {
-        if (wr.engine != want || wr.op != IoOp::kWrite || wr.random ||
-            wr.block_size != rd.block_size ||
-            wr.queue_depth != rd.queue_depth) {
-          continue;
-        }
-        const double h = 2 / (1 / rd.gbps() + 1 / wr.gbps());
-        if (h > best) {
-          best = h;
-          best_bs = rd.block_size;
-          best_qd = rd.queue_depth;
-        }
-      }
-    }
-    nlohmann::json aio = {{"aio",
-                           {{"block_size", best_bs},
-                            {"queue_depth", best_qd},
-                            {"intra_op_parallelism", 1},
-                            {"single_submit", false},
-                            {"overlap_events", true},
-                            {"use_gds", false}}}};
-    std::printf("\nDeepSpeed config (best sequential read/write of %s):\n%s\n",
-                want.c_str(), aio.dump(2).c_str());
     doc["ds_config"] = aio;
   }
-  if (!json.empty()) {
-    if (Status s = WriteJson(json, doc); !s.ok()) return fail(s);
-    std::printf("JSON: %s\n", json.c_str());
+  if (p.json.active()) {
+    STRATA_RETURN_IF_ERROR(p.json.Commit(doc));
+    std::printf("JSON: %s\n", p.json.path().c_str());
   }
-  return 0;
+  return Status::Ok();
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{
+      "strata-bench io: NVMe tier bandwidth per engine, block size, "
+      "queue depth and direction, beside fio",
+      "strata-bench io"};
+  IoFlags flags;
+  AddOptions(app, flags);
+  IoConfig cfg;
+  IoPrepared prepared;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseIo(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard& guard) -> Status {
+        STRATA_ASSIGN_OR_RETURN(prepared, CheckIo(cfg, guard));
+        return Status::Ok();
+      },
+      [&](RunGuard& guard) -> Status {
+        STRATA_ASSIGN_OR_RETURN(IoOutcome out, RunIo(cfg, prepared, guard));
+        return ReportIo(cfg, prepared, out);
+      });
 }
 
 }  // namespace

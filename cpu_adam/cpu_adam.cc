@@ -266,11 +266,6 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   int numa_nodes() const override { return static_cast<int>(arenas_.size()); }
   const CpuOptimizerOptions& options() const override { return options_; }
 
-  void RunBound(const cpu_adam::BoundArrays& a, size_t n) {
-    const auto bound = kernels_->bound;
-    ParallelTiles(n, [&](size_t, size_t b, size_t e) { bound(a, b, e); });
-  }
-
  private:
   Status Validate(const CpuOptimizerTensors& t, const CpuStepArgs& args) const {
     if (!std::isfinite(args.lr) || args.lr < 0) {
@@ -438,10 +433,6 @@ class CpuOptimizerImpl final : public CpuOptimizer {
 };
 
 }  // namespace
-
-void RunBoundKernel(CpuOptimizer& opt, const BoundArrays& a, size_t n) {
-  static_cast<CpuOptimizerImpl&>(opt).RunBound(a, n);
-}
 
 }  // namespace cpu_adam
 

@@ -93,32 +93,6 @@ inline uint16_t FloatToF16(float x) {
   return static_cast<uint16_t>(sign | HalfMagnitudeFromFloatBits(a));
 }
 
-// ---- The streaming bound ---------------------------------------------------
-
-// Scalar form of the bound kernel (tails, heads, and the scalar variant):
-// integer adds and xors stand in for the optimizer's arithmetic, so the
-// kernel costs only its loads and stores.
-template <int kGradBytes, int kMomentBytes, bool kWork>
-inline void BoundAtScalar(const BoundArrays& a, size_t i) {
-  uint32_t* p = reinterpret_cast<uint32_t*>(a.master);
-  uint32_t g;
-  if constexpr (kGradBytes == 4) {
-    g = static_cast<const uint32_t*>(a.grad)[i];
-  } else {
-    g = static_cast<const uint16_t*>(a.grad)[i];
-  }
-  const uint32_t x = p[i] + g;
-  p[i] = x;
-  if constexpr (kMomentBytes == 4) {
-    static_cast<uint32_t*>(a.m)[i] ^= g;
-    static_cast<uint32_t*>(a.v)[i] += g;
-  } else {
-    static_cast<uint16_t*>(a.m)[i] ^= static_cast<uint16_t>(g);
-    static_cast<uint16_t*>(a.v)[i] += static_cast<uint16_t>(g);
-  }
-  if constexpr (kWork) a.working[i] = static_cast<uint16_t>(x >> 16);
-}
-
 // ---- The scalar vector type ------------------------------------------------
 
 struct Scalar {
@@ -165,11 +139,6 @@ struct Scalar {
     return bad || (FloatBits(x) & 0x7f800000u) == 0x7f800000u;
   }
   static bool BadAny(Bad bad) { return bad; }
-
-  template <int kGradBytes, int kMomentBytes, bool kWork, bool kStream>
-  static void BoundAt(const BoundArrays& a, size_t i) {
-    BoundAtScalar<kGradBytes, kMomentBytes, kWork>(a, i);
-  }
 };
 
 // ---- The update ------------------------------------------------------------
@@ -418,56 +387,9 @@ void Convert(const void* src, CpuDType src_dtype, void* dst, CpuDType dst_dtype,
   }
 }
 
-// ---- The streaming bound driver -------------------------------------------
-
-template <class V, int kGradBytes, int kMomentBytes, bool kWork>
-void BoundRange(const BoundArrays& a, size_t begin, size_t end) {
-  size_t i = begin;
-  bool stream = false;
-  if constexpr (kWork && V::kN > 1) {
-    const size_t head = StreamHead<V>(a.working + i);
-    if (head != SIZE_MAX) {
-      for (const size_t stop = std::min(end, i + head); i < stop; ++i) {
-        BoundAtScalar<kGradBytes, kMomentBytes, kWork>(a, i);
-      }
-      stream = true;
-    }
-  }
-  if (stream) {
-    for (; i + V::kN <= end; i += V::kN) {
-      V::template BoundAt<kGradBytes, kMomentBytes, kWork, true>(a, i);
-    }
-    V::Fence();
-  } else {
-    for (; i + V::kN <= end; i += V::kN) {
-      V::template BoundAt<kGradBytes, kMomentBytes, kWork, false>(a, i);
-    }
-  }
-  for (; i < end; ++i) BoundAtScalar<kGradBytes, kMomentBytes, kWork>(a, i);
-}
-
-template <class V, int kGradBytes, int kMomentBytes>
-void BoundW(const BoundArrays& a, size_t b, size_t e) {
-  if (a.working != nullptr) {
-    BoundRange<V, kGradBytes, kMomentBytes, true>(a, b, e);
-  } else {
-    BoundRange<V, kGradBytes, kMomentBytes, false>(a, b, e);
-  }
-}
-
-template <class V>
-void Bound(const BoundArrays& a, size_t b, size_t e) {
-  if (a.grad_bytes == 4) {
-    if (a.moment_bytes == 4) return BoundW<V, 4, 4>(a, b, e);
-    return BoundW<V, 4, 2>(a, b, e);
-  }
-  if (a.moment_bytes == 4) return BoundW<V, 2, 4>(a, b, e);
-  return BoundW<V, 2, 2>(a, b, e);
-}
-
 template <class V>
 KernelTable MakeTable(CpuKernelVariant variant) {
-  return KernelTable{variant, &Step<V>, &GradStats<V>, &Convert<V>, &Bound<V>};
+  return KernelTable{variant, &Step<V>, &GradStats<V>, &Convert<V>};
 }
 
 }  // namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA

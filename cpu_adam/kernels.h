@@ -3,10 +3,7 @@
 // its own -m flags and exports one KernelTable; the driver picks a table at
 // run time after checking the CPU, so no code compiled for an ISA the CPU
 // lacks is ever called.
-//
-// The strata-bench adam command also uses this header for the streaming
-// bound kernel, which must be compiled with the same flags as the optimizer
-// it is compared with.
+
 #ifndef STRATA_CPU_ADAM_KERNELS_H_
 #define STRATA_CPU_ADAM_KERNELS_H_
 
@@ -48,20 +45,6 @@ struct StepArrays {
   void* working;
 };
 
-// Arrays of the streaming bound kernel: the same element sizes and access
-// pattern as a Step (master, grad, m, v read; master, m, v written in place;
-// working write-only with non-temporal stores when present), with trivial
-// arithmetic. moment_bytes is 4 or 2, grad_bytes 4 or 2.
-struct BoundArrays {
-  float* master;
-  const void* grad;
-  void* m;
-  void* v;
-  uint16_t* working;  // may be null
-  int grad_bytes;
-  int moment_bytes;
-};
-
 struct KernelTable {
   CpuKernelVariant variant;
   // Updates elements [begin, end). Non-temporal stores are fenced before
@@ -75,8 +58,6 @@ struct KernelTable {
   // Converts n elements (src and dst types differ or are equal).
   void (*convert)(const void* src, CpuDType src_dtype, void* dst,
                   CpuDType dst_dtype, size_t n);
-  // The bandwidth bound kernel over [begin, end).
-  void (*bound)(const BoundArrays& a, size_t begin, size_t end);
 };
 
 const KernelTable& ScalarKernels();
@@ -88,11 +69,6 @@ const KernelTable& Avx512Bf16Kernels();
 const KernelTable& KernelsFor(CpuKernelVariant v);
 
 size_t DTypeSize(CpuDType t);
-
-// Runs the bound kernel of `opt`'s variant over [0, n) with the threads,
-// tiles and NUMA split that opt->Step uses (strata-bench adam).
-// REQUIRES: opt was made by NewCpuOptimizer.
-void RunBoundKernel(CpuOptimizer& opt, const BoundArrays& a, size_t n);
 
 }  // namespace strata::cpu_adam
 

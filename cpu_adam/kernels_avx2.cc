@@ -104,44 +104,6 @@ struct Avx2 {
     return _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exp_mask));
   }
   static bool BadAny(Bad bad) { return !_mm256_testz_si256(bad, bad); }
-
-  template <int kGradBytes, int kMomentBytes, bool kWork, bool kStream>
-  static void BoundAt(const BoundArrays& a, size_t i) {
-    __m256i* p = reinterpret_cast<__m256i*>(a.master + i);
-    __m256i g;
-    if constexpr (kGradBytes == 4) {
-      g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-          static_cast<const uint32_t*>(a.grad) + i));
-    } else {
-      g = _mm256_cvtepu16_epi32(
-          Load128(static_cast<const uint16_t*>(a.grad) + i));
-    }
-    const __m256i x = _mm256_add_epi32(_mm256_loadu_si256(p), g);
-    _mm256_storeu_si256(p, x);
-    if constexpr (kMomentBytes == 4) {
-      __m256i* m = reinterpret_cast<__m256i*>(static_cast<uint32_t*>(a.m) + i);
-      __m256i* v = reinterpret_cast<__m256i*>(static_cast<uint32_t*>(a.v) + i);
-      _mm256_storeu_si256(m, _mm256_xor_si256(_mm256_loadu_si256(m), g));
-      _mm256_storeu_si256(v, _mm256_add_epi32(_mm256_loadu_si256(v), g));
-    } else {
-      __m128i* m = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(a.m) + i);
-      __m128i* v = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(a.v) + i);
-      const __m128i g16 = _mm256_castsi256_si128(g);
-      _mm_storeu_si128(m, _mm_xor_si128(_mm_loadu_si128(m), g16));
-      _mm_storeu_si128(v, _mm_add_epi16(_mm_loadu_si128(v), g16));
-    }
-    if constexpr (kWork) {
-      __m256i h = _mm256_packus_epi32(_mm256_srli_epi32(x, 16),
-                                      _mm256_srli_epi32(x, 16));
-      h = _mm256_permute4x64_epi64(h, 0x08);
-      __m128i* w = reinterpret_cast<__m128i*>(a.working + i);
-      if constexpr (kStream) {
-        _mm_stream_si128(w, _mm256_castsi256_si128(h));
-      } else {
-        _mm_storeu_si128(w, _mm256_castsi256_si128(h));
-      }
-    }
-  }
 };
 
 }  // namespace

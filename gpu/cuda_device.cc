@@ -32,7 +32,6 @@
 #include "gpu/cuda_host_event.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/host_func.h"
-#include "gpu/raw_copy.h"
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
@@ -628,45 +627,4 @@ StatusOr<std::unique_ptr<Device>> NewCudaDevice(const DeviceOptions& options) {
                      budget, wait_value32, std::move(no_host_events_why)));
 }
 
-namespace internal {
-
-StatusOr<double> TimeRawCudaCopies(Device& device,
-                                   std::span<const RawCopy> copies,
-                                   int iterations) {
-  auto* cuda = dynamic_cast<CudaDevice*>(&device);
-  if (cuda == nullptr) {
-    return Status::Unavailable("raw cudaMemcpyAsync needs a CUDA device");
-  }
-  ScopedCurrentDevice current(cuda->ordinal());
-  STRATA_RETURN_IF_ERROR(current.status());
-  std::vector<UniqueHandle<CudaStreamTraits>> streams;
-  for (size_t i = 0; i < copies.size(); ++i) {
-    cudaStream_t s = nullptr;
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-                   "cudaStreamCreateWithFlags"));
-    streams.emplace_back(s);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  for (int it = 0; it < iterations; ++it) {
-    for (size_t i = 0; i < copies.size(); ++i) {
-      const RawCopy& c = copies[i];
-      const cudaMemcpyKind k =
-          c.kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
-          : c.kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
-                                              : cudaMemcpyDeviceToDevice;
-      STRATA_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(c.dst, c.src, c.bytes, k, streams[i].get()),
-          "cudaMemcpyAsync"));
-    }
-  }
-  for (auto& s : streams) {
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize"));
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-}  // namespace internal
 }  // namespace strata

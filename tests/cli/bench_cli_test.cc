@@ -1,0 +1,714 @@
+// strata-bench as a user meets it: the built binary run as a child process
+// with an argument vector (no shell), in a fresh scratch directory, with bad
+// and hostile input. Each case checks the exit status (docs/bench.md: 0 ok,
+// 1 failure at run time, 2 bad usage, 128 + signal when interrupted), the
+// message on stderr, and that the directory holds nothing the run created.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef STRATA_BENCH_PATH
+#error "STRATA_BENCH_PATH must name the strata-bench binary"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string t = (fs::temp_directory_path() / "strata-cli-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr) std::abort();
+    path_ = t;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// What is in `dir` (names only).
+std::set<std::string> Entries(const std::string& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+// Whether a file named `name` exists anywhere under `dir`.
+bool FoundUnder(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->path().filename() == name) return true;
+  }
+  return false;
+}
+
+struct Outcome {
+  int code = -1;  // exit status, or 128 + signal
+  std::string out;
+  std::string err;
+};
+
+// A started strata-bench: its stdout and stderr go to files in `logs`.
+class Bench {
+ public:
+  // Runs in `cwd` with `env` added to the environment. When `prepare` is
+  // given, the forked child runs it first (before exec); a non-zero return
+  // exits the child with that status.
+  Bench(const std::vector<std::string>& args, const std::string& cwd,
+        const std::vector<std::string>& env = {},
+        int (*prepare)(const std::string&) = nullptr,
+        const std::string& prepare_arg = "") {
+    static int counter = 0;
+    const std::string tag =
+        std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    out_path_ =
+        (fs::temp_directory_path() / ("strata-cli-out-" + tag)).string();
+    err_path_ =
+        (fs::temp_directory_path() / ("strata-cli-err-" + tag)).string();
+    std::vector<std::string> argv = {STRATA_BENCH_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::vector<std::string> envs;
+    for (char** e = environ; *e != nullptr; ++e) envs.emplace_back(*e);
+    envs.insert(envs.end(), env.begin(), env.end());
+    std::vector<char*> cenv;
+    for (auto& e : envs) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);  // its own group: signals reach only it
+      if (prepare != nullptr) {
+        if (int rc = prepare(prepare_arg); rc != 0) ::_exit(rc);
+      }
+      const int o =
+          ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int e =
+          ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (o < 0 || e < 0 || ::chdir(cwd.c_str()) != 0) ::_exit(120);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      ::execve(cargv[0], cargv.data(), cenv.data());
+      ::_exit(127);
+    }
+  }
+  ~Bench() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::unlink(out_path_.c_str());
+    ::unlink(err_path_.c_str());
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Whether it has exited (reaps it then).
+  bool Done() {
+    if (pid_ <= 0) return true;
+    const pid_t r = ::waitpid(pid_, &status_, WNOHANG);
+    if (r == pid_) pid_ = -1;
+    return pid_ <= 0;
+  }
+
+  Outcome Wait() {
+    if (pid_ > 0) {
+      ::waitpid(pid_, &status_, 0);
+      pid_ = -1;
+    }
+    Outcome o;
+    o.code =
+        WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+    std::ifstream out(out_path_), err(err_path_);
+    o.out.assign(std::istreambuf_iterator<char>(out), {});
+    o.err.assign(std::istreambuf_iterator<char>(err), {});
+    return o;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = 0;
+  std::string out_path_, err_path_;
+};
+
+Outcome RunBench(const std::vector<std::string>& args, const std::string& cwd,
+                 const std::vector<std::string>& env = {}) {
+  Bench b(args, cwd, env);
+  return b.Wait();
+}
+
+// Waits until `pred` holds or `seconds` pass.
+template <class Pred>
+bool WaitFor(Pred pred, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+// One live process of /proc: its pid, name, state and parent, and its
+// command line (NULs between the arguments).
+struct Proc {
+  pid_t pid = 0;
+  std::string comm;
+  char state = 0;
+  pid_t ppid = 0;
+  std::string cmdline;
+};
+
+std::vector<Proc> Processes() {
+  std::vector<Proc> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st(e.path() / "stat");
+    const std::string s((std::istreambuf_iterator<char>(st)), {});
+    const size_t open = s.find('('), close = s.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    Proc p;
+    p.pid = std::stoi(name);
+    p.comm = s.substr(open + 1, close - open - 1);
+    int ppid = 0;
+    if (std::sscanf(s.c_str() + close + 2, "%c %d", &p.state, &ppid) != 2) {
+      continue;
+    }
+    p.ppid = ppid;
+    std::ifstream cmd(e.path() / "cmdline");
+    p.cmdline.assign(std::istreambuf_iterator<char>(cmd), {});
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Processes other than this test, zombies aside, whose command line
+// mentions `needle`.
+std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const Proc& p : Processes()) {
+    if (p.pid != ::getpid() && p.state != 'Z' &&
+        p.cmdline.find(needle) != std::string::npos) {
+      out.push_back(p.pid);
+    }
+  }
+  return out;
+}
+
+// Whether `parent` has a child named `comm`.
+bool HasChildNamed(pid_t parent, const std::string& comm) {
+  for (const Proc& p : Processes()) {
+    if (p.ppid == parent && p.comm == comm) return true;
+  }
+  return false;
+}
+
+bool HaveFio() {
+  const char* path = std::getenv("PATH");
+  std::string rest = path ? path : "";
+  size_t start = 0;
+  while (start <= rest.size()) {
+    size_t colon = rest.find(':', start);
+    if (colon == std::string::npos) colon = rest.size();
+    const std::string f = rest.substr(start, colon - start) + "/fio";
+    if (::access(f.c_str(), X_OK) == 0) return true;
+    start = colon + 1;
+  }
+  return false;
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A small, fast io run in `dir` (no fio unless asked).
+std::vector<std::string> SmallIo(const std::string& dir, bool fio = false) {
+  std::vector<std::string> a = {
+      "io",   "--dir",         dir,  "--size",   "1M",    "--block-size",
+      "64K",  "--queue-depth", "2",  "--engine", "psync", "--rw",
+      "read", "--pattern",     "seq"};
+  if (!fio) a.push_back("--no-fio");
+  return a;
+}
+
+const std::vector<std::string> kSmallAdam = {
+    "adam", "--params", "64K", "--threads",  "1",     "--torch",
+    "off",  "--reps",   "1",   "--variants", "scalar"};
+
+const std::vector<std::string> kSmallCopy = {
+    "copy",   "--device",   "host", "--sizes",      "4K,64K", "--memory",
+    "pinned", "--min-time", "0.01", "--directions", "h2d"};
+
+std::vector<std::string> With(std::vector<std::string> base,
+                              const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+// ---- Bad usage: exit 2, the option named, nothing created ------------------
+
+struct UsageCase {
+  std::vector<std::string> args;
+  std::string message;  // a part of stderr
+};
+
+void ExpectUsageErrors(const std::vector<UsageCase>& cases) {
+  for (const UsageCase& c : cases) {
+    ScratchDir d;
+    std::string line;
+    for (const auto& a : c.args) line += "'" + a + "' ";
+    const Outcome o = RunBench(c.args, d.path());
+    EXPECT_EQ(o.code, 2) << line << "\n" << o.err;
+    EXPECT_TRUE(Has(o.err, c.message))
+        << line << "\nwant: " << c.message << "\ngot: " << o.err;
+    EXPECT_TRUE(Entries(d.path()).empty()) << line;
+    EXPECT_FALSE(Has(o.out, "GB/s")) << line << ": ran anyway";
+  }
+}
+
+TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
+  const std::string big = "99999999999999999999999";
+  ExpectUsageErrors({
+      {{"io", "--size", big}, "--size"},
+      {{"io", "--size", big}, "64 bits"},
+      {{"io", "--block-size", big}, "--block-size"},
+      {{"io", "--block-size", "1M," + big}, "64 bits"},
+      {{"io", "--queue-depth", big}, "--queue-depth"},
+      {{"adam", "--params", big}, "--params"},
+      {{"copy", "--sizes", big}, "--sizes"},
+      {{"copy", "--sizes", "4K," + big}, "64 bits"},
+      {{"io", "--size", "16777216T"}, "64 bits"},
+      {{"io", "--size", "99999999999T"}, "--size"},
+      {{"adam", "--params", "8388608T"}, "--params"},
+      {{"adam", "--params", "16777216T"}, "64 bits"},
+      {{"copy", "--sizes", "8388608T"}, "--sizes"},
+      {{"io", "--block-size", "17179869184G"}, "64 bits"},
+  });
+}
+
+TEST(BenchCliTest, BadNumbersAreUsageErrors) {
+  ExpectUsageErrors({
+      {{"adam", "--threads", "-3"}, "--threads: -3 is out of range 0..4096"},
+      {{"adam", "--threads", "abc"}, "--threads: 'abc' is not a whole number"},
+      {{"adam", "--threads", "99999999999"}, "--threads"},
+      {{"adam", "--threads", "99999999999999999999999"}, "--threads"},
+      {{"adam", "--threads", "4096"}, "CPUs this process may use"},
+      {{"adam", "--threads", "1,1.5"}, "--threads"},
+      {{"adam", "--reps", "0"}, "--reps: 0 is out of range 1..1000"},
+      {{"adam", "--reps", "x"}, "--reps"},
+      {{"io", "--queue-depth", "0"},
+       "--queue-depth: 0 is out of range 1..1024"},
+      {{"io", "--queue-depth", "1025"}, "--queue-depth"},
+      {{"io", "--queue-depth", "-1"}, "--queue-depth"},
+      {{"copy", "--warmup", "-1"}, "--warmup"},
+      {{"copy", "--min-time", "nan"}, "--min-time"},
+      {{"copy", "--min-time", "inf"}, "--min-time"},
+      {{"copy", "--min-time", "-1"}, "--min-time"},
+      {{"copy", "--min-time", "0"}, "--min-time"},
+      {{"copy", "--min-time", "abc"}, "--min-time"},
+      {{"copy", "--link-gbps", "-1"}, "--link-gbps"},
+      {{"copy", "--link-gbps", "0"}, "--link-gbps"},
+      {{"copy", "--link-gbps", "nan"}, "--link-gbps"},
+      {{"copy", "--pageable-gbps", "inf"}, "--pageable-gbps"},
+      {{"copy", "--latency-us", "-1"}, "--latency-us"},
+      {{"copy", "--sizes", "0"}, "--sizes: 0 B is out of range"},
+      {{"copy", "--sizes", "4K,0"}, "--sizes"},
+  });
+}
+
+TEST(BenchCliTest, EmptyListsAreUsageErrors) {
+  ExpectUsageErrors({
+      {{"io", "--rw", ""}, "--rw: empty list"},
+      {{"io", "--rw", ","}, "--rw: empty list"},
+      {{"io", "--pattern", ","}, "--pattern: empty list"},
+      {{"io", "--block-size", ""}, "--block-size: empty list"},
+      {{"io", "--queue-depth", ","}, "--queue-depth: empty list"},
+      {{"io", "--engine", ","}, "--engine: empty list"},
+      {{"adam", "--moments", ""}, "--moments: empty list"},
+      {{"adam", "--threads", ","}, "--threads: empty list"},
+      {{"adam", "--variants", ","}, "--variants: empty list"},
+      {{"copy", "--sizes", ""}, "--sizes: empty list"},
+      {{"copy", "--directions", ""}, "--directions: empty list"},
+      {{"copy", "--memory", ","}, "--memory: empty list"},
+  });
+}
+
+TEST(BenchCliTest, BadChoicesAndUnknownOptionsAreUsageErrors) {
+  ExpectUsageErrors({
+      {{"io", "--bogus"}, "bogus"},
+      {{"adam", "--bogus", "1"}, "bogus"},
+      {{"copy", "--bogus"}, "bogus"},
+      {{"io", "--size"}, "--size"},
+      {{"bogus"}, "unknown command"},
+      {{"io", "--rw", "read,sideways"}, "--rw: 'sideways' is not one of"},
+      {{"io", "--engine", "floppy"}, "--engine: 'floppy'"},
+      {{"io", "--engine", "auto"}, "--engine: 'auto'"},
+      {{"adam", "--optimizer", "sgd"}, "--optimizer"},
+      {{"adam", "--moments", "fp16"}, "--moments"},
+      {{"adam", "--working", "fp32"}, "--working"},
+      {{"adam", "--torch", "maybe"}, "--torch"},
+      {{"copy", "--device", "tpu"}, "--device"},
+  });
+}
+
+TEST(BenchCliTest, HelpExitsZero) {
+  ScratchDir d;
+  for (const char* cmd : {"io", "adam", "copy"}) {
+    const Outcome o = RunBench({cmd, "--help"}, d.path());
+    EXPECT_EQ(o.code, 0) << cmd;
+    EXPECT_TRUE(Has(o.out, "--json")) << cmd;
+  }
+  EXPECT_EQ(RunBench({"--help"}, d.path()).code, 0);
+  EXPECT_EQ(RunBench({}, d.path()).code, 2);
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+TEST(BenchCliTest, IoSizeProblemsNameSize) {
+  ExpectUsageErrors({
+      {{"io", "--size", "0"}, "--size: 0 B is out of range"},
+      {{"io", "--size", "5000"},
+       "--size: 5000 bytes is not a multiple of 4 KiB"},
+      {{"io", "--size", "1M", "--block-size", "768K"},
+       "--size: 1 MiB is not a whole number of blocks of 768 KiB"},
+      {{"io", "--size", "1M", "--block-size", "2M"}, "--size"},
+      {{"io", "--block-size", "5000"}, "--block-size"},
+  });
+}
+
+TEST(BenchCliTest, DsConfigWithoutSequentialRowsIsRefusedUpFront) {
+  ExpectUsageErrors({
+      {{"io", "--pattern", "rand", "--emit-ds-config"}, "--emit-ds-config"},
+      {{"io", "--rw", "read", "--emit-ds-config"}, "--emit-ds-config"},
+  });
+}
+
+TEST(BenchCliTest, JsonPathsThatCannotWorkAreRefusedBeforeWork) {
+  ScratchDir d;
+  const std::string sub = d.path() + "/sub";
+  ASSERT_EQ(::mkdir(sub.c_str(), 0700), 0);
+  const std::vector<std::pair<std::string, std::string>> paths = {
+      {sub, "is a directory"},
+      {"/proc/strata-x.json", "/proc"},
+      {d.path() + "/missing/x.json", "does not exist"}};
+  for (const auto& [path, message] : paths) {
+    for (const auto& base : {SmallIo(sub), kSmallAdam, kSmallCopy}) {
+      const Outcome o = RunBench(With(base, {"--json", path}), d.path());
+      EXPECT_EQ(o.code, 2) << base[0] << " --json '" << path << "'\n" << o.err;
+      EXPECT_TRUE(Has(o.err, "--json")) << o.err;
+      EXPECT_TRUE(Has(o.err, message)) << o.err;
+      EXPECT_FALSE(Has(o.out, "GB/s")) << "ran before refusing: " << o.out;
+      EXPECT_TRUE(Entries(sub).empty()) << path;
+      EXPECT_EQ(Entries(d.path()), std::set<std::string>{"sub"}) << path;
+    }
+  }
+}
+
+TEST(BenchCliTest, MissingDirIsAUsageError) {
+  ScratchDir d;
+  const Outcome o = RunBench(SmallIo(d.path() + "/nope"), d.path());
+  EXPECT_EQ(o.code, 2) << o.err;
+  EXPECT_TRUE(Has(o.err, "--dir")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+// ---- Happy paths: the JSON carries the command and its configuration -------
+
+TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
+  ScratchDir d;
+  struct Case {
+    std::vector<std::string> args;
+    std::string command;
+    std::vector<std::string> config_keys;
+  };
+  const std::vector<Case> cases = {
+      {SmallIo(d.path()),
+       "io",
+       {"dir", "size", "engines", "block_sizes", "queue_depths", "rw",
+        "patterns", "fio", "thp", "keep_file"}},
+      {kSmallAdam,
+       "adam",
+       {"params", "threads", "variants", "moments", "optimizer", "grad_dtype",
+        "working_dtype", "reps", "torch", "bound_isa"}},
+      {kSmallCopy,
+       "copy",
+       {"device", "sizes", "directions", "memory", "min_time_s", "warmup",
+        "link_gbps", "pageable_gbps", "latency_us"}}};
+  for (const Case& c : cases) {
+    const std::string json = d.path() + "/" + c.command + ".json";
+    const Outcome o = RunBench(With(c.args, {"--json", json}), d.path());
+    ASSERT_EQ(o.code, 0) << c.command << "\n" << o.err;
+    std::ifstream in(json);
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << json;
+    EXPECT_EQ(j.value("command", ""), c.command);
+    EXPECT_FALSE(j.contains("tool"));
+    ASSERT_TRUE(j.contains("config"));
+    for (const auto& k : c.config_keys) {
+      EXPECT_TRUE(j["config"].contains(k)) << c.command << " config." << k;
+    }
+    EXPECT_FALSE(j["results"].empty()) << c.command;
+  }
+  EXPECT_EQ(Entries(d.path()),
+            (std::set<std::string>{"io.json", "adam.json", "copy.json"}));
+}
+
+TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {
+  ScratchDir d;
+  const std::string json = d.path() + "/a.json";
+  const Outcome o = RunBench(
+      {"adam", "--params", "64K", "--threads", "0", "--torch", "off", "--reps",
+       "1", "--variants", "scalar", "--moments", "fp32", "--json", json},
+      d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["threads"].get<int>(), CPU_COUNT(&set)) << row.dump();
+  }
+}
+
+// ---- Hostile paths: no shell, ever -----------------------------------------
+
+TEST(BenchCliTest, ShellMetacharactersInDirAreJustPaths) {
+  ScratchDir d;
+  const bool fio = HaveFio();
+  for (const std::string name : {"a b", "q'uote\"s", "x;touch PWNED;y",
+                                 "$(touch PWNED)", "`touch PWNED`", "c:olon"}) {
+    const std::string sub = d.path() + "/" + name;
+    ASSERT_EQ(::mkdir(sub.c_str(), 0700), 0) << name;
+    const Outcome o = RunBench(SmallIo(sub, fio), d.path());
+    EXPECT_EQ(o.code, 0) << name << "\n" << o.err;
+    if (fio) {
+      EXPECT_TRUE(Has(o.out, "beside fio")) << name << "\n" << o.out;
+      EXPECT_FALSE(Has(o.out, "fio not run")) << name;
+    }
+    EXPECT_TRUE(Entries(sub).empty()) << name;
+  }
+  EXPECT_FALSE(FoundUnder(d.path(), "PWNED"));
+  EXPECT_FALSE(fs::exists("PWNED"));
+}
+
+// ---- Space and memory, checked up front
+// --------------------------------------
+
+TEST(BenchCliTest, SizeLargerThanFreeSpaceIsRefusedUpFront) {
+  ScratchDir d;
+  struct statvfs s {};
+  ASSERT_EQ(::statvfs(d.path().c_str(), &s), 0);
+  const uint64_t free_bytes = static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+  const uint64_t quantum = uint64_t{4} << 20;
+  const uint64_t size = (free_bytes / quantum + 16) * quantum;
+  const Outcome o = RunBench(
+      {"io", "--dir", d.path(), "--size", std::to_string(size), "--no-fio"},
+      d.path());
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_TRUE(Has(o.err, "--size")) << o.err;
+  EXPECT_TRUE(Has(o.err, "does not fit")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+// Run in the forked child before exec: a private mount namespace with a
+// 2 MiB tmpfs over `dir`, so the bench sees a nearly full filesystem.
+int RunOnTinyTmpfs(const std::string& dir) {
+  if (::unshare(CLONE_NEWNS) != 0) return 77;
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return 77;
+  }
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=2m") != 0) return 77;
+  return 0;
+}
+
+TEST(BenchCliTest, FullTmpfsIsRefusedAndLeftEmpty) {
+  ScratchDir d;
+  Bench b({"io", "--dir", d.path(), "--size", "8M", "--block-size", "1M",
+           "--no-fio"},
+          d.path(), {}, RunOnTinyTmpfs, d.path());
+  const Outcome o = b.Wait();
+  if (o.code == 77) GTEST_SKIP() << "no mount namespace here (needs root)";
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_TRUE(Has(o.err, "does not fit")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+TEST(BenchCliTest, MemoryNeedsAreCheckedBeforeAllocating) {
+  ScratchDir d;
+  const Outcome adam = RunBench(
+      {"adam", "--params", "1T", "--threads", "1", "--torch", "off"}, d.path());
+  EXPECT_EQ(adam.code, 1) << adam.err;
+  EXPECT_TRUE(Has(adam.err, "MemAvailable")) << adam.err;
+  const Outcome copy =
+      RunBench({"copy", "--device", "host", "--sizes", "1T"}, d.path());
+  EXPECT_EQ(copy.code, 1) << copy.err;
+  EXPECT_TRUE(Has(copy.err, "MemAvailable")) << copy.err;
+  const Outcome io =
+      RunBench({"io", "--dir", d.path(), "--size", "1G", "--block-size", "1G",
+                "--queue-depth", "1024", "--no-fio"},
+               d.path());
+  EXPECT_EQ(io.code, 1) << io.err;
+  EXPECT_TRUE(Has(io.err, "MemAvailable")) << io.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+// ---- Signals: 128 + signal, nothing left, no child left ---------------------
+
+void ExpectInterruptCleans(int sig, bool during_fio) {
+  if (during_fio && !HaveFio()) GTEST_SKIP() << "fio is not installed";
+  ScratchDir d;
+  std::vector<std::string> args = {
+      "io", "--dir",         d.path(), "--size",   "64M",  "--block-size",
+      "1M", "--queue-depth", "4",      "--engine", "psync"};
+  if (!during_fio) args.push_back("--no-fio");
+  Bench b(args, d.path());
+  const std::string data = d.path() + "/strata-bench-io.dat";
+  if (during_fio) {
+    ASSERT_TRUE(WaitFor([&] { return HasChildNamed(b.pid(), "fio"); }, 30))
+        << "fio never started";
+  } else {
+    ASSERT_TRUE(WaitFor([&] { return fs::exists(data); }, 30))
+        << "the data file never appeared";
+  }
+  ASSERT_FALSE(b.Done()) << "finished before the signal";
+  ASSERT_EQ(::kill(b.pid(), sig), 0);
+  const Outcome o = b.Wait();
+  EXPECT_EQ(o.code, 128 + sig) << o.err;
+  EXPECT_TRUE(Has(o.err, "interrupted by SIG")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+  EXPECT_TRUE(ProcessesMentioning(d.path()).empty()) << "a child survived";
+}
+
+TEST(BenchCliTest, SigintDuringFillRemovesTheFile) {
+  ExpectInterruptCleans(SIGINT, false);
+}
+TEST(BenchCliTest, SigtermDuringFillRemovesTheFile) {
+  ExpectInterruptCleans(SIGTERM, false);
+}
+TEST(BenchCliTest, SigintDuringFioKillsFioAndRemovesTheFile) {
+  ExpectInterruptCleans(SIGINT, true);
+}
+TEST(BenchCliTest, SigtermDuringFioKillsFioAndRemovesTheFile) {
+  ExpectInterruptCleans(SIGTERM, true);
+}
+
+TEST(BenchCliTest, SigintDuringTheTorchLookupExits130) {
+  ScratchDir d;
+  // A stand-in interpreter that announces itself and hangs.
+  const std::string py = d.path() + "/fake python";
+  const std::string started = d.path() + "/started";
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\necho $$ > '" << started << "'\nexec sleep 30\n";
+  }
+  ASSERT_EQ(::chmod(py.c_str(), 0700), 0);
+  const std::string json = d.path() + "/a.json";
+  Bench b(
+      {"adam", "--params", "64K", "--threads", "1", "--reps", "1", "--variants",
+       "scalar", "--moments", "fp32", "--torch", "auto", "--json", json},
+      d.path(), {"STRATA_PYTHON=" + py});
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(started); }, 30));
+  ASSERT_TRUE(WaitFor([&] { return fs::file_size(started) > 0; }, 5));
+  pid_t child = 0;
+  std::ifstream(started) >> child;
+  ASSERT_EQ(::kill(b.pid(), SIGINT), 0);
+  const Outcome o = b.Wait();
+  EXPECT_EQ(o.code, 130) << o.err;
+  EXPECT_FALSE(Has(o.err, "no python3 with torch")) << o.err;
+  EXPECT_TRUE(Has(o.err, "interrupted by SIGINT")) << o.err;
+  EXPECT_FALSE(fs::exists(json)) << "a JSON from an interrupted run";
+  EXPECT_TRUE(WaitFor([&] { return ::kill(child, 0) != 0; }, 5))
+      << "the interpreter survived";
+  EXPECT_EQ(Entries(d.path()),
+            (std::set<std::string>{"fake python", "started"}));
+}
+
+// ---- Two runs, one directory
+// -------------------------------------------------
+
+TEST(BenchCliTest, SecondRunOnABusyDirFailsNamingTheHolder) {
+  ScratchDir d;
+  Bench first({"io", "--dir", d.path(), "--size", "64M", "--block-size", "1M",
+               "--queue-depth", "4", "--engine", "psync", "--no-fio"},
+              d.path());
+  const std::string lock = d.path() + "/strata-bench-io.lock";
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(lock); }, 30));
+  const Outcome second = RunBench(SmallIo(d.path()), d.path());
+  EXPECT_EQ(second.code, 1) << second.err;
+  EXPECT_TRUE(Has(second.err, "in use by pid " + std::to_string(first.pid())))
+      << second.err;
+  const Outcome o = first.Wait();
+  EXPECT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+// ---- The optimizer's variant switch -----------------------------------------
+
+TEST(BenchCliTest, BogusVariantVariableIsNamedWithAcceptedValues) {
+  ScratchDir d;
+  const Outcome o = RunBench({"adam", "--params", "64K", "--threads", "1",
+                              "--torch", "off", "--reps", "1"},
+                             d.path(), {"STRATA_CPU_ADAM_VARIANT=bogus"});
+  EXPECT_EQ(o.code, 2) << o.err;
+  EXPECT_TRUE(Has(o.err, "STRATA_CPU_ADAM_VARIANT")) << o.err;
+  EXPECT_TRUE(Has(o.err, "'bogus'")) << o.err;
+  EXPECT_TRUE(Has(o.err, "auto, scalar, avx2, avx512 or avx512bf16")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+TEST(BenchCliTest, BoundIgnoresTheForcedVariant) {
+  ScratchDir d;
+  const std::string json = d.path() + "/a.json";
+  const Outcome o =
+      RunBench({"adam", "--params", "64K", "--threads", "1", "--torch", "off",
+                "--reps", "1", "--moments", "fp32", "--json", json},
+               d.path(), {"STRATA_CPU_ADAM_VARIANT=scalar"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  const std::string isa = j["config"]["bound_isa"];
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) {
+    EXPECT_NE(isa, "scalar");
+  }
+  for (const auto& row : j["results"]) {
+    if (row.contains("bound_isa")) {
+      EXPECT_EQ(row["bound_isa"], isa);
+    }
+    if (row["optimizer"] == "grad_stats") {
+      EXPECT_EQ(row["variant"], "scalar");
+    }
+  }
+}
+
+}  // namespace
