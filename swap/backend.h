@@ -9,7 +9,12 @@
 // BackendWrapper forwards every call to another backend; test doubles such as
 // FaultInjectingBackend derive from it and override only what they change.
 //
-// Thread contract: REQUIRES external synchronization (the engine's).
+// Every backend owns an eventfd (CompletionFd) that it signals whenever a
+// result becomes ready to Wait for, so that AsyncIo's completion thread can
+// sleep in poll() on it and be woken by submitters too (they write to it).
+//
+// Thread contract: REQUIRES external synchronization (the engine's), except
+// that any thread may write to CompletionFd().
 #ifndef STRATA_SWAP_BACKEND_H_
 #define STRATA_SWAP_BACKEND_H_
 
@@ -21,9 +26,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "strata/io_engine.h"
 #include "strata/status.h"
+#include "util/unique_handle.h"
 
 namespace strata::swap {
 
@@ -40,6 +47,12 @@ struct RawResult {
   uint64_t slot = 0;
   int64_t res = 0;  // bytes transferred (>= 0) or -errno
 };
+
+// Writes 1 to an eventfd (wakes a poll() on it); ignores failures, which can
+// only be a counter overflow that leaves it readable anyway.
+void SignalEventFd(int fd);
+// Creates a non-blocking, close-on-exec eventfd, or returns -1 (errno set).
+int NewEventFd();
 
 class Backend {
  public:
@@ -61,8 +74,20 @@ class Backend {
   // block device's logical block size, else 4096.
   virtual size_t DirectAlignment(int fd);
 
-  // Optional (default: accepted, nothing registered).
-  virtual Status RegisterBuffers(std::span<const std::span<std::byte>> bufs);
+  // Buffers registered with the kernel where the backend can (io_uring's
+  // fixed buffers). AddBuffer returns the registration's index, or -1 when
+  // the buffer stays unregistered (still usable, a little slower; the reason
+  // is logged once). RemoveBuffer(index) undoes one AddBuffer. Defaults:
+  // nothing registered.
+  virtual int AddBuffer(std::span<std::byte> buf);
+  virtual void RemoveBuffer(int index);
+  // Replaces the buffers added by earlier RegisterBuffers calls (not those of
+  // AddBuffer) with `bufs`. Built on AddBuffer/RemoveBuffer.
+  Status RegisterBuffers(std::span<const std::span<std::byte>> bufs);
+
+  // The eventfd signalled when results become ready (see above); -1 when
+  // the process could not create one. Wrappers forward their target's.
+  virtual int CompletionFd() { return event_fd_.get(); }
 
   // Starts ops. Returns how many were accepted, a prefix of `ops` (possibly 0
   // when the kernel pushes back); an error means none of the rest were.
@@ -72,7 +97,13 @@ class Backend {
   virtual StatusOr<size_t> Wait(std::span<RawResult> out, size_t min) = 0;
 
  protected:
-  Backend() = default;
+  Backend();
+  // Signals CompletionFd(): a result is ready.
+  void SignalReady() { SignalEventFd(CompletionFd()); }
+
+ private:
+  UniqueFd event_fd_;
+  std::vector<int> registered_;  // indexes added by RegisterBuffers
 };
 
 class BackendWrapper : public Backend {
@@ -93,9 +124,11 @@ class BackendWrapper : public Backend {
   size_t DirectAlignment(int fd) override {
     return target_->DirectAlignment(fd);
   }
-  Status RegisterBuffers(std::span<const std::span<std::byte>> bufs) override {
-    return target_->RegisterBuffers(bufs);
+  int AddBuffer(std::span<std::byte> buf) override {
+    return target_->AddBuffer(buf);
   }
+  void RemoveBuffer(int index) override { target_->RemoveBuffer(index); }
+  int CompletionFd() override { return target_->CompletionFd(); }
   StatusOr<size_t> Submit(std::span<const RawOp> ops) override {
     return target_->Submit(ops);
   }
@@ -128,6 +161,26 @@ StatusOr<std::unique_ptr<Backend>> NewUringBackend(const IoEngineOptions& o);
 StatusOr<std::unique_ptr<Backend>> NewAioBackend(const IoEngineOptions& o);
 StatusOr<std::unique_ptr<Backend>> NewThreadBackend(const IoEngineOptions& o);
 std::unique_ptr<Backend> NewMemoryBackend(const IoEngineOptions& o);
+
+// The engine's internal face, for AsyncIo: every IoEngine made by NewIoEngine
+// or NewIoEngineWithBackend is one. REQUIRES external synchronization, like
+// the engine.
+class EngineCore : public IoEngine {
+ public:
+  // Checks a request as Submit would (known file, size, O_DIRECT alignment).
+  virtual Status Validate(const IoRequest& request) = 0;
+  // Makes progress without blocking: hands pending work to the backend,
+  // classifies whatever results are ready (resubmitting short or retried
+  // transfers) and moves finished requests to `out`. Returns how many.
+  virtual StatusOr<size_t> Poll(std::span<IoCompletion> out) = 0;
+  // The backend's eventfd: readable when Poll may find results.
+  virtual int completion_fd() = 0;
+  // Requests the backend takes at once (the queue depth).
+  virtual uint32_t capacity() const = 0;
+  // Additive buffer registration (see Backend::AddBuffer).
+  virtual int AddBuffer(std::span<std::byte> buf) = 0;
+  virtual void RemoveBuffer(int index) = 0;
+};
 
 // An engine over a given backend (tests use it with wrappers).
 std::unique_ptr<IoEngine> NewIoEngineWithBackend(

@@ -39,6 +39,8 @@ class AioBackend final : public Backend {
         io_prep_pwrite(cb, op.fd, op.buf, op.len,
                        static_cast<long long>(op.offset));
       }
+      // The kernel signals the eventfd as each request completes.
+      io_set_eventfd(cb, CompletionFd());
       cb->data = reinterpret_cast<void*>(static_cast<uintptr_t>(op.slot));
       batch_.push_back(cb);
     }

@@ -84,6 +84,7 @@ class MemoryBackend final : public Backend {
 
   StatusOr<size_t> Submit(std::span<const RawOp> ops) override {
     for (const RawOp& op : ops) done_.push_back({op.slot, Execute(op)});
+    if (!ops.empty()) SignalReady();
     return ops.size();
   }
 

@@ -1,6 +1,7 @@
 // POSIX defaults of Backend's file calls, and direct-I/O alignment probing.
 #include <fcntl.h>
 #include <linux/stat.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -85,8 +86,23 @@ size_t Backend::DirectAlignment(int fd) {
   return kDefaultAlignment;
 }
 
-Status Backend::RegisterBuffers(std::span<const std::span<std::byte>>) {
+int Backend::AddBuffer(std::span<std::byte>) { return -1; }
+
+void Backend::RemoveBuffer(int) {}
+
+Status Backend::RegisterBuffers(std::span<const std::span<std::byte>> bufs) {
+  for (int index : registered_) RemoveBuffer(index);
+  registered_.clear();
+  for (const auto& b : bufs) {
+    if (int index = AddBuffer(b); index >= 0) registered_.push_back(index);
+  }
   return Status::Ok();
 }
+
+void SignalEventFd(int fd) { (void)!::eventfd_write(fd, 1); }
+
+int NewEventFd() { return ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+Backend::Backend() : event_fd_(NewEventFd()) {}
 
 }  // namespace strata::swap

@@ -69,6 +69,7 @@ class ThreadBackend final : public Backend {
       mu_.Lock();
       done_.push_back(r);
       done_cv_.Signal();
+      SignalReady();
     }
     mu_.Unlock();
   }

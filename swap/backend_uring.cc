@@ -3,6 +3,7 @@
 // and a registered file table.
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <unordered_map>
@@ -15,6 +16,7 @@ namespace strata::swap {
 namespace {
 
 constexpr unsigned kFileTableSize = 64;
+constexpr unsigned kBufferTableSize = 1024;
 constexpr int kMaxSyscallRetries = 64;
 
 class UringBackend final : public Backend {
@@ -31,6 +33,8 @@ class UringBackend final : public Backend {
     }
   }
   ~UringBackend() override { io_uring_queue_exit(&ring_); }
+
+  int RegisterEventFd(int fd) { return io_uring_register_eventfd(&ring_, fd); }
 
   IoBackend kind() const override { return IoBackend::kUring; }
   uint32_t capacity() const override { return capacity_; }
@@ -57,26 +61,56 @@ class UringBackend final : public Backend {
     Backend::CloseFile(fd);
   }
 
-  Status RegisterBuffers(std::span<const std::span<std::byte>> bufs) override {
-    if (!buffers_.empty()) {
-      (void)io_uring_unregister_buffers(&ring_);
-      buffers_.clear();
+  // A sparse table of kBufferTableSize entries, created at the first
+  // AddBuffer, that buffers join and leave one at a time
+  // (io_uring_register_buffers_update_tag, Linux 5.19), so that several users
+  // of one ring each register their own buffers.
+  int AddBuffer(std::span<std::byte> buf) override {
+    if (!buffers_ready_) {
+      buffers_ready_ = true;
+      const int rc = io_uring_register_buffers_sparse(&ring_, kBufferTableSize);
+      if (rc != 0) {
+        STRATA_LOG_ONCE(WARN,
+                        "io_uring refused a sparse buffer table ({}); using "
+                        "unregistered buffers",
+                        std::strerror(-rc));
+        return -1;
+      }
+      buffers_.resize(kBufferTableSize);
     }
-    if (bufs.empty()) return Status::Ok();
-    std::vector<iovec> iov;
-    for (const auto& b : bufs) iov.push_back({b.data(), b.size()});
-    const int rc = io_uring_register_buffers(&ring_, iov.data(),
-                                             static_cast<unsigned>(iov.size()));
-    if (rc != 0) {
+    int index = -1;
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      if (buffers_[i].empty()) {
+        index = static_cast<int>(i);
+        break;
+      }
+    }
+    if (index < 0 || buf.empty()) return -1;
+    iovec iov{buf.data(), buf.size()};
+    __u64 tag = 0;
+    const int rc = io_uring_register_buffers_update_tag(
+        &ring_, static_cast<unsigned>(index), &iov, &tag, 1);
+    if (rc != 1) {
       // Not fatal: unregistered buffers work, a little slower.
       STRATA_LOG_ONCE(WARN,
-                      "io_uring refused to register {} buffers ({}); "
+                      "io_uring refused to register a {}-byte buffer ({}); "
                       "using unregistered buffers",
-                      bufs.size(), std::strerror(-rc));
-      return Status::Ok();
+                      buf.size(), std::strerror(rc < 0 ? -rc : EINVAL));
+      return -1;
     }
-    buffers_.assign(bufs.begin(), bufs.end());
-    return Status::Ok();
+    buffers_[static_cast<size_t>(index)] = buf;
+    used_ = std::max(used_, static_cast<size_t>(index) + 1);
+    return index;
+  }
+
+  void RemoveBuffer(int index) override {
+    if (index < 0 || static_cast<size_t>(index) >= buffers_.size()) return;
+    iovec none{nullptr, 0};
+    __u64 tag = 0;
+    (void)io_uring_register_buffers_update_tag(
+        &ring_, static_cast<unsigned>(index), &none, &tag, 1);
+    buffers_[static_cast<size_t>(index)] = {};
+    while (used_ > 0 && buffers_[used_ - 1].empty()) --used_;
   }
 
   StatusOr<size_t> Submit(std::span<const RawOp> ops) override {
@@ -137,6 +171,10 @@ class UringBackend final : public Backend {
         if (rc >= 0) rc = io_uring_wait_cqe(&ring_, &cqe);
         if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
       } else {
+        // Flush what an interrupted Submit left in the ring.
+        if (got == 0 && io_uring_sq_ready(&ring_) > 0) {
+          (void)io_uring_submit(&ring_);
+        }
         rc = io_uring_peek_cqe(&ring_, &cqe);
         if (rc == -EAGAIN) break;  // nothing more ready
       }
@@ -151,9 +189,9 @@ class UringBackend final : public Backend {
 
  private:
   int FindBuffer(const std::byte* p, size_t len) const {
-    for (size_t i = 0; i < buffers_.size(); ++i) {
+    for (size_t i = 0; i < used_; ++i) {
       const auto& b = buffers_[i];
-      if (p >= b.data() && p + len <= b.data() + b.size()) {
+      if (!b.empty() && p >= b.data() && p + len <= b.data() + b.size()) {
         return static_cast<int>(i);
       }
     }
@@ -166,7 +204,9 @@ class UringBackend final : public Backend {
   bool files_registered_ = false;
   std::vector<int> free_file_slots_;
   std::unordered_map<int, int> fixed_files_;  // fd -> registered index
-  std::vector<std::span<std::byte>> buffers_;
+  bool buffers_ready_ = false;
+  std::vector<std::span<std::byte>> buffers_;  // empty span: free entry
+  size_t used_ = 0;  // entries below this may be in use
 };
 
 }  // namespace
@@ -190,7 +230,16 @@ StatusOr<std::unique_ptr<Backend>> NewUringBackend(const IoEngineOptions& o) {
     return Status::Unavailable(
         "io_uring lacks IORING_OP_READ/WRITE (Linux 5.6 or later needed)");
   }
-  return std::unique_ptr<Backend>(new UringBackend(o, ring));
+  auto backend = std::unique_ptr<UringBackend>(new UringBackend(o, ring));
+  // Completions signal the backend's eventfd (Linux 5.2), which AsyncIo's
+  // completion thread sleeps on.
+  const int efd = backend->CompletionFd();
+  const int erc = efd < 0 ? -EMFILE : backend->RegisterEventFd(efd);
+  if (erc != 0) {
+    return Status::Unavailable(std::string("io_uring_register_eventfd: ") +
+                               std::strerror(-erc));
+  }
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 }  // namespace strata::swap

@@ -92,6 +92,7 @@ StatusOr<size_t> FaultInjectingBackend::Submit(std::span<const RawOp> ops) {
     std::optional<FaultRule> rule = plan_->Match(op.op);
     if (rule && rule->kind == FaultRule::Kind::kError) {
       injected_.push_back({op.slot, -static_cast<int64_t>(rule->err)});
+      SignalReady();
       ++accepted;
       continue;
     }

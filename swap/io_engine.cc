@@ -102,7 +102,7 @@ struct Slot {
   bool active = false;
 };
 
-class EngineImpl final : public IoEngine {
+class EngineImpl final : public EngineCore {
  public:
   EngineImpl(std::unique_ptr<Backend> backend, const IoEngineOptions& options,
              std::string fallback_reason)
@@ -269,15 +269,34 @@ class EngineImpl final : public IoEngine {
 
   size_t in_flight() const override { return in_flight_; }
 
- private:
-  StatusOr<FileState*> Lookup(FileId file) {
-    if (file >= files_.size() || !files_[file].open) {
-      return Status::InvalidArgument("unknown file id " + std::to_string(file));
+  StatusOr<size_t> Poll(std::span<IoCompletion> out) override {
+    STRATA_RETURN_IF_ERROR(Pump());
+    if (in_backend_ > 0) {
+      raw_.resize(backend_->capacity());
+      STRATA_ASSIGN_OR_RETURN(size_t n, backend_->Wait(raw_, 0));
+      in_backend_ -= n;
+      for (size_t i = 0; i < n; ++i) OnResult(raw_[i]);
+      STRATA_RETURN_IF_ERROR(Pump());  // resubmit short or retried ones
     }
-    return &files_[file];
+    size_t got = 0;
+    while (got < out.size() && !completed_.empty()) {
+      out[got++] = std::move(completed_.front());
+      completed_.pop_front();
+      --in_flight_;
+    }
+    return got;
   }
 
-  Status Validate(const IoRequest& r) {
+  int completion_fd() override { return backend_->CompletionFd(); }
+  uint32_t capacity() const override { return backend_->capacity(); }
+
+  int AddBuffer(std::span<std::byte> buf) override {
+    return options_.register_buffers ? backend_->AddBuffer(buf) : -1;
+  }
+
+  void RemoveBuffer(int index) override { backend_->RemoveBuffer(index); }
+
+  Status Validate(const IoRequest& r) override {
     STRATA_ASSIGN_OR_RETURN(FileState * f, Lookup(r.file));
     if (r.buf.size() > kMaxRequestBytes) {
       return Status::InvalidArgument(
@@ -296,6 +315,14 @@ class EngineImpl final : public IoEngine {
           (addr % a ? "misaligned" : "aligned") + ")");
     }
     return Status::Ok();
+  }
+
+ private:
+  StatusOr<FileState*> Lookup(FileId file) {
+    if (file >= files_.size() || !files_[file].open) {
+      return Status::InvalidArgument("unknown file id " + std::to_string(file));
+    }
+    return &files_[file];
   }
 
   uint64_t AllocSlot() {

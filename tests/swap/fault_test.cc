@@ -23,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "strata/async_io.h"
 #include "strata/swap_space.h"
 #include "swap/backend.h"
 #include "swap/fault_backend.h"
@@ -37,8 +38,12 @@ using swap::FaultPlan;
 using swap::FaultRule;
 using testing::FirstMismatch;
 using testing::MustAllocate;
+using testing::ReadVia;
 using testing::ScratchDir;
 using testing::Stamp;
+using testing::SwapPath;
+using testing::SwapPathName;
+using testing::WriteVia;
 
 constexpr uint32_t kBlock = 64 << 10;
 constexpr uint64_t kBlocks = 16;
@@ -55,7 +60,10 @@ int RunInChild(const std::function<int()>& body) {
 
 enum class Under { kMemory, kKernel };
 
-class SwapFaultTest : public ::testing::TestWithParam<Under> {
+// Each injected fault runs under the in-memory and a kernel backend, through
+// the synchronous wrappers and through the asynchronous calls.
+class SwapFaultTest
+    : public ::testing::TestWithParam<std::tuple<Under, SwapPath>> {
  protected:
   void SetUp() override {
     plan_ = std::make_shared<FaultPlan>();
@@ -68,7 +76,9 @@ class SwapFaultTest : public ::testing::TestWithParam<Under> {
   }
 
   std::unique_ptr<swap::Backend> Inner() {
-    if (GetParam() == Under::kMemory) return swap::NewMemoryBackend(io_);
+    if (std::get<0>(GetParam()) == Under::kMemory) {
+      return swap::NewMemoryBackend(io_);
+    }
     auto u = swap::NewUringBackend(io_);
     if (u.ok()) return std::move(u).value();
     return std::move(swap::NewThreadBackend(io_)).value();
@@ -90,10 +100,20 @@ class SwapFaultTest : public ::testing::TestWithParam<Under> {
     return d;
   }
 
+  static SwapPath Path() { return std::get<1>(GetParam()); }
+  static StatusOr<SwapHandle> Write(SwapSpace& s, uint64_t id,
+                                    std::span<const std::byte> data) {
+    return WriteVia(Path(), s, id, data);
+  }
+  static Status Read(SwapSpace& s, const SwapHandle& h,
+                     std::span<std::byte> out) {
+    return ReadVia(Path(), s, h, out);
+  }
+
   static void ExpectReadsBack(SwapSpace& s, const SwapHandle& h,
                               uint64_t salt) {
-    std::vector<std::byte> out(h.bytes);
-    Status st = s.Read(h, out);
+    std::vector<std::byte> out(h.bytes());
+    Status st = Read(s, h, out);
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_EQ(FirstMismatch(out, 0, salt), -1);
   }
@@ -108,7 +128,7 @@ class SwapFaultTest : public ::testing::TestWithParam<Under> {
 TEST_P(SwapFaultTest, NoSpaceOnWriteLeavesNothingValid) {
   auto s = Space();
   ASSERT_NE(s, nullptr);
-  auto keep = s->Write(1, Data(2 * kBlock, 1));
+  auto keep = Write(*s, 1, Data(2 * kBlock, 1));
   ASSERT_TRUE(keep.ok());
   const auto data = Data(5 * kBlock + 100, 2);
   const auto original = data;
@@ -119,7 +139,7 @@ TEST_P(SwapFaultTest, NoSpaceOnWriteLeavesNothingValid) {
                 .err = ENOSPC,
                 .nth = nth});
     const uint64_t free_before = s->free_blocks();
-    auto h = s->Write(2, data);
+    auto h = Write(*s, 2, data);
     ASSERT_FALSE(h.ok()) << nth;
     EXPECT_EQ(h.status().code(), StatusCode::kNoSpace) << h.status().ToString();
     EXPECT_NE(h.status().ToString().find("tensor 2"), std::string::npos);
@@ -128,7 +148,7 @@ TEST_P(SwapFaultTest, NoSpaceOnWriteLeavesNothingValid) {
   }
   plan_->Clear();
   ExpectReadsBack(*s, *keep, 1);
-  auto h = s->Write(2, data);  // and the space still works
+  auto h = Write(*s, 2, data);  // and the space still works
   ASSERT_TRUE(h.ok());
   ExpectReadsBack(*s, *h, 2);
 }
@@ -152,7 +172,7 @@ TEST_P(SwapFaultTest, TransientWriteErrorRelocatesBlock) {
     ASSERT_NE(s, nullptr);
     plan_->Clear();
     plan_->Add({.op = IoOp::kWrite, .err = EIO, .nth = nth, .count = 1});
-    auto h = s->Write(3, data);
+    auto h = Write(*s, 3, data);
     ASSERT_TRUE(h.ok()) << nth << ": " << h.status().ToString();
     EXPECT_EQ(s->stats().relocations, 1u);
     EXPECT_EQ(s->stats().retired_slots, 1u);
@@ -169,7 +189,7 @@ TEST_P(SwapFaultTest, PersistentWriteErrorFailsWithFileAndOffset) {
   ASSERT_NE(s, nullptr);
   plan_->Add(
       {.op = IoOp::kWrite, .err = EIO, .nth = 1, .count = FaultRule::kForever});
-  auto h = s->Write(4, Data(3 * kBlock, 4));
+  auto h = Write(*s, 4, Data(3 * kBlock, 4));
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kIoError);
   EXPECT_NE(h.status().ToString().find(s->files()[0]), std::string::npos);
@@ -197,11 +217,11 @@ TEST_P(SwapFaultTest, FsyncErrorIsReported) {
 TEST_P(SwapFaultTest, ReadErrorNamesTensorAndCopiesNothingOfTheBlock) {
   auto s = Space();
   ASSERT_NE(s, nullptr);
-  auto h = s->Write(7, Data(3 * kBlock, 7));
+  auto h = Write(*s, 7, Data(3 * kBlock, 7));
   ASSERT_TRUE(h.ok());
   plan_->Add({.op = IoOp::kRead, .err = EIO, .nth = 1, .count = 1});
-  std::vector<std::byte> out(h->bytes, std::byte{0xee});
-  Status st = s->Read(*h, out);
+  std::vector<std::byte> out(h->bytes(), std::byte{0xee});
+  Status st = Read(*s, *h, out);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_NE(st.ToString().find("tensor 7"), std::string::npos);
   for (size_t i = 0; i < kBlock; ++i) {
@@ -219,7 +239,7 @@ TEST_P(SwapFaultTest, ShortTransfersAreResubmitted) {
               .nth = 1,
               .count = FaultRule::kForever,
               .short_bytes = 4096});
-  auto h = s->Write(8, Data(2 * kBlock + 5000, 8));
+  auto h = Write(*s, 8, Data(2 * kBlock + 5000, 8));
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   ExpectReadsBack(*s, *h, 8);
   EXPECT_GT(plan_->injected(), 2 * (kBlock / 4096));
@@ -232,7 +252,7 @@ TEST_P(SwapFaultTest, InterruptedRequestsRetryThenGiveUp) {
   plan_->Add({.err = EINTR, .nth = 1, .count = 3});
   plan_->Add({.err = ECANCELED, .nth = 9, .count = 2});
   plan_->Add({.err = EAGAIN, .nth = 5, .count = 3});
-  auto h = s->Write(9, Data(4 * kBlock, 10));
+  auto h = Write(*s, 9, Data(4 * kBlock, 10));
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   ExpectReadsBack(*s, *h, 10);
   // Forever: reported after the bound, no hang, no assert.
@@ -241,8 +261,8 @@ TEST_P(SwapFaultTest, InterruptedRequestsRetryThenGiveUp) {
               .err = EAGAIN,
               .nth = 1,
               .count = FaultRule::kForever});
-  std::vector<std::byte> out(h->bytes);
-  Status st = s->Read(*h, out);
+  std::vector<std::byte> out(h->bytes());
+  Status st = Read(*s, *h, out);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.ToString().find("errno 11"), std::string::npos) << st.ToString();
 }
@@ -262,16 +282,19 @@ TEST_P(SwapFaultTest, DirectOpenRefusedFallsBackToBuffered) {
   EXPECT_EQ(FirstMismatch(r, 3, 6), -1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fault, SwapFaultTest,
-                         ::testing::Values(Under::kMemory, Under::kKernel),
-                         [](const auto& p) {
-                           return p.param == Under::kMemory ? "memory"
-                                                            : "kernel";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fault, SwapFaultTest,
+    ::testing::Combine(::testing::Values(Under::kMemory, Under::kKernel),
+                       ::testing::Values(SwapPath::kSync, SwapPath::kAsync)),
+    [](const auto& p) {
+      return std::string(std::get<0>(p.param) == Under::kMemory ? "memory"
+                                                                : "kernel") +
+             "_" + SwapPathName(std::get<1>(p.param));
+    });
 
 // ---- Faults made by the kernel or by editing real swap files ---------------
 
-class SwapFileFaultTest : public ::testing::Test {
+class SwapFileFaultTest : public ::testing::TestWithParam<SwapPath> {
  protected:
   void SetUp() override {
     SwapSpaceOptions o;
@@ -306,15 +329,29 @@ class SwapFileFaultTest : public ::testing::Test {
 
   uint64_t SlotBytes() const { return space_->header_bytes() + kBlock; }
 
+  StatusOr<SwapHandle> Write(uint64_t id, std::span<const std::byte> data) {
+    return WriteVia(GetParam(), *space_, id, data);
+  }
+  Status Read(const SwapHandle& h, std::span<std::byte> out) {
+    return ReadVia(GetParam(), *space_, h, out);
+  }
+
+  // Copies slot `from`'s header and payload over slot `to`'s.
+  void CopySlot(const std::vector<std::byte>& header,
+                const std::vector<std::byte>& payload, uint32_t to) {
+    Poke(space_->HeaderOffset(to), header.data(), header.size());
+    Poke(space_->SlotOffset(to), payload.data(), payload.size());
+  }
+
   // Reads `h` and expects kCorruption mentioning `what`, with the file named
   // and the destination never holding the corrupt block's bytes.
   void ExpectCorruption(const SwapHandle& h, const std::string& what) {
-    std::vector<std::byte> out(h.bytes, std::byte{0xcd});
-    Status st = space_->Read(h, out);
+    std::vector<std::byte> out(h.bytes(), std::byte{0xcd});
+    Status st = Read(h, out);
     EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
     EXPECT_NE(st.ToString().find(what), std::string::npos) << st.ToString();
     EXPECT_NE(st.ToString().find(space_->files()[0]), std::string::npos);
-    if (h.slots.size() == 1) {
+    if (h.blocks() == 1) {
       for (std::byte b : out) ASSERT_EQ(b, std::byte{0xcd});
     }
   }
@@ -329,11 +366,10 @@ std::vector<std::byte> Stamped(size_t n, uint64_t salt) {
   return d;
 }
 
-TEST_F(SwapFileFaultTest, BitFlipInPayload) {
-  auto h = space_->Write(1, Stamped(kBlock, 1));
+TEST_P(SwapFileFaultTest, BitFlipInPayload) {
+  auto h = Write(1, Stamped(kBlock, 1));
   ASSERT_TRUE(h.ok());
-  const uint64_t off =
-      space_->SlotOffset(h->slots[0]) + space_->header_bytes() + 12345;
+  const uint64_t off = space_->SlotOffset(h->slot(0)) + 12345;
   auto b = Peek(off, 1);
   b[0] ^= std::byte{0x10};
   Poke(off, b.data(), 1);
@@ -341,62 +377,63 @@ TEST_F(SwapFileFaultTest, BitFlipInPayload) {
   EXPECT_EQ(space_->stats().checksum_failures, 1u);
 }
 
-TEST_F(SwapFileFaultTest, ZeroedHeaderSector) {
-  auto h = space_->Write(2, Stamped(1000, 2));
+TEST_P(SwapFileFaultTest, ZeroedHeaderSector) {
+  auto h = Write(2, Stamped(1000, 2));
   ASSERT_TRUE(h.ok());
   std::vector<char> zeros(512, 0);
-  Poke(space_->SlotOffset(h->slots[0]), zeros.data(), zeros.size());
+  Poke(space_->HeaderOffset(h->slot(0)), zeros.data(), zeros.size());
   ExpectCorruption(*h, "bad magic");
 }
 
-TEST_F(SwapFileFaultTest, WrongLengthInHeader) {
-  auto h = space_->Write(3, Stamped(1000, 3));
+TEST_P(SwapFileFaultTest, WrongLengthInHeader) {
+  auto h = Write(3, Stamped(1000, 3));
   ASSERT_TRUE(h.ok());
   const uint64_t bogus = 999;
-  Poke(space_->SlotOffset(h->slots[0]) +
+  Poke(space_->HeaderOffset(h->slot(0)) +
            offsetof(swap::BlockHeader, payload_bytes),
        &bogus, sizeof bogus);
   ExpectCorruption(*h, "payload length");
 }
 
-TEST_F(SwapFileFaultTest, SwappedBlocksAreMisdirected) {
-  auto h = space_->Write(4, Stamped(2 * kBlock, 4));
+TEST_P(SwapFileFaultTest, SwappedBlocksAreMisdirected) {
+  auto h = Write(4, Stamped(2 * kBlock, 4));
   ASSERT_TRUE(h.ok());
-  auto first = Peek(space_->SlotOffset(h->slots[0]), SlotBytes());
-  Poke(space_->SlotOffset(h->slots[1]), first.data(), first.size());
+  CopySlot(Peek(space_->HeaderOffset(h->slot(0)), space_->header_bytes()),
+           Peek(space_->SlotOffset(h->slot(0)), kBlock), h->slot(1));
   ExpectCorruption(*h, "misdirected");
 }
 
-TEST_F(SwapFileFaultTest, StaleGenerationIsCaught) {
-  auto h1 = space_->Write(5, Stamped(kBlock, 5));
+TEST_P(SwapFileFaultTest, StaleGenerationIsCaught) {
+  auto h1 = Write(5, Stamped(kBlock, 5));
   ASSERT_TRUE(h1.ok());
-  const uint32_t slot = h1->slots[0];
-  auto old = Peek(space_->SlotOffset(slot), SlotBytes());
+  const uint32_t slot = h1->slot(0);
+  auto old_header = Peek(space_->HeaderOffset(slot), space_->header_bytes());
+  auto old_payload = Peek(space_->SlotOffset(slot), kBlock);
   space_->Free(std::move(*h1));
-  auto h2 = space_->Write(5, Stamped(kBlock, 55));
+  auto h2 = Write(5, Stamped(kBlock, 55));
   ASSERT_TRUE(h2.ok());
-  ASSERT_EQ(h2->slots[0], slot);  // lowest free slot is reused
-  Poke(space_->SlotOffset(slot), old.data(), old.size());  // a lost write
+  ASSERT_EQ(h2->slot(0), slot);             // lowest free slot is reused
+  CopySlot(old_header, old_payload, slot);  // a lost write
   ExpectCorruption(*h2, "stale generation");
 }
 
-TEST_F(SwapFileFaultTest, TruncatedFileIsCorruptionNotAbort) {
-  auto h = space_->Write(6, Stamped(3 * kBlock, 6));
+TEST_P(SwapFileFaultTest, TruncatedFileIsCorruptionNotAbort) {
+  auto h = Write(6, Stamped(3 * kBlock, 6));
   ASSERT_TRUE(h.ok());
   ASSERT_EQ(
       ::truncate(space_->files()[0].c_str(),
-                 static_cast<off_t>(space_->SlotOffset(h->slots[2]) + 4096)),
+                 static_cast<off_t>(space_->SlotOffset(h->slot(2)) + 4096)),
       0);
-  std::vector<std::byte> out(h->bytes);
-  Status st = space_->Read(*h, out);
+  std::vector<std::byte> out(h->bytes());
+  Status st = Read(*h, out);
   EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
   EXPECT_NE(st.ToString().find("end of file"), std::string::npos);
 }
 
-TEST_F(SwapFileFaultTest, FuzzedHeadersNeverPassOrCrash) {
-  auto h = space_->Write(7, Stamped(5000, 7));
+TEST_P(SwapFileFaultTest, FuzzedHeadersNeverPassOrCrash) {
+  auto h = Write(7, Stamped(5000, 7));
   ASSERT_TRUE(h.ok());
-  const uint64_t base = space_->SlotOffset(h->slots[0]);
+  const uint64_t base = space_->HeaderOffset(h->slot(0));
   const auto pristine = Peek(base, sizeof(swap::BlockHeader));
   std::mt19937_64 rng(20261121);
   for (int iter = 0; iter < 300; ++iter) {
@@ -409,22 +446,22 @@ TEST_F(SwapFileFaultTest, FuzzedHeadersNeverPassOrCrash) {
       hdr[at] = v;
     }
     Poke(base, hdr.data(), hdr.size());
-    std::vector<std::byte> out(h->bytes, std::byte{0xcd});
-    Status st = space_->Read(*h, out);
+    std::vector<std::byte> out(h->bytes(), std::byte{0xcd});
+    Status st = Read(*h, out);
     ASSERT_EQ(st.code(), StatusCode::kCorruption)
         << "iteration " << iter << ": " << st.ToString();
     for (std::byte b : out) ASSERT_EQ(b, std::byte{0xcd});
   }
   Poke(base, pristine.data(), pristine.size());
-  std::vector<std::byte> out(h->bytes);
-  ASSERT_TRUE(space_->Read(*h, out).ok());
+  std::vector<std::byte> out(h->bytes());
+  ASSERT_TRUE(Read(*h, out).ok());
   EXPECT_EQ(FirstMismatch(out, 0, 7), -1);
 }
 
 // Row 15: a second engine on the same directory is refused, in this process
 // and in another, and the first one's file is untouched.
-TEST_F(SwapFileFaultTest, SecondUserOfDirectoryIsBusy) {
-  auto h = space_->Write(8, Stamped(2 * kBlock, 8));
+TEST_P(SwapFileFaultTest, SecondUserOfDirectoryIsBusy) {
+  auto h = Write(8, Stamped(2 * kBlock, 8));
   ASSERT_TRUE(h.ok());
   const std::string file = space_->files()[0];
   auto before = Peek(0, 2 * SlotBytes());
@@ -445,10 +482,14 @@ TEST_F(SwapFileFaultTest, SecondUserOfDirectoryIsBusy) {
   });
   EXPECT_EQ(child, 0);
   EXPECT_EQ(Peek(0, 2 * SlotBytes()), before);
-  std::vector<std::byte> out(h->bytes);
-  ASSERT_TRUE(space_->Read(*h, out).ok());
+  std::vector<std::byte> out(h->bytes());
+  ASSERT_TRUE(Read(*h, out).ok());
   EXPECT_EQ(FirstMismatch(out, 0, 8), -1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Corruption, SwapFileFaultTest,
+                         ::testing::Values(SwapPath::kSync, SwapPath::kAsync),
+                         [](const auto& p) { return SwapPathName(p.param); });
 
 // Row 9: host memory refused. The nth host allocation of Open fails, n swept
 // from 1 until Open succeeds, once (transient) and for good (persistent):
@@ -497,7 +538,7 @@ TEST(SwapHostOomTest, EveryAllocationOfOpenFailsCleanly) {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     auto h = (*s)->Write(3, Stamped(3 * kBlock, 3));
     ASSERT_TRUE(h.ok()) << h.status().ToString();
-    std::vector<std::byte> out(h->bytes);
+    std::vector<std::byte> out(h->bytes());
     ASSERT_TRUE((*s)->Read(*h, out).ok());
     EXPECT_EQ(FirstMismatch(out, 0, 3), -1);
   }
@@ -573,6 +614,21 @@ TEST(SwapKernelFaultTest, SignalStormDoesNotLoseData) {
       ASSERT_TRUE(rs.ok()) << IoBackendName(b) << ": " << rs.ToString();
       ASSERT_EQ(FirstMismatch(r.span(), 0, rep), -1) << IoBackendName(b);
     }
+    // The same through an AsyncIo, whose completion thread sleeps in poll().
+    auto a = AsyncIo::Create(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    auto af = (*a)->Open(d.File("storm-async"), {.create = true});
+    ASSERT_TRUE(af.ok());
+    for (int rep = 0; rep < 40; ++rep) {
+      Stamp(w.span(), 0, rep + 100);
+      IoRequest wr{*af, 0, w.span(), IoOp::kWrite, 0};
+      Status ws = (*a)->Submit({&wr, 1}, IoPriority::kBackground).Wait();
+      ASSERT_TRUE(ws.ok()) << IoBackendName(b) << ": " << ws.ToString();
+      IoRequest rd{*af, 0, r.span(), IoOp::kRead, 0};
+      Status rs = (*a)->Submit({&rd, 1}, IoPriority::kUrgent).Wait();
+      ASSERT_TRUE(rs.ok()) << IoBackendName(b) << ": " << rs.ToString();
+      ASSERT_EQ(FirstMismatch(r.span(), 0, rep + 100), -1) << IoBackendName(b);
+    }
   }
   itimerval off{};
   ::setitimer(ITIMER_REAL, &off, nullptr);
@@ -608,7 +664,18 @@ int ProbeUnderSeccomp(int uring_errno, int aio_errno, IoBackend expect) {
   Stamp(w->span(), 0, 17);
   if (!(*e)->WriteAt(*f, 0, w->span()).ok()) return 15;
   if (!(*e)->ReadAt(*f, 0, r->span()).ok()) return 16;
-  return FirstMismatch(r->span(), 0, 17) == -1 ? 0 : 17;
+  if (FirstMismatch(r->span(), 0, 17) != -1) return 17;
+  // An AsyncIo probes the same way and works over the fallback.
+  auto a = AsyncIo::Create(IoEngineOptions{});
+  if (!a.ok() || (*a)->backend() != expect) return 18;
+  auto af = (*a)->Open(d.File("probe-async"), {.create = true});
+  if (!af.ok()) return 19;
+  IoRequest wr{*af, 0, w->span(), IoOp::kWrite, 0};
+  IoRequest rd{*af, 0, r->span(), IoOp::kRead, 0};
+  std::memset(r->data(), 0, r->size());
+  if (!(*a)->Submit({&wr, 1}, IoPriority::kBackground).Wait().ok()) return 20;
+  if (!(*a)->Submit({&rd, 1}, IoPriority::kUrgent).Wait().ok()) return 21;
+  return FirstMismatch(r->span(), 0, 17) == -1 ? 0 : 22;
 }
 
 TEST(SwapKernelFaultTest, UringRefusedFallsBackToAio) {

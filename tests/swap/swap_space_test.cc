@@ -48,8 +48,8 @@ TEST(SwapSpaceTest, RoundTripsTensorsOfAwkwardSizesStripedOverDirs) {
   }
   // Consecutive slots alternate files.
   const SwapHandle& big = handles[5];
-  ASSERT_GE(big.slots.size(), 2u);
-  EXPECT_NE(s.SlotFile(big.slots[0]), s.SlotFile(big.slots[1]));
+  ASSERT_GE(big.blocks(), 2u);
+  EXPECT_NE(s.SlotFile(big.slot(0)), s.SlotFile(big.slot(1)));
   for (size_t i = 0; i < sizes.size(); ++i) {
     std::vector<std::byte> out(sizes[i]);
     ASSERT_TRUE(s.Read(handles[i], out).ok()) << i;

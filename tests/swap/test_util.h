@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "strata/host_buffer.h"
 #include "strata/io_engine.h"
+#include "strata/swap_space.h"
 
 namespace strata::testing {
 
@@ -69,6 +71,49 @@ inline HostBuffer MustAllocate(size_t bytes) {
   auto b = HostBuffer::Allocate(bytes);
   EXPECT_TRUE(b.ok()) << b.status().ToString();
   return std::move(b).value();
+}
+
+// The two ways of moving a tensor through a SwapSpace: the synchronous
+// wrappers, and the asynchronous calls straight from an aligned buffer.
+enum class SwapPath { kSync, kAsync };
+
+inline std::string SwapPathName(SwapPath p) {
+  return p == SwapPath::kSync ? "sync" : "async";
+}
+
+// A buffer that the asynchronous calls accept for all of `h`.
+inline HostBuffer SwapBuffer(const SwapSpace& s, const SwapHandle& h) {
+  return MustAllocate(
+      std::max<uint64_t>(s.BufferBytes(h, 0, h.blocks()), 4096));
+}
+
+inline StatusOr<SwapHandle> WriteVia(SwapPath path, SwapSpace& s,
+                                     uint64_t tensor_id,
+                                     std::span<const std::byte> data) {
+  if (path == SwapPath::kSync) return s.Write(tensor_id, data);
+  STRATA_ASSIGN_OR_RETURN(SwapHandle h, s.Allocate(tensor_id, data.size()));
+  HostBuffer buf = SwapBuffer(s, h);
+  if (!data.empty()) std::memcpy(buf.data(), data.data(), data.size());
+  IoTicket done;
+  STRATA_RETURN_IF_ERROR(s.WriteAsync(h, 0, h.blocks(), buf.span(),
+                                      IoPriority::kBackground, done.Setter()));
+  STRATA_RETURN_IF_ERROR(done.Wait());
+  return h;
+}
+
+// The asynchronous read leaves its buffer unspecified on failure; like the
+// synchronous one, `out` is written only on success.
+inline Status ReadVia(SwapPath path, SwapSpace& s, const SwapHandle& h,
+                      std::span<std::byte> out) {
+  if (path == SwapPath::kSync) return s.Read(h, out);
+  if (out.size() != h.bytes()) return Status::InvalidArgument("size");
+  HostBuffer buf = SwapBuffer(s, h);
+  IoTicket done;
+  STRATA_RETURN_IF_ERROR(s.ReadAsync(h, 0, h.blocks(), buf.span(),
+                                     IoPriority::kUrgent, done.Setter()));
+  STRATA_RETURN_IF_ERROR(done.Wait());
+  if (!out.empty()) std::memcpy(out.data(), buf.data(), out.size());
+  return Status::Ok();
 }
 
 }  // namespace strata::testing
