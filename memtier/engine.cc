@@ -392,9 +392,9 @@ std::byte* EngineImpl::HostAt(int r, uint32_t u, uint64_t elem) {
 Status EngineImpl::ReadPiece(uint32_t u, int r, size_t p,
                              std::span<std::byte> dst) {
   UnitState& s = units_[u];
-  SwapHandle& h = s.nvme[r][p];
-  STRATA_RETURN_IF_ERROR(swap_->Read(h, dst.first(h.bytes)));
-  nvme_read_bytes_ += h.bytes;
+  const SwapHandle& h = s.nvme[r][p];
+  STRATA_RETURN_IF_ERROR(swap_->Read(h, dst.first(h.bytes())));
+  nvme_read_bytes_ += h.bytes();
   return Status::Ok();
 }
 
@@ -796,7 +796,7 @@ Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
         st = lease.status();
         break;
       }
-      const uint64_t bytes = unit.nvme[kParam][p].bytes;
+      const uint64_t bytes = unit.nvme[kParam][p].bytes();
       st = ReadPiece(u, kParam, p, lease->span());
       if (st.ok()) {
         st = device_->CopyAsync(*copy_stream_,
