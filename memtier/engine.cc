@@ -185,8 +185,11 @@ Status EngineImpl::Start() {
   STRATA_ASSIGN_OR_RETURN(Layout layout, Layout::Build(numel_, lo, groups));
   layout_ = std::make_unique<Layout>(std::move(layout));
   units_ = std::vector<UnitState>(layout_->num_units());
-  trace_ = std::make_unique<FetchTrace>(units_.size());
-  grad_count_.assign(specs_.size(), 0);
+  {
+    MutexLock l(&mu_);
+    trace_ = std::make_unique<FetchTrace>(units_.size());
+    grad_count_.assign(specs_.size(), 0);
+  }
 
   uint64_t max_unit_elems = 0;
   for (uint32_t u = 0; u < units_.size(); ++u) {
@@ -281,14 +284,17 @@ Status EngineImpl::Start() {
   STRATA_ASSIGN_OR_RETURN(arena_,
                           DeviceArena::Create(device_, *copy_stream_, ao));
   if (options_.params == Residence::kDevice) {
-    for (UnitState& s : units_) {
-      device_used_ += RoundUp(s.param_bytes, 256);
-    }
-    if (device_used_ > device_budget_) {
+    uint64_t resting = 0;
+    for (UnitState& s : units_) resting += RoundUp(s.param_bytes, 256);
+    if (resting > device_budget_) {
       return Status::OutOfMemory(
-          "engine: params resting on the device need " + Bytes(device_used_) +
+          "engine: params resting on the device need " + Bytes(resting) +
           "; the device budget is " + Bytes(device_budget_) +
           " (rest params on host or nvme)");
+    }
+    {
+      MutexLock l(&mu_);
+      device_used_ = resting;
     }
     for (UnitState& s : units_) {
       // Resting here for good: unmovable, and pinned for the engine's life.
