@@ -469,9 +469,7 @@ Status DeviceArena::CompactLocked(uint64_t bytes, Stream& stream) {
   STRATA_ASSIGN_OR_RETURN(CompactionPlan plan, planner_.PlanCompaction(bytes));
   if (plan.moves.empty()) return Status::Ok();
   // Everything that can fail without side effects comes first.
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Event> done_event,
-                          device_->NewEvent());
-  std::shared_ptr<Event> done(std::move(done_event));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Event> done, TakeEvent());
   // The copies wait for the work already queued on the moved blocks and for
   // the previous compaction (which may still read a range now free).
   std::vector<Stream*> waited;
@@ -481,7 +479,7 @@ Status DeviceArena::CompactLocked(uint64_t bytes, Stream& stream) {
           std::find(waited.begin(), waited.end(), user) != waited.end()) {
         continue;
       }
-      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Event> e, device_->NewEvent());
+      STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Event> e, TakeEvent());
       STRATA_RETURN_IF_ERROR(device_->RecordEvent(*e, *user));
       STRATA_RETURN_IF_ERROR(device_->WaitEvent(stream, *e));
       waited.push_back(user);
@@ -636,7 +634,7 @@ void DeviceArena::Free(uint64_t id) noexcept {
   // Outside mu_: only enqueues. The offset cannot change: the block is
   // unmovable now.
   for (Stream* s : r.users) {
-    auto event = device_->NewEvent();
+    auto event = TakeEvent();
     Status st = event.ok() ? device_->RecordEvent(**event, *s) : event.status();
     if (!st.ok()) {
       STRATA_LOG_ERROR(
@@ -645,12 +643,30 @@ void DeviceArena::Free(uint64_t id) noexcept {
           options_.name, pending->bytes, pending->offset, st.ToString());
       return;
     }
-    pending->events.push_back(std::shared_ptr<Event>(std::move(*event)));
+    pending->events.push_back(std::move(*event));
   }
   if (r.ready) pending->events.push_back(std::move(r.ready));
   MutexLock lock(&mu_);
   counters_.pending_free_bytes += pending->bytes;
   pending_.push_back(std::move(pending));
+}
+
+StatusOr<std::shared_ptr<Event>> DeviceArena::TakeEvent() {
+  std::unique_ptr<Event> e;
+  {
+    MutexLock lock(&events_mu_);
+    if (!spare_events_.empty()) {
+      e = std::move(spare_events_.back());
+      spare_events_.pop_back();
+    }
+  }
+  if (!e) {
+    STRATA_ASSIGN_OR_RETURN(e, device_->NewEvent());
+  }
+  return std::shared_ptr<Event>(e.release(), [this](Event* ev) {
+    MutexLock lock(&events_mu_);
+    spare_events_.emplace_back(ev);
+  });
 }
 
 DeviceArenaStats DeviceArena::stats() const {

@@ -344,8 +344,16 @@ class DeviceArena {
   // The event of the last compaction while it may be unfinished, else null.
   std::shared_ptr<Event> UnfinishedCompactionLocked() STRATA_REQUIRES(mu_);
   static void AddUser(Record& r, Stream* stream);
+  // An event from the pool (a new one only when none is spare), returned to
+  // the pool when the last reference drops: after the first uses, frees and
+  // compactions make no device calls that allocate.
+  StatusOr<std::shared_ptr<Event>> TakeEvent() STRATA_EXCLUDES(events_mu_);
 
   Device* const device_;
+  // Declared before everything holding events, so destroyed after them.
+  Mutex events_mu_;
+  std::vector<std::unique_ptr<Event>> spare_events_
+      STRATA_GUARDED_BY(events_mu_);
   const DeviceArenaOptions options_;
   DeviceMemory memory_;
   const uint64_t capacity_;

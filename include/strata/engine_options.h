@@ -98,8 +98,10 @@ struct EngineOptions {
   std::vector<std::string> nvme_paths;
 
   // ---- Budgets (bytes; 0 = automatic, at most 1 PiB) ----
-  uint64_t device_budget_bytes = 0;  // the device arena; >= partition_bytes
-  uint64_t host_budget_bytes = 0;    // pinned host memory for resident data
+  // The device arena, one allocation at start; >= partition_bytes.
+  // Automatic: half of the device memory free at start.
+  uint64_t device_budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;  // pinned host memory for resident data
   // Page-lock host memory (continues unpinned, with one warning, where the
   // OS refuses). Default on.
   bool pin_memory = true;

@@ -312,6 +312,14 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
       {{"adam", "--params", "8388608T"}, "--params"},
       {{"adam", "--params", "16777216T"}, "64 bits"},
       {{"copy", "--sizes", "8388608T"}, "--sizes"},
+      {{"step", "--params", big}, "--params"},
+      {{"step", "--params", "0"}, "--params"},
+      {{"step", "--queue-depth", "0"}, "--queue-depth"},
+      {{"step", "--block-size", "5000"}, "--block-size"},
+      {{"step", "--cases", ""}, "--cases"},
+      {{"step", "--cases", "gpu"}, "--cases"},
+      {{"step", "--engine", "bogus"}, "--engine"},
+      {{"step", "--threads", "-1"}, "--threads"},
       {{"io", "--block-size", "17179869184G"}, "64 bits"},
   });
 }
@@ -462,7 +470,12 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
       {kSmallCopy,
        "copy",
        {"device", "sizes", "directions", "memory", "min_time_s", "warmup",
-        "link_gbps", "pageable_gbps", "latency_us"}}};
+        "link_gbps", "pageable_gbps", "latency_us"}},
+      {{"step", "--params", "4M", "--dir", d.path(), "--reps", "1", "--threads",
+        "1", "--engine", "psync", "--queue-depth", "4"},
+       "step",
+       {"params", "cases", "dir", "engine", "queue_depth", "block_size",
+        "threads", "reps", "tensor_elems"}}};
   for (const Case& c : cases) {
     const std::string json = d.path() + "/" + c.command + ".json";
     const Outcome o = RunBench(With(c.args, {"--json", json}), d.path());
@@ -479,7 +492,8 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
     EXPECT_FALSE(j["results"].empty()) << c.command;
   }
   EXPECT_EQ(Entries(d.path()),
-            (std::set<std::string>{"io.json", "adam.json", "copy.json"}));
+            (std::set<std::string>{"io.json", "adam.json", "copy.json",
+                                   "step.json"}));
 }
 
 TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {

@@ -1,0 +1,435 @@
+// strata-bench step: one offloaded optimizer step over N parameters through
+// the engine (include/strata/engine.h), with the fp32 master and moments
+// resting on NVMe (case `nvme`) and in host RAM (case `host`), beside its
+// bound measured in the same run:
+//
+//   bound = max(I/O time, update time)
+//   I/O time    = the step's NVMe bytes (it reads and writes 12 bytes per
+//                 parameter) at the rate of the same I/O engine moving as
+//                 many reads as writes at once, on the same directory;
+//   update time = N at the CPU optimizer's own rate (the gradient-norm pass
+//                 and the fused update, the work the step does per
+//                 parameter) on arrays in RAM, same threads.
+//   efficiency  = bound / step time (1 would be perfect overlap).
+//
+// The working copy rests on the host, so no device traffic is timed. The
+// gradients are handed over (outside the timing) before every step.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "strata/cpu_adam.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/host_buffer.h"
+#include "strata/io_engine.h"
+
+namespace strata::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kCommand = "step";
+constexpr const char* kLockName = "strata-bench-step.lock";
+constexpr const char* kScratchName = "strata-bench-step-io.dat";
+constexpr uint64_t kMaxParams = uint64_t{1} << 40;
+constexpr uint64_t kTensorElems = uint64_t{16} << 20;  // 64 MiB of fp32
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct StepFlags {
+  std::string params = "1G";
+  std::string cases = "nvme,host";
+  std::string dir = ".";
+  std::string engine = "auto";
+  std::string queue_depth = "32";
+  std::string block_size = "1M";
+  std::string threads = "0";
+  std::string reps = "2";
+  std::string json;
+};
+
+struct StepConfig {
+  uint64_t params = 0;
+  std::vector<std::string> cases;
+  std::string dir;
+  IoBackend engine = IoBackend::kAuto;
+  uint32_t queue_depth = 32;
+  uint64_t block_size = 1 << 20;
+  int threads = 0;
+  int reps = 2;
+  std::string json;
+
+  bool has(const char* c) const {
+    return std::find(cases.begin(), cases.end(), c) != cases.end();
+  }
+};
+
+void AddOptions(CLI::App& app, StepFlags& f) {
+  app.add_option("--params", f.params,
+                 "parameters, K/M/G/T suffixes (default 1G)");
+  app.add_option("--cases", f.cases,
+                 "where master and moments rest: nvme,host (default both)");
+  app.add_option("--dir", f.dir, "directory for the NVMe tier (default .)");
+  app.add_option("--engine", f.engine, "I/O engine: auto, uring, aio, psync");
+  app.add_option("--queue-depth", f.queue_depth,
+                 "I/O requests in flight, 1..1024 (default 32)");
+  app.add_option("--block-size", f.block_size,
+                 "swap block and I/O size, 64K..64M (default 1M)");
+  app.add_option("--threads", f.threads,
+                 "optimizer threads, 0 = all CPUs (default 0)");
+  app.add_option("--reps", f.reps, "timed steps, 1..100; the best is kept");
+  app.add_option("--json", f.json, "write results as JSON to FILE");
+}
+
+StatusOr<StepConfig> ParseStep(const StepFlags& f) {
+  StepConfig c;
+  STRATA_ASSIGN_OR_RETURN(c.params,
+                          ParseSizeOption("--params", f.params, 1, kMaxParams));
+  STRATA_ASSIGN_OR_RETURN(
+      c.cases, ParseChoiceListOption("--cases", f.cases, {"nvme", "host"}));
+  c.dir = f.dir;
+  STRATA_ASSIGN_OR_RETURN(std::string engine,
+                          ParseChoiceOption("--engine", f.engine,
+                                            {"auto", "uring", "aio", "psync"}));
+  STRATA_ASSIGN_OR_RETURN(c.engine, ParseIoBackend(engine));
+  STRATA_ASSIGN_OR_RETURN(
+      int64_t qd, ParseIntOption("--queue-depth", f.queue_depth, 1, 1024));
+  c.queue_depth = static_cast<uint32_t>(qd);
+  STRATA_ASSIGN_OR_RETURN(
+      c.block_size,
+      ParseSizeOption("--block-size", f.block_size, 64 << 10, 64 << 20));
+  if (c.block_size % 4096 != 0) {
+    return Status::InvalidArgument(
+        "--block-size: " + std::to_string(c.block_size) +
+        " is not a multiple of 4096");
+  }
+  STRATA_ASSIGN_OR_RETURN(int64_t threads,
+                          ParseIntOption("--threads", f.threads, 0, 4096));
+  c.threads = static_cast<int>(threads);
+  STRATA_ASSIGN_OR_RETURN(int64_t reps,
+                          ParseIntOption("--reps", f.reps, 1, 100));
+  c.reps = static_cast<int>(reps);
+  c.json = f.json;
+  return c;
+}
+
+// Bytes per parameter each case keeps in RAM: the host gradient (4) and
+// working copy (2), plus master and moments (12) when they rest there.
+uint64_t HostBytes(const StepConfig& c, bool nvme) {
+  return c.params * (nvme ? 6 : 18);
+}
+
+Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
+  if (!c.json.empty()) {
+    STRATA_ASSIGN_OR_RETURN(*json, JsonOutput::Prepare("--json", c.json));
+  }
+  if (c.has("nvme")) {
+    STRATA_ASSIGN_OR_RETURN(DirLock lock, DirLock::Acquire(c.dir, kLockName));
+    guard.AdoptLock(std::move(lock));
+    STRATA_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(c.dir));
+    // The swap space (12 bytes per parameter, plus slack) and the scratch
+    // file of the I/O measurement.
+    const uint64_t need = c.params * 12 + (uint64_t{2} << 30);
+    if (need > free_bytes) {
+      return Status::NoSpace("--dir " + c.dir + ": the nvme case needs " +
+                             FormatBytes(need) + ", " +
+                             FormatBytes(free_bytes) + " are free");
+    }
+  }
+  uint64_t most = 0;
+  for (const std::string& k : c.cases) {
+    most = std::max(most, HostBytes(c, k == "nvme"));
+  }
+  return CheckMemory(
+      "step's host arrays (--params " + std::to_string(c.params) + ")",
+      most + (uint64_t{1} << 30));
+}
+
+// ---- The limits ---------------------------------------------------------
+
+// The optimizer's own rate, params/s: the gradient-norm pass plus the fused
+// update, on pinned arrays in RAM (a sample of up to 64 Mi parameters), in
+// the engine's pieces, best of five: a bound must not be measured less
+// favourably than the step it bounds.
+StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
+  const uint64_t n = std::min<uint64_t>(c.params, uint64_t{64} << 20);
+  HostBufferOptions o;
+  o.prefault = true;
+  STRATA_ASSIGN_OR_RETURN(HostBuffer master, HostBuffer::Allocate(n * 4, o));
+  STRATA_ASSIGN_OR_RETURN(HostBuffer grad, HostBuffer::Allocate(n * 4, o));
+  STRATA_ASSIGN_OR_RETURN(HostBuffer m, HostBuffer::Allocate(n * 4, o));
+  STRATA_ASSIGN_OR_RETURN(HostBuffer v, HostBuffer::Allocate(n * 4, o));
+  STRATA_ASSIGN_OR_RETURN(HostBuffer w, HostBuffer::Allocate(n * 2, o));
+  std::fill_n(reinterpret_cast<float*>(grad.data()), n, 0.01f);
+  CpuOptimizerOptions oo;
+  oo.threads = c.threads;
+  STRATA_ASSIGN_OR_RETURN(auto opt, NewCpuOptimizer(oo));
+  CpuStepArgs a;
+  a.check_overflow = false;
+  double best = 1e30;
+  for (int r = 0; r <= 5; ++r) {  // r == 0 warms up
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    a.step = r + 1;
+    const auto t0 = Clock::now();
+    for (uint64_t b = 0; b < n; b += kTensorElems) {
+      const uint64_t k = std::min(kTensorElems, n - b);
+      STRATA_RETURN_IF_ERROR(
+          opt->ComputeGradStats(grad.data() + b * 4, CpuDType::kFloat32, k)
+              .status());
+    }
+    for (uint64_t b = 0; b < n; b += kTensorElems) {
+      CpuOptimizerTensors t;
+      t.n = std::min(kTensorElems, n - b);
+      t.master = reinterpret_cast<float*>(master.data()) + b;
+      t.grad = grad.data() + b * 4;
+      t.exp_avg = m.data() + b * 4;
+      t.exp_avg_sq = v.data() + b * 4;
+      t.working = w.data() + b * 2;
+      STRATA_RETURN_IF_ERROR(opt->Step(t, a).status());
+    }
+    if (r > 0) best = std::min(best, Since(t0));
+  }
+  return static_cast<double>(n) / best;
+}
+
+// The I/O engine's rate, bytes/s, moving equal amounts of reads and writes
+// at once (the step's mix) with the step's block size and queue depth.
+StatusOr<double> MeasureMixedIo(const StepConfig& c, RunGuard& guard) {
+  const uint64_t half = std::min<uint64_t>(
+      std::max<uint64_t>(c.params * 12 / c.block_size * c.block_size,
+                         c.block_size),
+      uint64_t{512} << 20);
+  const std::string path = c.dir + "/" + kScratchName;
+  guard.RemoveOnExit(path);
+  IoEngineOptions io;
+  io.backend = c.engine;
+  io.queue_depth = c.queue_depth;
+  STRATA_ASSIGN_OR_RETURN(auto engine, NewIoEngine(io));
+  STRATA_ASSIGN_OR_RETURN(
+      FileId file, engine->Open(path, {.create = true, .truncate = true}));
+  STRATA_RETURN_IF_ERROR(engine->Allocate(file, 2 * half));
+  HostBufferOptions bo;
+  bo.prefault = true;
+  STRATA_ASSIGN_OR_RETURN(
+      HostBuffer buf, HostBuffer::Allocate(c.queue_depth * c.block_size, bo));
+  std::memset(buf.data(), 0x5a, buf.size());
+  const std::span<std::byte> whole = buf.span();
+  STRATA_RETURN_IF_ERROR(engine->RegisterBuffers({&whole, 1}));
+  // The read half is written first, so reads touch the device.
+  for (uint64_t off = 0; off < half; off += c.block_size) {
+    STRATA_RETURN_IF_ERROR(
+        engine->WriteAt(file, off, buf.span().first(c.block_size)));
+  }
+  STRATA_RETURN_IF_ERROR(engine->Sync(file));
+  const uint64_t blocks = half / c.block_size;
+  uint64_t next = 0;  // even: read block next/2; odd: write it
+  std::vector<IoCompletion> done(c.queue_depth);
+  auto submit = [&](uint64_t slot) -> Status {
+    const uint64_t b = next / 2;
+    const bool write = next % 2 == 1;
+    ++next;
+    IoRequest r{file, (write ? half : 0) + b * c.block_size,
+                buf.span().subspan(slot * c.block_size, c.block_size),
+                write ? IoOp::kWrite : IoOp::kRead, slot};
+    return engine->Submit({&r, 1});
+  };
+  const auto t0 = Clock::now();
+  for (uint64_t s = 0; s < c.queue_depth && next < 2 * blocks; ++s) {
+    STRATA_RETURN_IF_ERROR(submit(s));
+  }
+  while (engine->in_flight() > 0) {
+    STRATA_ASSIGN_OR_RETURN(size_t n, engine->Reap(done, 1));
+    for (size_t i = 0; i < n; ++i) {
+      STRATA_RETURN_IF_ERROR(done[i].status);
+      if (next < 2 * blocks) {
+        STRATA_RETURN_IF_ERROR(CheckInterrupted());
+        STRATA_RETURN_IF_ERROR(submit(done[i].tag));
+      }
+    }
+  }
+  const double s = Since(t0);
+  STRATA_RETURN_IF_ERROR(engine->Close(file));
+  ::unlink(path.c_str());
+  return 2.0 * static_cast<double>(half) / s;
+}
+
+// ---- The step -------------------------------------------------------------
+
+struct CaseResult {
+  std::string name;
+  double step_s = 0, io_s = 0, update_s = 0;
+  EngineStats stats;
+  double bound_s() const { return std::max(io_s, update_s); }
+};
+
+StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
+  DeviceOptions dopt;
+  dopt.choice = DeviceChoice::kHostEmulated;
+  const uint64_t tensor = std::min(c.params, kTensorElems);
+  dopt.memory_budget_bytes = tensor * 4 + (uint64_t{128} << 20);
+  STRATA_ASSIGN_OR_RETURN(auto device, NewHostEmulatedDevice(dopt));
+  EngineOptions o;
+  o.params = Residence::kHost;
+  o.optimizer_states = nvme ? Residence::kNvme : Residence::kHost;
+  if (nvme) o.nvme_paths = {c.dir};
+  o.io.backend = c.engine;
+  o.io.queue_depth = c.queue_depth;
+  o.io_block_bytes = c.block_size;
+  o.device_budget_bytes = uint64_t{64} << 20;
+  o.optimizer.cpu.threads = c.threads;
+  STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(o, device.get()));
+  std::vector<TensorId> ids;
+  for (uint64_t done = 0; done < c.params; done += tensor) {
+    TensorSpec s;
+    s.name = "p" + std::to_string(ids.size());
+    s.shape = {static_cast<int64_t>(std::min(tensor, c.params - done))};
+    STRATA_ASSIGN_OR_RETURN(TensorId id, engine->Register(s));
+    ids.push_back(id);
+  }
+  std::fprintf(stderr, "step: %s case, %zu tensors; laying out\n",
+               nvme ? "nvme" : "host", ids.size());
+  STRATA_RETURN_IF_ERROR(engine->Start());
+  STRATA_ASSIGN_OR_RETURN(auto stream, device->NewStream({}));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory grad,
+                          device->Allocate(tensor * 4, *stream));
+  STRATA_RETURN_IF_ERROR(device->MemsetAsync(*stream, grad.data(), 0x3c,
+                                             tensor * 4));  // ~0.0115
+  CaseResult r;
+  r.name = nvme ? "nvme" : "host";
+  r.step_s = 1e30;
+  for (int rep = 0; rep <= c.reps; ++rep) {  // rep 0 warms up
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    for (TensorId id : ids) {
+      STRATA_RETURN_IF_ERROR(
+          engine->AddGrad(id, grad.data(), ElementType::kFloat32, *stream));
+    }
+    STRATA_RETURN_IF_ERROR(engine->WaitGrads());
+    StepArgs a;
+    a.lr = 1e-4;
+    const auto t0 = Clock::now();
+    STRATA_ASSIGN_OR_RETURN(StepResult sr, engine->Step(a));
+    const double s = Since(t0);
+    if (!sr.applied) return Status::Internal("step: the step was skipped");
+    if (rep > 0) r.step_s = std::min(r.step_s, s);
+  }
+  r.stats = engine->stats();
+  // Per step, the nvme case reads and writes the master and both moments.
+  r.io_s = nvme ? 24.0 * static_cast<double>(c.params) / io_rate : 0;
+  return r;
+}
+
+struct StepOutcome {
+  double io_rate = 0, update_rate = 0;
+  std::vector<CaseResult> cases;
+};
+
+StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
+  StepOutcome out;
+  std::fprintf(stderr, "step: measuring the optimizer's rate\n");
+  STRATA_ASSIGN_OR_RETURN(out.update_rate, MeasureUpdateRate(c));
+  if (c.has("nvme")) {
+    std::fprintf(stderr, "step: measuring the I/O engine's rate\n");
+    STRATA_ASSIGN_OR_RETURN(out.io_rate, MeasureMixedIo(c, guard));
+  }
+  for (const std::string& k : c.cases) {
+    STRATA_ASSIGN_OR_RETURN(CaseResult r, RunCase(c, k == "nvme", out.io_rate));
+    out.cases.push_back(std::move(r));
+  }
+  // Measured again after the cases, the best kept: the machine may have
+  // been slower while the first sample ran.
+  STRATA_ASSIGN_OR_RETURN(double again, MeasureUpdateRate(c));
+  out.update_rate = std::max(out.update_rate, again);
+  for (CaseResult& r : out.cases) {
+    r.update_s = static_cast<double>(c.params) / out.update_rate;
+  }
+  return out;
+}
+
+Status ReportStep(const StepConfig& c, const StepOutcome& out,
+                  JsonOutput& json) {
+  Table table({"case", "params", "step s", "I/O s", "update s", "bound s",
+               "efficiency", "NVMe GB read", "NVMe GB written"});
+  nlohmann::json results = nlohmann::json::array();
+  for (const CaseResult& r : out.cases) {
+    const double eff = r.bound_s() / r.step_s;
+    table.AddRow({r.name, std::to_string(c.params), Fixed(r.step_s, 3),
+                  r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
+                  Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
+                  Fixed(r.stats.nvme_read_bytes / 1e9, 2),
+                  Fixed(r.stats.nvme_write_bytes / 1e9, 2)});
+    results.push_back(
+        {{"case", r.name},
+         {"params", c.params},
+         {"step_s", r.step_s},
+         {"bound_s", r.bound_s()},
+         {"io_s", r.io_s},
+         {"update_s", r.update_s},
+         {"efficiency", eff},
+         {"engine_stats", nlohmann::json::parse(EngineStatsJson(r.stats))}});
+  }
+  std::printf(
+      "strata-bench step: %llu params, optimizer %.3f Gparams/s%s, best of "
+      "%d\n%s",
+      static_cast<unsigned long long>(c.params), out.update_rate / 1e9,
+      c.has("nvme") ? (", I/O (reads and writes at once) " +
+                       Fixed(out.io_rate / 1e9, 2) + " GB/s")
+                          .c_str()
+                    : "",
+      c.reps, table.ToString().c_str());
+  if (!json.active()) return Status::Ok();
+  nlohmann::json j = {{"command", kCommand},
+                      {"machine", MachineInfo()},
+                      {"config",
+                       {{"params", c.params},
+                        {"cases", c.cases},
+                        {"dir", c.dir},
+                        {"engine", std::string(IoBackendName(c.engine))},
+                        {"queue_depth", c.queue_depth},
+                        {"block_size", c.block_size},
+                        {"threads", c.threads},
+                        {"reps", c.reps},
+                        {"tensor_elems", std::min(c.params, kTensorElems)},
+                        {"working_rests_on", "host"}}},
+                      {"limits",
+                       {{"update_params_per_s", out.update_rate},
+                        {"io_mixed_bytes_per_s", out.io_rate}}},
+                      {"results", results}};
+  if (c.has("nvme")) j["filesystem"] = FilesystemInfo(c.dir);
+  return json.Commit(j);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"an offloaded optimizer step beside its bound",
+               "strata-bench step"};
+  StepFlags flags;
+  AddOptions(app, flags);
+  StepConfig cfg;
+  JsonOutput json;
+  return RunCommand(
+      kCommand, app, argc, argv,
+      [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(cfg, ParseStep(flags));
+        return Status::Ok();
+      },
+      [&](RunGuard& guard) { return CheckStep(cfg, guard, &json); },
+      [&](RunGuard& guard) -> Status {
+        STRATA_ASSIGN_OR_RETURN(StepOutcome out, RunStep(cfg, guard));
+        return ReportStep(cfg, out, json);
+      });
+}
+
+}  // namespace
+
+STRATA_BENCH_COMMAND("step",
+                     "an offloaded optimizer step vs its I/O and "
+                     "update bound",
+                     Main);
+
+}  // namespace strata::bench

@@ -1,0 +1,197 @@
+// Engine: strata's tiered memory manager behind a ZeRO-3 style API.
+//
+// A trainer registers its parameters, starts the engine, and then, every
+// micro-batch, fetches each parameter just before use (a pinned device view),
+// drops the pin after use, and hands over its gradient; every step it calls
+// Step(), which runs the CPU optimizer over every partition wherever its fp32
+// master and moments rest. The engine keeps each role of each partition in
+// the tier the options name (device, pinned host RAM or NVMe), moves it just
+// in time through a fixed pool of pinned staging buffers, prefetches by the
+// order recorded in the first step, and evicts the cached device copy whose
+// next use is furthest away.
+//
+// Roles: registering a trainable parameter creates its working-precision
+// parameter (fp16/bf16, what Fetch returns), its fp32 gradient accumulator,
+// its fp32 master and its two Adam moments, all over the same layout
+// (memtier/layout.h, Note [Units and partitions]).
+//
+// Thread contract: thread-safe. Fetch, pins and AddGrad may be used from
+// several threads; Step excludes them (calls made during a Step wait for it).
+// Pins and tickets must be dropped before the engine is destroyed.
+#ifndef STRATA_ENGINE_H_
+#define STRATA_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/cpu_adam.h"
+#include "strata/device.h"
+#include "strata/engine_options.h"
+#include "strata/export.h"
+#include "strata/status.h"
+
+namespace strata {
+
+namespace memtier {
+class EngineImpl;
+}  // namespace memtier
+
+using TensorId = uint32_t;
+
+struct TensorSpec {
+  std::string name;            // unique; for messages and stats
+  std::vector<int64_t> shape;  // every dimension > 0
+  // Working precision: what Fetch returns. kFloat16 or kBFloat16.
+  ElementType dtype = ElementType::kBFloat16;
+};
+
+// A fetched parameter: its device copy stays where it is (never evicted or
+// moved) while the pin lives. Move-only; dropping it releases the parameter.
+// The data may still be in flight when the pin is returned: make a stream
+// wait for it with WaitOn (the host does not wait), or wait on the host.
+class STRATA_EXPORT ParamPin {
+ public:
+  ParamPin() = default;
+  ParamPin(ParamPin&& other) noexcept;
+  ParamPin& operator=(ParamPin&& other) noexcept;
+  ParamPin(const ParamPin&) = delete;
+  ParamPin& operator=(const ParamPin&) = delete;
+  ~ParamPin();
+
+  // The tensor's device address (valid while pinned) and size.
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  ElementType dtype() const { return dtype_; }
+  bool empty() const { return engine_ == nullptr; }
+
+  // Work enqueued on `consumer` after this call runs once the data has
+  // arrived. The consumer's use lasts until the pin is dropped: the device
+  // copy is reused only after the work enqueued on `consumer` by then is
+  // done. Blocks the host only while the fetch is still reading from NVMe.
+  Status WaitOn(Stream& consumer);
+  // Blocks the host until the data has arrived on the device.
+  Status Wait();
+  // Releases now (as the destructor).
+  void Reset();
+
+ private:
+  friend class memtier::EngineImpl;
+  memtier::EngineImpl* engine_ = nullptr;
+  uint32_t unit_ = 0;
+  // Streams made to wait by WaitOn: their use ends when the pin drops.
+  std::vector<Stream*> consumers_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  ElementType dtype_ = ElementType::kBFloat16;
+};
+
+struct StepArgs {
+  double lr = 1e-3;
+  // The gradients handed over were multiplied by this; they are divided by
+  // it before use. A non-finite gradient skips the step (fp16 overflow).
+  double loss_scale = 1.0;
+  // Clip the global L2 norm of the (unscaled) gradient to this; 0 = off.
+  double max_grad_norm = 0.0;
+};
+
+struct StepResult {
+  bool applied = false;    // false: an inf/nan was found; nothing changed
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradient
+  int64_t step = 0;        // steps applied so far
+};
+
+// Counters per tier (bytes are SUM gauges, counts COUNT).
+struct TierStats {
+  uint64_t resident_bytes = 0;  // data resting here now
+  uint64_t peak_bytes = 0;
+};
+
+struct EngineStats {
+  TierStats device, host, nvme;
+  uint64_t pinned_host_bytes = 0;  // everything the engine page-locked
+  uint64_t staging_bytes = 0;      // of which staging buffers
+  // Bytes moved, per direction.
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;
+  // Fetches, how many found the unit on the device already (a cache or a
+  // prefetch hit), prefetches issued, and the time fetches made the host
+  // wait (stall), seconds.
+  uint64_t fetches = 0, fetch_hits = 0, prefetches = 0;
+  uint64_t prefetch_hits = 0;  // fetches served by a prefetch
+  double stall_seconds = 0;
+  uint64_t evictions = 0, order_changes = 0;
+  uint64_t steps = 0, skipped_steps = 0;
+  double step_seconds = 0;  // of the last Step
+  // Memory obtained from the system (host or device) after the first step:
+  // the hot path should never allocate.
+  uint64_t hot_path_allocations = 0;
+  // Device arena: free bytes split in pieces; 1 - largest free / free.
+  double fragmentation = 0;
+  uint64_t compactions = 0;
+};
+
+class STRATA_EXPORT Engine {
+ public:
+  // `device` is not owned and must outlive the engine. Validates the
+  // options (kInvalidArgument naming the field).
+  static StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                  Device* device);
+  virtual ~Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Before Start: registers a trainable parameter.
+  virtual StatusOr<TensorId> Register(const TensorSpec& spec) = 0;
+  // Lays the tensors out, reserves every tier (kOutOfMemory or kNoSpace when
+  // a budget, the host or a drive cannot hold them, saying what was asked
+  // and what is free) and zero-fills every role.
+  virtual Status Start() = 0;
+  // After Start, before the first Step: a tensor's initial values (fp32,
+  // numel elements), written to its master and working copy.
+  virtual Status SetInitialValues(TensorId id,
+                                  std::span<const float> values) = 0;
+  // The fp32 master of a tensor (numel elements), wherever it rests.
+  virtual Status ReadMaster(TensorId id, std::span<float> out) = 0;
+
+  // Returns at once: a pin whose data arrives asynchronously (NVMe -> pinned
+  // host -> device). Evicts colder device copies as needed; kOutOfMemory
+  // when the pinned units alone fill the device budget.
+  virtual StatusOr<ParamPin> Fetch(TensorId id) = 0;
+
+  // Hands over a gradient of `id` in device memory (numel elements of
+  // `dtype`, multiplied by the loss scale), produced by work enqueued on
+  // `producer` so far. It is copied to the host without blocking `producer`
+  // and accumulated in fp32 (micro-batches add up until the next Step).
+  // `grad` must stay unchanged until WaitGrads() returns (or use the
+  // DeviceMemory overload, whose memory the engine frees in stream order).
+  virtual Status AddGrad(TensorId id, const void* grad, ElementType dtype,
+                         Stream& producer) = 0;
+  virtual Status AddGrad(TensorId id, DeviceMemory grad, ElementType dtype,
+                         Stream& producer) = 0;
+  // Blocks until every gradient handed over has been accumulated.
+  virtual Status WaitGrads() = 0;
+
+  // The optimizer over every partition: unscale, overflow check, clip,
+  // update, and the new working copy sent to where parameters rest. Waits
+  // for the gradients and clears them afterwards.
+  virtual StatusOr<StepResult> Step(const StepArgs& args) = 0;
+
+  virtual EngineStats stats() const = 0;
+  virtual const TensorSpec& spec(TensorId id) const = 0;
+  virtual size_t num_tensors() const = 0;
+
+ protected:
+  Engine() = default;
+};
+
+// The stats as a JSON object (field names as above; bytes and counts as
+// integers, seconds as numbers).
+STRATA_EXPORT std::string EngineStatsJson(const EngineStats& stats);
+
+}  // namespace strata
+
+#endif  // STRATA_ENGINE_H_

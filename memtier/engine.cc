@@ -1,0 +1,1407 @@
+// The engine: registry, residency, fetch/release with prefetch and eviction,
+// gradient hand-over and the pipelined optimizer step.
+//
+// Note [Engine threads and locks]
+// - mu_ guards every unit's residency and pins, the trace and the stats. No
+//   I/O, device allocation or device synchronization is done while holding
+//   it: Fetch decides under the lock (victims, bytes reserved), then frees,
+//   allocates and enqueues outside it, then records the outcome under it.
+// - The mover (a Worker) does all NVMe I/O, urgent jobs first: reads that a
+//   fetch or the step waits on before prefetches and write-backs. Only the
+//   mover touches the swap space, so it needs no lock of its own.
+// - The accumulator (a Worker) adds copied gradients into the fp32
+//   accumulators, in hand-over order, so the sums are deterministic.
+// - Step excludes Fetch and AddGrad (stepping_), drains both workers, and
+//   runs the optimizer on the calling thread, with the mover reading the
+//   next piece and writing the last one meanwhile.
+#include "memtier/engine_impl.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "util/log.h"
+
+namespace strata::memtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+CpuDType ToCpu(ElementType t) {
+  switch (t) {
+    case ElementType::kFloat32:
+      return CpuDType::kFloat32;
+    case ElementType::kFloat16:
+      return CpuDType::kFloat16;
+    case ElementType::kBFloat16:
+      break;
+  }
+  return CpuDType::kBFloat16;
+}
+
+std::string Bytes(uint64_t b) { return std::to_string(b) + " bytes"; }
+
+}  // namespace
+
+// ---- EngineImpl: set-up -----------------------------------------------------
+
+Status EngineImpl::CheckOptions(const EngineOptions& o) {
+  if (o.world_size != 1) {
+    return Status::NotSupported(
+        "engine: world_size " + std::to_string(o.world_size) +
+        ": the layout is rank-aware, but gathering shards needs the "
+        "collectives, which are not built yet; use world_size 1");
+  }
+  if (o.optimizer_states == Residence::kDevice) {
+    return Status::NotSupported(
+        "engine: optimizer_states on the device needs a GPU optimizer; rest "
+        "them on host or nvme");
+  }
+  if (o.grads != Residence::kHost) {
+    return Status::NotSupported("engine: grads rest on host for now, not " +
+                                std::string(ResidenceName(o.grads)));
+  }
+  const bool nvme =
+      o.params == Residence::kNvme || o.optimizer_states == Residence::kNvme;
+  if (nvme && o.nvme_paths.empty()) {
+    return Status::InvalidArgument(
+        "engine: nvme_paths is empty but params or optimizer_states rest on "
+        "nvme");
+  }
+  if (o.partition_bytes < (1u << 16) || o.partition_bytes % 4096 != 0) {
+    return Status::InvalidArgument(
+        "engine: partition_bytes " + std::to_string(o.partition_bytes) +
+        " must be a multiple of 4096 and at least 65536");
+  }
+  if (o.staging_buffer_bytes % 4096 != 0) {
+    return Status::InvalidArgument(
+        "engine: staging_buffer_bytes " +
+        std::to_string(o.staging_buffer_bytes) +
+        " must be a multiple of 4096 (0 = automatic)");
+  }
+  return Status::Ok();
+}
+
+EngineImpl::EngineImpl(const EngineOptions& o, Device* device)
+    : options_(o), counting_device_(device), device_(&counting_device_) {}
+
+EngineImpl::~EngineImpl() {
+  // Workers first: their jobs use everything below.
+  mover_.reset();
+  accumulator_.reset();
+  if (copy_stream_) device_->SynchronizeStream(*copy_stream_).IgnoreError();
+  if (d2h_stream_) device_->SynchronizeStream(*d2h_stream_).IgnoreError();
+  if (release_stream_) {
+    device_->SynchronizeStream(*release_stream_).IgnoreError();
+  }
+  {
+    MutexLock l(&mu_);
+    for (UnitState& s : units_) {
+      s.pin.Reset();
+      s.dev.Reset();
+    }
+  }
+  arena_.reset();  // before the streams its blocks used
+  MutexLock l(&mu_);
+  for (UnitState& s : units_) {
+    s.pin.Reset();
+    s.dev.Reset();
+    for (auto& handles : s.nvme) {
+      for (SwapHandle& h : handles) swap_->Free(std::move(h));
+    }
+  }
+}
+
+StatusOr<TensorId> EngineImpl::Register(const TensorSpec& spec) {
+  MutexLock l(&mu_);
+  if (started_) {
+    return Status::FailedPrecondition("engine: Register after Start (" +
+                                      spec.name + ")");
+  }
+  if (spec.dtype == ElementType::kFloat32) {
+    return Status::InvalidArgument("engine: tensor " + spec.name +
+                                   ": working dtype must be fp16 or bf16");
+  }
+  uint64_t n = 1;
+  for (int64_t d : spec.shape) {
+    if (d <= 0 || n > (uint64_t{1} << 48) / static_cast<uint64_t>(d)) {
+      return Status::InvalidArgument("engine: tensor " + spec.name +
+                                     " has a bad shape");
+    }
+    n *= static_cast<uint64_t>(d);
+  }
+  if (spec.shape.empty()) {
+    return Status::InvalidArgument("engine: tensor " + spec.name +
+                                   " has no shape");
+  }
+  for (const TensorSpec& t : specs_) {
+    if (t.name == spec.name) {
+      return Status::AlreadyExists("engine: tensor " + spec.name +
+                                   " is registered already");
+    }
+  }
+  specs_.push_back(spec);
+  numel_.push_back(n);
+  return static_cast<TensorId>(specs_.size() - 1);
+}
+
+Residence EngineImpl::RoleResidence(int role) const {
+  if (role == kParam) return options_.params;
+  if (role == kGrad) return options_.grads;
+  return options_.optimizer_states;
+}
+
+size_t EngineImpl::ElemBytes(int role, const UnitState& s) const {
+  return role == kParam ? ElementSize(s.dtype) : 4;
+}
+
+Status EngineImpl::Start() {
+  {
+    MutexLock l(&mu_);
+    if (started_) return Status::FailedPrecondition("engine: started already");
+    if (specs_.empty()) {
+      return Status::FailedPrecondition("engine: no tensor registered");
+    }
+  }
+  // Layout: units of partition_bytes of fp32 (the widest role), small
+  // tensors packed with tensors of their dtype.
+  LayoutOptions lo;
+  lo.unit_elems = options_.partition_bytes / 4;
+  lo.pack_limit_elems = std::max<uint64_t>(kTensorAlign, lo.unit_elems / 4);
+  lo.rank = options_.rank;
+  lo.world_size = options_.world_size;
+  std::vector<uint32_t> groups;
+  for (const TensorSpec& t : specs_) {
+    groups.push_back(static_cast<uint32_t>(t.dtype));
+  }
+  STRATA_ASSIGN_OR_RETURN(Layout layout, Layout::Build(numel_, lo, groups));
+  layout_ = std::make_unique<Layout>(std::move(layout));
+  units_ = std::vector<UnitState>(layout_->num_units());
+  {
+    MutexLock l(&mu_);
+    trace_ = std::make_unique<FetchTrace>(units_.size());
+    grad_count_.assign(specs_.size(), 0);
+  }
+
+  uint64_t max_unit_elems = 0;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    UnitState& s = units_[u];
+    const UnitInfo& info = layout_->unit(u);
+    s.elems = info.shard_elems;
+    s.dtype = specs_[info.tensors.front()].dtype;
+    s.param_bytes = s.elems * ElementSize(s.dtype);
+    max_unit_elems = std::max(max_unit_elems, s.elems);
+  }
+
+  // Staging: buffers of a piece of fp32 (4 MiB..64 MiB by default), enough of
+  // them for the step's pipeline (read ahead, update, write behind).
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  const bool nvme_params = options_.params == Residence::kNvme;
+  uint64_t staging_bytes = options_.staging_buffer_bytes;
+  if (staging_bytes == 0) {
+    staging_bytes = std::clamp<uint64_t>(RoundUp(max_unit_elems * 4, 4096),
+                                         4u << 20, 64u << 20);
+  }
+  uint32_t staging_count = options_.staging_buffer_count;
+  const uint32_t min_count = nvme_states ? 8 : 4;
+  if (staging_count == 0) staging_count = nvme_states ? 12 : 6;
+  if (staging_count < min_count) {
+    return Status::InvalidArgument(
+        "engine: staging_buffer_count " + std::to_string(staging_count) +
+        " is below " + std::to_string(min_count) +
+        ", what one piece of the optimizer step holds at once");
+  }
+  piece_elems_ = staging_bytes / 4;
+  STRATA_ASSIGN_OR_RETURN(
+      staging_, StagingPool::Create(device_, staging_count, staging_bytes,
+                                    options_.pin_memory));
+
+  // Streams, events and the optimizer.
+  STRATA_ASSIGN_OR_RETURN(copy_stream_,
+                          device_->NewStream({StreamKind::kCopy}));
+  STRATA_ASSIGN_OR_RETURN(d2h_stream_, device_->NewStream({StreamKind::kCopy}));
+  STRATA_ASSIGN_OR_RETURN(release_stream_, device_->NewStream({}));
+  STRATA_ASSIGN_OR_RETURN(producer_event_, device_->NewEvent());
+  for (UnitState& s : units_) {
+    STRATA_ASSIGN_OR_RETURN(s.ready, device_->NewEvent());
+    STRATA_ASSIGN_OR_RETURN(s.use_done, device_->NewEvent());
+  }
+  CpuOptimizerOptions oo = options_.optimizer.cpu;
+  STRATA_ASSIGN_OR_RETURN(optimizer_, NewCpuOptimizer(oo));
+
+  // Host tier: one pinned array per role resting on the host.
+  uint64_t host_bytes = 0;
+  for (int r = 0; r < kRoles; ++r) {
+    if (RoleResidence(r) != Residence::kHost) continue;
+    uint64_t off = 0;
+    for (UnitState& s : units_) {
+      s.host_offset[r] = off;
+      off += RoundUp(s.elems * ElemBytes(r, s), 4096);
+    }
+    host_bytes += off;
+  }
+  if (options_.host_budget_bytes != 0 &&
+      host_bytes > options_.host_budget_bytes) {
+    return Status::OutOfMemory(
+        "engine: the host-resident roles need " + Bytes(host_bytes) +
+        " of pinned host memory; host_budget_bytes is " +
+        Bytes(options_.host_budget_bytes) +
+        " (rest params or optimizer_states on nvme, or raise the budget)");
+  }
+  for (int r = 0; r < kRoles; ++r) {
+    if (RoleResidence(r) != Residence::kHost) continue;
+    const uint64_t bytes =
+        units_.back().host_offset[r] +
+        RoundUp(units_.back().elems * ElemBytes(r, units_.back()), 4096);
+    HostBufferOptions ho;
+    ho.pin = options_.pin_memory;
+    ho.prefault = true;  // zero-filled by the kernel, and no first-use faults
+    StatusOr<HostBuffer> b = r == kParam && options_.pin_memory
+                                 ? device_->AllocatePinnedHost(bytes, ho)
+                                 : HostBuffer::Allocate(bytes, ho);
+    if (!b.ok()) return b.status();
+    host_[r] = std::move(b).value();
+  }
+
+  // Device tier: the budget, and the parameters that rest there.
+  device_budget_ = options_.device_budget_bytes;
+  if (device_budget_ == 0) {
+    // Automatic: half of what the device has free, the rest left to the
+    // trainer's activations and workspaces.
+    device_budget_ = device_->memory_stats().free_bytes / 2 / 4096 * 4096;
+  }
+  DeviceArenaOptions ao;
+  ao.capacity_bytes = device_budget_;
+  ao.name = "engine device arena";
+  STRATA_ASSIGN_OR_RETURN(arena_,
+                          DeviceArena::Create(device_, *copy_stream_, ao));
+  if (options_.params == Residence::kDevice) {
+    uint64_t resting = 0;
+    for (UnitState& s : units_) resting += RoundUp(s.param_bytes, 256);
+    if (resting > device_budget_) {
+      return Status::OutOfMemory(
+          "engine: params resting on the device need " + Bytes(resting) +
+          "; the device budget is " + Bytes(device_budget_) +
+          " (rest params on host or nvme)");
+    }
+    {
+      MutexLock l(&mu_);
+      device_used_ = resting;
+    }
+    for (UnitState& s : units_) {
+      // Resting here for good: unmovable, and pinned for the engine's life.
+      STRATA_ASSIGN_OR_RETURN(s.dev,
+                              arena_->Allocate(s.param_bytes, *copy_stream_,
+                                               /*movable=*/false));
+      STRATA_ASSIGN_OR_RETURN(s.pin, s.dev.Pin(*copy_stream_));
+      { STRATA_ASSIGN_OR_RETURN(ArenaPin user, s.dev.Pin(*release_stream_)); }
+      s.addr = s.pin.data();
+      s.rests_here = true;
+      STRATA_RETURN_IF_ERROR(
+          device_->MemsetAsync(*copy_stream_, s.pin.data(), 0, s.param_bytes));
+      STRATA_RETURN_IF_ERROR(device_->RecordEvent(*s.ready, *copy_stream_));
+      s.resident = true;
+    }
+  }
+
+  // NVMe tier: a swap space holding every nvme role, plus room to write a
+  // new generation of the pieces in flight before the old is freed.
+  if (nvme_states || nvme_params) {
+    SwapSpaceOptions so;
+    so.dirs = options_.nvme_paths;
+    so.block_bytes = options_.io_block_bytes;
+    so.io = options_.io;
+    so.queue_depth = std::max<uint32_t>(1, options_.io.queue_depth);
+    so.pin_buffers = options_.pin_memory;
+    uint64_t cap = 0;
+    for (int r = 0; r < kRoles; ++r) {
+      if (RoleResidence(r) != Residence::kNvme) continue;
+      for (UnitState& s : units_) {
+        for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
+          const uint64_t n = std::min(piece_elems_, s.elems - b);
+          cap += RoundUp(n * ElemBytes(r, s), so.block_bytes);
+        }
+      }
+    }
+    cap += uint64_t{staging_count} * RoundUp(staging_bytes, so.block_bytes);
+    so.capacity_bytes = cap;
+    STRATA_ASSIGN_OR_RETURN(swap_, SwapSpace::Open(so));
+  }
+
+  mover_ = std::make_unique<Worker>();
+  accumulator_ = std::make_unique<Worker>();
+  scratch_.resize(std::min<uint64_t>(piece_elems_, 1u << 16));
+
+  // Zero-fill every nvme role, so every piece has a handle to read.
+  if (swap_) {
+    STRATA_RETURN_IF_ERROR(RunOnMover([&]() -> Status {
+      STRATA_ASSIGN_OR_RETURN(StagingLease zero, staging_->Acquire());
+      std::memset(zero.data(), 0, zero.size());
+      for (uint32_t u = 0; u < units_.size(); ++u) {
+        UnitState& s = units_[u];
+        for (int r = 0; r < kRoles; ++r) {
+          if (RoleResidence(r) != Residence::kNvme) continue;
+          for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
+            const uint64_t n = std::min(piece_elems_, s.elems - b);
+            STRATA_ASSIGN_OR_RETURN(
+                SwapHandle h,
+                swap_->Write(SwapTensorId(u, r),
+                             zero.span().first(n * ElemBytes(r, s))));
+            s.nvme[r].push_back(std::move(h));
+          }
+        }
+      }
+      return Status::Ok();
+    }));
+  }
+
+  MutexLock l(&mu_);
+  started_ = true;
+  stats_.pinned_host_bytes = staging_->pinned_bytes() + PinnedRoleBytes();
+  stats_.staging_bytes = staging_->pinned_bytes();
+  UpdateTierStatsLocked();
+  return Status::Ok();
+}
+
+uint64_t EngineImpl::PinnedRoleBytes() const {
+  uint64_t n = 0;
+  for (const HostBuffer& b : host_) {
+    if (b.pinned() || b.registration() != nullptr) n += b.size();
+  }
+  return n;
+}
+
+Status EngineImpl::RunOnMover(std::function<Status()> job) {
+  std::promise<Status> done;
+  std::future<Status> f = done.get_future();
+  mover_->Post(Priority::kUrgent, [&job, &done] { done.set_value(job()); });
+  return f.get();
+}
+
+// ---- Reading and writing one role of one piece -----------------------------
+
+// Bytes of role `r` for elements [b, b + n) of unit `u`, in the host array.
+std::byte* EngineImpl::HostAt(int r, uint32_t u, uint64_t elem) {
+  return host_[r].data() + units_[u].host_offset[r] +
+         elem * ElemBytes(r, units_[u]);
+}
+
+// On the mover: piece `p` of role `r` of unit `u` into `dst`.
+Status EngineImpl::ReadPiece(uint32_t u, int r, size_t p,
+                             std::span<std::byte> dst) {
+  UnitState& s = units_[u];
+  const SwapHandle& h = s.nvme[r][p];
+  STRATA_RETURN_IF_ERROR(swap_->Read(h, dst.first(h.bytes())));
+  nvme_read_bytes_ += h.bytes();
+  return Status::Ok();
+}
+
+// On the mover: replaces piece `p` of role `r` of unit `u` with `src`. The
+// old generation is freed only once the new one is written: a failed write
+// leaves the old data authoritative.
+Status EngineImpl::WritePiece(uint32_t u, int r, size_t p,
+                              std::span<const std::byte> src) {
+  STRATA_ASSIGN_OR_RETURN(SwapHandle h, swap_->Write(SwapTensorId(u, r), src));
+  std::swap(units_[u].nvme[r][p], h);
+  swap_->Free(std::move(h));
+  nvme_write_bytes_ += src.size();
+  return Status::Ok();
+}
+
+// ---- Initial values and reading the master ---------------------------------
+
+Status EngineImpl::ForEachPieceOfTensor(
+    TensorId id, int role, bool write,
+    const std::function<void(std::byte*, uint64_t, uint64_t)>& fn) {
+  const TensorPlace& t = layout_->tensor(id);
+  UnitState& s = units_[t.unit];
+  const size_t esize = ElemBytes(role, s);
+  if (RoleResidence(role) == Residence::kHost) {
+    fn(HostAt(role, t.unit, t.offset), 0, t.elems);
+    return Status::Ok();
+  }
+  if (RoleResidence(role) == Residence::kDevice) {
+    // Through a staging buffer, in pieces, on the copy stream.
+    for (uint64_t b = 0; b < t.elems; b += piece_elems_) {
+      const uint64_t n = std::min(piece_elems_, t.elems - b);
+      STRATA_ASSIGN_OR_RETURN(StagingLease lease, staging_->Acquire());
+      std::byte* dev = DevAt(s, (t.offset + b) * esize);
+      STRATA_RETURN_IF_ERROR(device_->CopyAsync(*copy_stream_, lease.data(),
+                                                dev, n * esize,
+                                                CopyKind::kDeviceToHost));
+      STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+      fn(lease.data(), b, n);
+      if (write) {
+        STRATA_RETURN_IF_ERROR(device_->CopyAsync(*copy_stream_, dev,
+                                                  lease.data(), n * esize,
+                                                  CopyKind::kHostToDevice));
+        STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+      }
+    }
+    return Status::Ok();
+  }
+  return RunOnMover([&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(StagingLease lease, staging_->Acquire());
+    const uint64_t first = t.offset / piece_elems_;
+    const uint64_t last = (t.offset + t.elems - 1) / piece_elems_;
+    for (uint64_t p = first; p <= last; ++p) {
+      const uint64_t pb = p * piece_elems_;
+      const uint64_t pn = std::min(piece_elems_, s.elems - pb);
+      STRATA_RETURN_IF_ERROR(ReadPiece(t.unit, role, p, lease.span()));
+      const uint64_t b = std::max(pb, t.offset);
+      const uint64_t e = std::min(pb + pn, t.offset + t.elems);
+      fn(lease.data() + (b - pb) * esize, b - t.offset, e - b);
+      if (write) {
+        STRATA_RETURN_IF_ERROR(
+            WritePiece(t.unit, role, p, lease.span().first(pn * esize)));
+      }
+    }
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::SetInitialValues(TensorId id, std::span<const float> v) {
+  STRATA_RETURN_IF_ERROR(CheckTensor(id, "SetInitialValues"));
+  if (v.size() != numel_[id]) {
+    return Status::InvalidArgument(
+        "engine: SetInitialValues(" + specs_[id].name +
+        "): " + std::to_string(v.size()) + " values for " +
+        std::to_string(numel_[id]) + " elements");
+  }
+  {
+    MutexLock l(&mu_);
+    if (steps_ > 0) {
+      return Status::FailedPrecondition(
+          "engine: SetInitialValues after the first Step");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(ForEachPieceOfTensor(
+      id, kMaster, true, [&](std::byte* p, uint64_t b, uint64_t n) {
+        std::memcpy(p, v.data() + b, n * 4);
+      }));
+  const CpuDType wd = ToCpu(specs_[id].dtype);
+  Status conv;
+  STRATA_RETURN_IF_ERROR(ForEachPieceOfTensor(
+      id, kParam, true, [&](std::byte* p, uint64_t b, uint64_t n) {
+        Status s = ConvertCpuArray(v.data() + b, CpuDType::kFloat32, p, wd, n);
+        if (conv.ok()) conv = s;
+      }));
+  STRATA_RETURN_IF_ERROR(conv);
+  // Cached device copies of a non-device tier are stale now.
+  InvalidateCaches();
+  return Status::Ok();
+}
+
+Status EngineImpl::ReadMaster(TensorId id, std::span<float> out) {
+  STRATA_RETURN_IF_ERROR(CheckTensor(id, "ReadMaster"));
+  if (out.size() != numel_[id]) {
+    return Status::InvalidArgument("engine: ReadMaster(" + specs_[id].name +
+                                   "): output holds " +
+                                   std::to_string(out.size()) + " of " +
+                                   std::to_string(numel_[id]) + " elements");
+  }
+  return ForEachPieceOfTensor(id, kMaster, false,
+                              [&](std::byte* p, uint64_t b, uint64_t n) {
+                                std::memcpy(out.data() + b, p, n * 4);
+                              });
+}
+
+Status EngineImpl::CheckTensor(TensorId id, const char* what) const {
+  if (!started_) {
+    return Status::FailedPrecondition(std::string("engine: ") + what +
+                                      " before Start");
+  }
+  if (id >= specs_.size()) {
+    return Status::InvalidArgument(std::string("engine: ") + what +
+                                   ": no tensor " + std::to_string(id));
+  }
+  return Status::Ok();
+}
+
+void EngineImpl::InvalidateCaches() {
+  std::vector<ArenaBlock> freed;
+  {
+    MutexLock l(&mu_);
+    if (options_.params == Residence::kDevice) return;
+    for (UnitState& s : units_) {
+      if (s.resident && s.pins == 0 && !s.arriving && !s.allocating) {
+        freed.push_back(std::move(s.dev));
+        device_used_ -= RoundUp(s.param_bytes, 256);
+        s.resident = false;
+      }
+    }
+    UpdateTierStatsLocked();
+  }
+}
+
+// ---- Fetch, prefetch, eviction ---------------------------------------------
+
+StatusOr<ParamPin> EngineImpl::Fetch(TensorId id) {
+  STRATA_RETURN_IF_ERROR(CheckTensor(id, "Fetch"));
+  const uint32_t u = layout_->tensor(id).unit;
+  std::vector<uint32_t> ahead;
+  {
+    MutexLock l(&mu_);
+    while (stepping_) step_cv_.Wait(&mu_);
+    ++stats_.fetches;
+    if (!trace_->OnFetch(u)) stats_.order_changes = trace_->order_changes();
+  }
+  bool hit = false;
+  STRATA_RETURN_IF_ERROR(
+      MakeResident(u, /*pin=*/true, /*prefetch=*/false, &hit));
+  ParamPin pin;
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    if (hit) ++stats_.fetch_hits;
+    if (s.prefetched) {
+      ++stats_.prefetch_hits;
+      s.prefetched = false;
+    }
+    pin.engine_ = this;
+    pin.unit_ = u;
+    pin.data_ = DevAt(s, layout_->tensor(id).offset * ElementSize(s.dtype));
+    pin.bytes_ = numel_[id] * ElementSize(s.dtype);
+    pin.dtype_ = s.dtype;
+    ahead = PrefetchCandidatesLocked();
+  }
+  for (uint32_t v : ahead) {
+    bool unused;
+    Status st = MakeResident(v, /*pin=*/false, /*prefetch=*/true, &unused);
+    if (!st.ok()) {
+      STRATA_LOG_DEBUG("strata: prefetch of unit {} skipped: {}", v,
+                       st.ToString());
+    }
+  }
+  return pin;
+}
+
+// Units ahead of the cursor, within prefetch_bytes, not yet on the device.
+std::vector<uint32_t> EngineImpl::PrefetchCandidatesLocked() {
+  std::vector<uint32_t> out;
+  if (options_.params == Residence::kDevice || !trace_->has_reference()) {
+    return out;
+  }
+  const uint64_t window = options_.prefetch_bytes != 0
+                              ? options_.prefetch_bytes
+                              : std::max<uint64_t>(device_budget_ / 4, 1);
+  // Live bytes: pinned, arriving, or prefetched and not fetched yet.
+  uint64_t live = 0;
+  for (const UnitState& s : units_) {
+    if (s.resident && (s.pins > 0 || s.arriving || s.prefetched)) {
+      live += s.param_bytes;
+    }
+  }
+  const uint64_t max_live =
+      options_.max_live_bytes != 0 ? options_.max_live_bytes : UINT64_MAX;
+  uint64_t bytes = 0;
+  for (size_t k = 0;; ++k) {
+    const uint64_t v = trace_->upcoming(k);
+    if (v == FetchTrace::kNever) break;
+    bytes += units_[v].param_bytes;
+    if (bytes > window) break;
+    if (!units_[v].resident) {
+      live += units_[v].param_bytes;
+      if (live > max_live) break;
+    }
+    if (!units_[v].resident && !units_[v].allocating &&
+        std::find(out.begin(), out.end(), v) == out.end()) {
+      out.push_back(static_cast<uint32_t>(v));
+    }
+  }
+  return out;
+}
+
+// The unpinned, settled device copy whose next use is furthest away (ties:
+// least recently used), and only one used later than `than`; -1 if none.
+int64_t EngineImpl::PickVictimLocked(uint64_t than) {
+  int64_t best = -1;
+  uint64_t best_next = 0, best_last = 0;
+  for (uint32_t v = 0; v < units_.size(); ++v) {
+    const UnitState& s = units_[v];
+    if (!s.resident || s.pins > 0 || s.arriving || s.allocating) continue;
+    // Small units persist once fetched (stage3_param_persistence_threshold).
+    if (s.param_bytes < options_.persistence_threshold_bytes) continue;
+    const uint64_t next = trace_->NextUse(v);
+    if (than != FetchTrace::kNever && next <= than) continue;
+    if (best < 0 || next > best_next ||
+        (next == best_next && s.last_use < best_last)) {
+      best = v;
+      best_next = next;
+      best_last = s.last_use;
+    }
+  }
+  return best;
+}
+
+Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
+                                bool* hit) {
+  const uint64_t need = RoundUp(units_[u].param_bytes, 256);
+  std::vector<ArenaBlock> victims;
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    while (s.allocating) cv_.Wait(&mu_);
+    if (s.resident && !s.arriving && !s.arrival.ok() && s.pins == 0) {
+      EvictLocked(u, &victims);  // a failed arrival is never a copy
+    }
+    if (s.resident) {
+      *hit = true;
+      if (pin) {
+        if (s.pin.empty()) STRATA_RETURN_IF_ERROR(PinLocked(s));
+        ++s.pins;
+      }
+      s.last_use = ++clock_;
+      return Status::Ok();
+    }
+    *hit = false;
+    const uint64_t than = prefetch ? trace_->NextUse(u) : FetchTrace::kNever;
+    while (device_used_ + need > device_budget_) {
+      const int64_t v = PickVictimLocked(than);
+      if (v < 0) {
+        if (prefetch) return Status::Ok();  // nothing colder to make room
+        return OutOfDeviceMemoryLocked(u);
+      }
+      EvictLocked(static_cast<uint32_t>(v), &victims);
+    }
+    device_used_ += need;
+    s.allocating = true;
+    s.resident = true;
+    s.arriving = true;
+    s.arrival = Status::Ok();
+    s.prefetched = prefetch;
+    if (pin) ++s.pins;
+    s.last_use = ++clock_;
+    if (prefetch) ++stats_.prefetches;
+    UpdateTierStatsLocked();
+  }
+  victims.clear();  // stream-ordered frees, outside the lock
+  StatusOr<ArenaBlock> mem = AllocateEvicting(u, need);
+  StatusOr<ArenaPin> held = Status::Ok();
+  if (mem.ok()) {
+    // The release stream is a user of every block (Note [Consumer streams]);
+    // the copy stream fills it, pinned until the arrival is over.
+    StatusOr<ArenaPin> user = mem->Pin(*release_stream_);
+    held = user.ok() ? mem->Pin(*copy_stream_) : user.status();
+    if (!held.ok()) mem = held.status();
+  }
+  if (!mem.ok()) {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    s.allocating = s.resident = s.arriving = false;
+    if (pin) --s.pins;
+    device_used_ -= need;
+    cv_.SignalAll();
+    return mem.status();
+  }
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    s.dev = std::move(mem).value();
+    s.pin = std::move(held).value();
+    s.addr = s.pin.data();
+    s.allocating = false;
+  }
+  cv_.SignalAll();
+  return StartArrival(u, prefetch ? Priority::kBackground : Priority::kUrgent);
+}
+
+// Pins a settled, resident unit's block on the copy stream. If compaction
+// moved it since its `ready` was recorded, `ready` is recorded again after
+// the copy stream's wait for that compaction.
+Status EngineImpl::PinLocked(UnitState& s) {
+  STRATA_ASSIGN_OR_RETURN(s.pin, s.dev.Pin(*copy_stream_));
+  if (s.pin.data() != s.addr) {
+    STRATA_RETURN_IF_ERROR(device_->RecordEvent(*s.ready, *copy_stream_));
+    s.addr = s.pin.data();
+  }
+  return Status::Ok();
+}
+
+void EngineImpl::EvictLocked(uint32_t v, std::vector<ArenaBlock>* freed) {
+  UnitState& s = units_[v];
+  freed->push_back(std::move(s.dev));
+  s.resident = false;
+  s.prefetched = false;
+  device_used_ -= RoundUp(s.param_bytes, 256);
+  ++stats_.evictions;
+}
+
+// The device allocator may refuse a request that fits the budget when its
+// free space is split; evict colder copies until it succeeds or none is left.
+StatusOr<ArenaBlock> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
+  for (;;) {
+    StatusOr<ArenaBlock> mem =
+        arena_->Allocate(units_[u].param_bytes, *copy_stream_);
+    if (mem.ok() || mem.status().code() != StatusCode::kOutOfMemory) {
+      return mem;
+    }
+    std::vector<ArenaBlock> victims;
+    {
+      MutexLock l(&mu_);
+      const int64_t v = PickVictimLocked(FetchTrace::kNever);
+      if (v < 0) {
+        return Status::OutOfMemory("engine: the device refused " + Bytes(need) +
+                                   " for unit " + std::to_string(u) +
+                                   " and nothing is left to evict: " +
+                                   std::string(mem.status().message()));
+      }
+      EvictLocked(static_cast<uint32_t>(v), &victims);
+      UpdateTierStatsLocked();
+    }
+  }
+}
+
+Status EngineImpl::OutOfDeviceMemoryLocked(uint32_t u) {
+  uint64_t pinned = 0, arriving = 0;
+  for (const UnitState& s : units_) {
+    if (!s.resident) continue;
+    if (s.pins > 0) pinned += RoundUp(s.param_bytes, 256);
+    if (s.arriving) arriving += RoundUp(s.param_bytes, 256);
+  }
+  std::string first;
+  for (uint32_t t : layout_->unit(u).tensors) {
+    first = specs_[t].name;
+    break;
+  }
+  return Status::OutOfMemory(
+      "engine: fetching " + first + " needs " +
+      Bytes(RoundUp(units_[u].param_bytes, 256)) +
+      " on the device; the budget is " + Bytes(device_budget_) + ", of which " +
+      Bytes(pinned) + " is pinned by live ParamPins and " + Bytes(arriving) +
+      " is arriving; release pins sooner or raise device_budget_bytes");
+}
+
+// Starts the copy of unit `u`'s parameters to its device block; `ready` is
+// recorded after it on the copy stream.
+Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
+  UnitState& s = units_[u];
+  if (options_.params == Residence::kHost) {
+    Status st =
+        device_->CopyAsync(*copy_stream_, DevAt(s, 0), HostAt(kParam, u, 0),
+                           s.param_bytes, CopyKind::kHostToDevice);
+    if (st.ok()) st = device_->RecordEvent(*s.ready, *copy_stream_);
+    FinishArrival(u, st, s.param_bytes);
+    return st;
+  }
+  mover_->Post(pr, [this, u] {
+    UnitState& unit = units_[u];
+    const size_t esize = ElementSize(unit.dtype);
+    Status st;
+    for (size_t p = 0; st.ok() && p < unit.nvme[kParam].size(); ++p) {
+      StatusOr<StagingLease> lease = staging_->Acquire();
+      if (!lease.ok()) {
+        st = lease.status();
+        break;
+      }
+      const uint64_t bytes = unit.nvme[kParam][p].bytes();
+      st = ReadPiece(u, kParam, p, lease->span());
+      if (st.ok()) {
+        st = device_->CopyAsync(*copy_stream_,
+                                DevAt(unit, p * piece_elems_ * esize),
+                                lease->data(), bytes, CopyKind::kHostToDevice);
+      }
+      if (st.ok()) st = lease->RecordDone(*copy_stream_);
+    }
+    if (st.ok()) st = device_->RecordEvent(*unit.ready, *copy_stream_);
+    FinishArrival(u, st, unit.param_bytes);
+  });
+  return Status::Ok();
+}
+
+void EngineImpl::FinishArrival(uint32_t u, const Status& st, uint64_t bytes) {
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    s.arriving = false;
+    s.arrival = st;
+    if (s.pins == 0 && !s.rests_here) s.pin.Reset();  // may move now
+    if (st.ok()) {
+      h2d_bytes_ += bytes;
+    } else {
+      STRATA_LOG_WARN("strata: fetch of unit {} failed: {}", u, st.ToString());
+    }
+  }
+  cv_.SignalAll();
+}
+
+Status EngineImpl::WaitArrival(uint32_t u, Stream* consumer) {
+  Event* ready;
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    if (s.arriving) {
+      const auto t0 = Clock::now();
+      while (s.arriving) cv_.Wait(&mu_);
+      stats_.stall_seconds +=
+          std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    if (!s.arrival.ok()) return s.arrival;
+    if (consumer != nullptr) {
+      return device_->WaitEvent(*consumer, *s.ready);
+    }
+    ready = s.ready.get();
+  }
+  // Recorded already; waiting for it blocks only this thread.
+  return device_->SynchronizeEvent(*ready);
+}
+
+// Note [Consumer streams]
+// A trainer's stream may be gone long before the engine frees a cached
+// device copy, so its uses are not recorded on the DeviceMemory (which would
+// keep a pointer to it). At unpin, an event marks the end of each
+// consumer's work so far, and the engine's release stream waits for it; every
+// device copy is freed in the order of the copy stream and the release
+// stream, both the engine's own.
+void EngineImpl::Unpin(uint32_t u, const std::vector<Stream*>& consumers) {
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    for (Stream* c : consumers) {
+      Status st = device_->RecordEvent(*s.use_done, *c);
+      if (st.ok()) st = device_->WaitEvent(*release_stream_, *s.use_done);
+      if (!st.ok()) {
+        // Without the event the only safe order is the host's.
+        STRATA_LOG_WARN("strata: ordering a release failed ({}); waiting",
+                        st.ToString());
+        device_->SynchronizeStream(*c).IgnoreError();
+      }
+    }
+    if (s.pins > 0 && --s.pins == 0 && !s.arriving && !s.rests_here) {
+      s.pin.Reset();
+    }
+    s.last_use = ++clock_;
+  }
+  cv_.SignalAll();
+}
+
+// ---- Gradients
+// ---------------------------------------------------------------
+
+Status EngineImpl::AddGrad(TensorId id, DeviceMemory grad, ElementType dtype,
+                           Stream& producer) {
+  const void* p = grad.data();
+  STRATA_RETURN_IF_ERROR(
+      AddGradImpl(id, p, grad.size(), dtype, producer, &grad));
+  return Status::Ok();  // `grad` is freed here, after the copy, in order
+}
+
+Status EngineImpl::AddGrad(TensorId id, const void* grad, ElementType dtype,
+                           Stream& producer) {
+  return AddGradImpl(id, grad, SIZE_MAX, dtype, producer, nullptr);
+}
+
+Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
+                               ElementType dtype, Stream& producer,
+                               DeviceMemory* owned) {
+  STRATA_RETURN_IF_ERROR(CheckTensor(id, "AddGrad"));
+  const size_t esize = ElementSize(dtype);
+  const uint64_t n = numel_[id];
+  if (avail != SIZE_MAX && avail < n * esize) {
+    return Status::InvalidArgument("engine: AddGrad(" + specs_[id].name +
+                                   "): " + Bytes(avail) + " of gradient for " +
+                                   std::to_string(n) + " elements of " +
+                                   std::string(ElementTypeName(dtype)));
+  }
+  bool first;
+  {
+    MutexLock l(&mu_);
+    while (stepping_) step_cv_.Wait(&mu_);
+    // The first hand-over of a step overwrites the accumulator; later ones
+    // add to it. Jobs run in order, so the first one's land first.
+    first = grad_count_[id]++ == 0;
+    ++grads_pending_;
+    // The copies below run on d2h_stream_ after what `producer` has so far;
+    // the event may be recorded again at once: a wait takes the record it
+    // sees when it is enqueued.
+    Status st = device_->RecordEvent(*producer_event_, producer);
+    if (st.ok()) st = device_->WaitEvent(*d2h_stream_, *producer_event_);
+    if (!st.ok()) {
+      --grads_pending_;
+      return st;
+    }
+  }
+  if (owned != nullptr) owned->RecordUse(*d2h_stream_);
+  const uint64_t per = staging_->buffer_bytes() / esize;
+  Status st;
+  for (uint64_t b = 0; st.ok() && b < n; b += per) {
+    const uint64_t cnt = std::min(per, n - b);
+    StatusOr<StagingLease> lease = staging_->Acquire();
+    if (!lease.ok()) {
+      st = lease.status();
+      break;
+    }
+    st = device_->CopyAsync(*d2h_stream_, lease->data(),
+                            static_cast<const std::byte*>(grad) + b * esize,
+                            cnt * esize, CopyKind::kDeviceToHost);
+    if (st.ok()) st = lease->RecordDone(*d2h_stream_);
+    if (!st.ok()) break;
+    {
+      MutexLock l(&mu_);
+      ++grads_pending_;
+      d2h_bytes_ += cnt * esize;
+    }
+    auto shared = std::make_shared<StagingLease>(std::move(lease).value());
+    accumulator_->Post(
+        Priority::kUrgent, [this, id, b, cnt, dtype, first, shared] {
+          Accumulate(id, b, cnt, dtype, first, std::move(*shared));
+        });
+  }
+  {
+    MutexLock l(&mu_);
+    if (!st.ok() && grad_error_.ok()) grad_error_ = st;
+    --grads_pending_;
+  }
+  grads_cv_.SignalAll();
+  return st;
+}
+
+// On the accumulator: waits for the copy into `lease`, then adds it (as fp32)
+// into the tensor's accumulator, or overwrites it on the first micro-batch.
+void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
+                            ElementType dtype, bool first, StagingLease lease) {
+  Status st = lease.WaitDone();
+  const TensorPlace& t = layout_->tensor(id);
+  float* acc =
+      reinterpret_cast<float*>(HostAt(kGrad, t.unit, t.offset + begin));
+  for (uint64_t b = 0; st.ok() && b < n; b += scratch_.size()) {
+    const uint64_t cnt = std::min<uint64_t>(scratch_.size(), n - b);
+    const std::byte* src = lease.data() + b * ElementSize(dtype);
+    const float* vals;
+    if (dtype == ElementType::kFloat32) {
+      vals = reinterpret_cast<const float*>(src);
+    } else {
+      st = ConvertCpuArray(src, ToCpu(dtype), scratch_.data(),
+                           CpuDType::kFloat32, cnt);
+      vals = scratch_.data();
+    }
+    if (!st.ok()) break;
+    if (first) {
+      std::memcpy(acc + b, vals, cnt * 4);
+    } else {
+      for (uint64_t i = 0; i < cnt; ++i) acc[b + i] += vals[i];
+    }
+  }
+  lease.Reset();
+  {
+    MutexLock l(&mu_);
+    if (!st.ok() && grad_error_.ok()) grad_error_ = st;
+    --grads_pending_;
+  }
+  grads_cv_.SignalAll();
+}
+
+Status EngineImpl::WaitGrads() {
+  MutexLock l(&mu_);
+  while (grads_pending_ > 0) grads_cv_.Wait(&mu_);
+  Status st = grad_error_;
+  grad_error_ = Status::Ok();
+  return st;
+}
+
+// ---- The optimizer step -----------------------------------------------------
+
+StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
+  if (!(args.loss_scale > 0) || !std::isfinite(args.loss_scale) ||
+      !(args.lr >= 0) || !(args.max_grad_norm >= 0)) {
+    return Status::InvalidArgument(
+        "engine: Step needs loss_scale > 0 and finite, lr >= 0, "
+        "max_grad_norm >= 0");
+  }
+  {
+    MutexLock l(&mu_);
+    if (!started_)
+      return Status::FailedPrecondition("engine: Step before Start");
+    if (stepping_) return Status::FailedPrecondition("engine: Step is running");
+    for (const UnitState& s : units_) {
+      if (s.pins > 0) {
+        return Status::FailedPrecondition(
+            "engine: Step with parameters still pinned; drop every ParamPin "
+            "first");
+      }
+    }
+    stepping_ = true;
+  }
+  const auto t0 = Clock::now();
+  StatusOr<StepResult> r = RunStep(args);
+  {
+    MutexLock l(&mu_);
+    stepping_ = false;
+    stats_.step_seconds =
+        std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r.ok()) {
+      if (r->applied) {
+        ++stats_.steps;
+      } else {
+        ++stats_.skipped_steps;
+      }
+    }
+    trace_->EndStep();
+    started_steps_ = true;
+    if (allocations_after_first_step_ == UINT64_MAX) {
+      allocations_after_first_step_ = counting_device_.count();
+    }
+    std::fill(grad_count_.begin(), grad_count_.end(), 0);
+    UpdateTierStatsLocked();
+  }
+  step_cv_.SignalAll();
+  return r;
+}
+
+StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
+  // Everything handed over is in the accumulators; every fetch has landed.
+  STRATA_RETURN_IF_ERROR(WaitGrads());
+  STRATA_RETURN_IF_ERROR(RunOnMover([] { return Status::Ok(); }));
+  // Copies of host parameters to the device must be done before the update
+  // rewrites them.
+  STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+  std::vector<uint32_t> counts;
+  {
+    MutexLock l(&mu_);
+    counts = grad_count_;
+  }
+  // Tensors without a gradient this step contribute zeros.
+  for (TensorId id = 0; id < specs_.size(); ++id) {
+    if (counts[id] == 0) {
+      const TensorPlace& t = layout_->tensor(id);
+      std::memset(HostAt(kGrad, t.unit, t.offset), 0, t.elems * 4);
+    }
+  }
+  // Global norm and overflow, over the unscaled gradient.
+  const double inv_scale = 1.0 / args.loss_scale;
+  double sum_sq = 0;
+  bool finite = true;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    STRATA_ASSIGN_OR_RETURN(
+        GradStats g,
+        optimizer_->ComputeGradStats(HostAt(kGrad, u, 0), CpuDType::kFloat32,
+                                     units_[u].elems, inv_scale));
+    sum_sq += g.sum_sq;
+    finite = finite && g.finite;
+  }
+  StepResult result;
+  result.grad_norm = std::sqrt(sum_sq);
+  if (!finite || !std::isfinite(result.grad_norm)) {
+    result.applied = false;
+    MutexLock l(&mu_);
+    result.step = steps_;
+    return result;
+  }
+  double clip = 1.0;
+  if (args.max_grad_norm > 0) {
+    // torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), at most 1.
+    clip = std::min(1.0, args.max_grad_norm / (result.grad_norm + 1e-6));
+  }
+  int64_t step;
+  {
+    MutexLock l(&mu_);
+    step = ++steps_;
+  }
+  CpuStepArgs sa;
+  sa.step = step;
+  sa.lr = args.lr;
+  sa.inv_loss_scale = inv_scale;
+  sa.clip_coef = clip;
+  sa.check_overflow = false;  // checked above over the same gradient
+  STRATA_RETURN_IF_ERROR(UpdateAll(sa));
+  InvalidateCaches();
+  result.applied = true;
+  result.step = step;
+  return result;
+}
+
+// One piece of the step: elements [begin, begin + n) of unit `u`, with the
+// buffers that hold its states while it is updated.
+struct EngineImpl::StepPiece {
+  uint32_t unit = 0;
+  size_t index = 0;  // piece index within the unit
+  uint64_t begin = 0, n = 0;
+  StagingLease master, exp_avg, exp_avg_sq, working;
+  std::future<Status> read;  // of the three states (nvme only)
+};
+
+Status EngineImpl::UpdateAll(const CpuStepArgs& sa) {
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  std::vector<std::pair<uint32_t, size_t>> order;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
+      order.emplace_back(u, p);
+    }
+  }
+  // Starts the reads of piece k (into fresh leases) on the mover.
+  auto start = [&](size_t k) -> StatusOr<std::unique_ptr<StepPiece>> {
+    auto piece = std::make_unique<StepPiece>();
+    piece->unit = order[k].first;
+    piece->index = order[k].second;
+    piece->begin = piece->index * piece_elems_;
+    piece->n = std::min(piece_elems_, units_[piece->unit].elems - piece->begin);
+    if (options_.params != Residence::kHost) {
+      STRATA_ASSIGN_OR_RETURN(piece->working, staging_->Acquire());
+    }
+    if (nvme_states) {
+      STRATA_ASSIGN_OR_RETURN(piece->master, staging_->Acquire());
+      STRATA_ASSIGN_OR_RETURN(piece->exp_avg, staging_->Acquire());
+      STRATA_ASSIGN_OR_RETURN(piece->exp_avg_sq, staging_->Acquire());
+      auto promise = std::make_shared<std::promise<Status>>();
+      piece->read = promise->get_future();
+      StepPiece* raw = piece.get();
+      mover_->Post(Priority::kUrgent, [this, raw, promise] {
+        Status st =
+            ReadPiece(raw->unit, kMaster, raw->index, raw->master.span());
+        if (st.ok()) {
+          st = ReadPiece(raw->unit, kExpAvg, raw->index, raw->exp_avg.span());
+        }
+        if (st.ok()) {
+          st = ReadPiece(raw->unit, kExpAvgSq, raw->index,
+                         raw->exp_avg_sq.span());
+        }
+        promise->set_value(st);
+      });
+    }
+    return piece;
+  };
+
+  std::vector<std::future<Status>> writes;
+  Status first_error;
+  std::unique_ptr<StepPiece> next;
+  if (!order.empty()) {
+    STRATA_ASSIGN_OR_RETURN(next, start(0));
+  }
+  for (size_t k = 0; k < order.size(); ++k) {
+    std::unique_ptr<StepPiece> cur = std::move(next);
+    if (k + 1 < order.size()) {
+      StatusOr<std::unique_ptr<StepPiece>> s = start(k + 1);
+      if (!s.ok()) {
+        first_error = s.status();
+      } else {
+        next = std::move(s).value();
+      }
+    }
+    if (nvme_states) {
+      Status st = cur->read.get();
+      if (!st.ok() && first_error.ok()) first_error = st;
+    }
+    if (!first_error.ok()) break;
+    first_error = UpdatePiece(*cur, sa, &writes);
+    if (!first_error.ok()) break;
+  }
+  if (next && next->read.valid()) next->read.wait();
+  for (auto& w : writes) {
+    Status st = w.get();
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  if (options_.params == Residence::kDevice) {
+    Status st = device_->SynchronizeStream(*copy_stream_);
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  return first_error;
+}
+
+Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
+                               std::vector<std::future<Status>>* writes) {
+  const uint32_t u = piece.unit;
+  UnitState& s = units_[u];
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  CpuOptimizerTensors t;
+  t.n = piece.n;
+  t.grad = HostAt(kGrad, u, piece.begin);
+  t.grad_dtype = CpuDType::kFloat32;
+  t.moment_dtype = CpuDType::kFloat32;
+  t.working_dtype = ToCpu(s.dtype);
+  if (nvme_states) {
+    t.master = reinterpret_cast<float*>(piece.master.data());
+    t.exp_avg = piece.exp_avg.data();
+    t.exp_avg_sq = piece.exp_avg_sq.data();
+  } else {
+    t.master = reinterpret_cast<float*>(HostAt(kMaster, u, piece.begin));
+    t.exp_avg = HostAt(kExpAvg, u, piece.begin);
+    t.exp_avg_sq = HostAt(kExpAvgSq, u, piece.begin);
+  }
+  t.working = options_.params == Residence::kHost
+                  ? static_cast<void*>(HostAt(kParam, u, piece.begin))
+                  : static_cast<void*>(piece.working.data());
+  STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
+  if (!r.applied)
+    return Status::Internal("engine: update refused a checked gradient");
+
+  const size_t wbytes = piece.n * ElementSize(s.dtype);
+  if (options_.params == Residence::kDevice) {
+    STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+        *copy_stream_, DevAt(s, piece.begin * ElementSize(s.dtype)),
+        piece.working.data(), wbytes, CopyKind::kHostToDevice));
+    STRATA_RETURN_IF_ERROR(piece.working.RecordDone(*copy_stream_));
+    {
+      MutexLock l(&mu_);
+      h2d_bytes_ += wbytes;
+    }
+    piece.working.Reset();
+  }
+  if (!nvme_states && options_.params != Residence::kNvme) {
+    return Status::Ok();
+  }
+  // Write-behind on the mover; the buffers go back to the pool afterwards.
+  auto promise = std::make_shared<std::promise<Status>>();
+  writes->push_back(promise->get_future());
+  auto owned = std::make_shared<StepPiece>(std::move(piece));
+  mover_->Post(Priority::kBackground, [this, owned, promise, nvme_states,
+                                       wbytes]() mutable {
+    StepPiece& p = *owned;
+    const uint64_t sbytes = p.n * 4;
+    Status st;
+    if (nvme_states) {
+      st = WritePiece(p.unit, kMaster, p.index, p.master.span().first(sbytes));
+      if (st.ok()) {
+        st = WritePiece(p.unit, kExpAvg, p.index,
+                        p.exp_avg.span().first(sbytes));
+      }
+      if (st.ok()) {
+        st = WritePiece(p.unit, kExpAvgSq, p.index,
+                        p.exp_avg_sq.span().first(sbytes));
+      }
+    }
+    if (st.ok() && options_.params == Residence::kNvme) {
+      st = WritePiece(p.unit, kParam, p.index, p.working.span().first(wbytes));
+    }
+    owned.reset();  // leases back before the promise wakes the step
+    promise->set_value(st);
+  });
+  return Status::Ok();
+}
+
+// ---- Stats
+// ---------------------------------------------------------------------
+
+void EngineImpl::UpdateTierStatsLocked() {
+  stats_.device.resident_bytes = device_used_;
+  stats_.device.peak_bytes =
+      std::max(stats_.device.peak_bytes, stats_.device.resident_bytes);
+  uint64_t host = 0;
+  for (const HostBuffer& b : host_) host += b.size();
+  stats_.host.resident_bytes = host;
+  stats_.host.peak_bytes = std::max(stats_.host.peak_bytes, host);
+  if (swap_) {
+    const uint64_t used = (swap_->capacity_blocks() - swap_->free_blocks()) *
+                          swap_->block_bytes();
+    stats_.nvme.resident_bytes = used;
+    stats_.nvme.peak_bytes = std::max(stats_.nvme.peak_bytes, used);
+  }
+}
+
+EngineStats EngineImpl::stats() const {
+  MutexLock l(&mu_);
+  EngineStats s = stats_;
+  if (started_steps_) {
+    s.hot_path_allocations =
+        counting_device_.count() - allocations_after_first_step_;
+  }
+  s.nvme_read_bytes = nvme_read_bytes_;
+  s.nvme_write_bytes = nvme_write_bytes_;
+  s.h2d_bytes = h2d_bytes_;
+  s.d2h_bytes = d2h_bytes_;
+  s.order_changes = trace_ ? trace_->order_changes() : 0;
+  if (arena_) {
+    const DeviceArenaStats a = arena_->stats();
+    s.fragmentation = a.planner.fragmentation;
+    s.compactions = a.planner.compactions;
+  }
+  return s;
+}
+
+}  // namespace strata::memtier
+
+namespace strata {
+
+// ---- ParamPin ---------------------------------------------------------------
+
+ParamPin::ParamPin(ParamPin&& o) noexcept
+    : engine_(std::exchange(o.engine_, nullptr)),
+      unit_(o.unit_),
+      consumers_(std::move(o.consumers_)),
+      data_(o.data_),
+      bytes_(o.bytes_),
+      dtype_(o.dtype_) {}
+
+ParamPin& ParamPin::operator=(ParamPin&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    engine_ = std::exchange(o.engine_, nullptr);
+    unit_ = o.unit_;
+    consumers_ = std::move(o.consumers_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    dtype_ = o.dtype_;
+  }
+  return *this;
+}
+
+ParamPin::~ParamPin() { Reset(); }
+
+void ParamPin::Reset() {
+  if (engine_ != nullptr) {
+    std::exchange(engine_, nullptr)->Unpin(unit_, consumers_);
+    consumers_.clear();
+  }
+}
+
+Status ParamPin::WaitOn(Stream& consumer) {
+  if (engine_ == nullptr) return Status::FailedPrecondition("empty ParamPin");
+  STRATA_RETURN_IF_ERROR(engine_->WaitArrival(unit_, &consumer));
+  if (std::find(consumers_.begin(), consumers_.end(), &consumer) ==
+      consumers_.end()) {
+    consumers_.push_back(&consumer);
+  }
+  return Status::Ok();
+}
+
+Status ParamPin::Wait() {
+  if (engine_ == nullptr) return Status::FailedPrecondition("empty ParamPin");
+  return engine_->WaitArrival(unit_, nullptr);
+}
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                 Device* device) {
+  if (device == nullptr) return Status::InvalidArgument("engine: no device");
+  STRATA_RETURN_IF_ERROR(ValidateEngineOptions(options));
+  STRATA_RETURN_IF_ERROR(memtier::EngineImpl::CheckOptions(options));
+  return std::unique_ptr<Engine>(new memtier::EngineImpl(options, device));
+}
+
+std::string EngineStatsJson(const EngineStats& s) {
+  auto tier = [](const TierStats& t) {
+    return nlohmann::json{{"resident_bytes", t.resident_bytes},
+                          {"peak_bytes", t.peak_bytes}};
+  };
+  nlohmann::json j = {{"device", tier(s.device)},
+                      {"host", tier(s.host)},
+                      {"nvme", tier(s.nvme)},
+                      {"pinned_host_bytes", s.pinned_host_bytes},
+                      {"staging_bytes", s.staging_bytes},
+                      {"nvme_read_bytes", s.nvme_read_bytes},
+                      {"nvme_write_bytes", s.nvme_write_bytes},
+                      {"h2d_bytes", s.h2d_bytes},
+                      {"d2h_bytes", s.d2h_bytes},
+                      {"fetches", s.fetches},
+                      {"fetch_hits", s.fetch_hits},
+                      {"prefetches", s.prefetches},
+                      {"prefetch_hits", s.prefetch_hits},
+                      {"stall_seconds", s.stall_seconds},
+                      {"evictions", s.evictions},
+                      {"order_changes", s.order_changes},
+                      {"steps", s.steps},
+                      {"skipped_steps", s.skipped_steps},
+                      {"step_seconds", s.step_seconds},
+                      {"hot_path_allocations", s.hot_path_allocations},
+                      {"fragmentation", s.fragmentation},
+                      {"compactions", s.compactions}};
+  return j.dump();
+}
+
+}  // namespace strata

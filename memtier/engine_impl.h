@@ -1,0 +1,214 @@
+// The engine's implementation class (include/strata/engine.h is the API).
+// See memtier/engine.cc, Note [Engine threads and locks].
+#ifndef STRATA_MEMTIER_ENGINE_IMPL_H_
+#define STRATA_MEMTIER_ENGINE_IMPL_H_
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "memtier/arena.h"
+#include "memtier/layout.h"
+#include "memtier/staging.h"
+#include "memtier/trace.h"
+#include "memtier/worker.h"
+#include "strata/engine.h"
+#include "strata/swap_space.h"
+#include "util/mutex.h"
+
+namespace strata::memtier {
+
+// The roles of a unit, in the order of EngineImpl's per-role arrays.
+enum : int { kParam = 0, kGrad, kMaster, kExpAvg, kExpAvgSq, kRoles };
+
+struct UnitState {
+  uint64_t elems = 0;  // this rank's shard
+  ElementType dtype = ElementType::kBFloat16;
+  uint64_t param_bytes = 0;
+  // ---- Device copy of the parameters ----
+  ArenaBlock dev;  // empty unless resident
+  // Held while arriving or pinned by a ParamPin: the block stays put and
+  // pin.data() is its address. Dropped otherwise, so compaction may move it.
+  ArenaPin pin;
+  void* addr = nullptr;     // the block's address when `ready` was recorded
+  bool rests_here = false;  // params rest on the device: pinned for good
+  std::unique_ptr<Event> ready;     // recorded after the copy that fills dev
+  std::unique_ptr<Event> use_done;  // Note [Consumer streams]
+  bool resident = false;            // dev holds, or is receiving, the params
+  bool allocating = false;          // dev is being allocated; wait on cv_
+  bool arriving = false;            // the copy is not enqueued yet (NVMe read)
+  Status arrival;                   // how the last arrival ended
+  bool prefetched = false;          // brought by a prefetch, not fetched since
+  int pins = 0;
+  uint64_t last_use = 0;  // engine clock, for LRU ties
+  // ---- Host and NVMe ----
+  std::array<uint64_t, kRoles> host_offset{};        // bytes into host_[role]
+  std::array<std::vector<SwapHandle>, kRoles> nvme;  // one per piece
+};
+
+// The device as the engine sees it: every call forwarded, and every request
+// for memory, a stream or an event counted, so that the stats can say what
+// the hot path asked for after the first step.
+class AllocationCountingDevice final : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    ++count_;
+    return DeviceWrapper::Allocate(bytes, stream);
+  }
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    ++count_;
+    return DeviceWrapper::AllocatePinnedHost(bytes, options);
+  }
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    ++count_;
+    return DeviceWrapper::NewStream(options);
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    ++count_;
+    return DeviceWrapper::NewEvent();
+  }
+  uint64_t count() const { return count_.load(); }
+
+ private:
+  std::atomic<uint64_t> count_{0};
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, Device* device);
+  ~EngineImpl() override;
+
+  static Status CheckOptions(const EngineOptions& options);
+
+  StatusOr<TensorId> Register(const TensorSpec& spec) override;
+  Status Start() override;
+  Status SetInitialValues(TensorId id, std::span<const float> values) override;
+  Status ReadMaster(TensorId id, std::span<float> out) override;
+  StatusOr<ParamPin> Fetch(TensorId id) override;
+  Status AddGrad(TensorId id, const void* grad, ElementType dtype,
+                 Stream& producer) override;
+  Status AddGrad(TensorId id, DeviceMemory grad, ElementType dtype,
+                 Stream& producer) override;
+  Status WaitGrads() override;
+  StatusOr<StepResult> Step(const StepArgs& args) override;
+  EngineStats stats() const override;
+  const TensorSpec& spec(TensorId id) const override { return specs_[id]; }
+  size_t num_tensors() const override { return specs_.size(); }
+
+  // For ParamPin.
+  Status WaitArrival(uint32_t unit, Stream* consumer);
+  void Unpin(uint32_t unit, const std::vector<Stream*>& consumers);
+
+ private:
+  struct StepPiece;
+
+  Residence RoleResidence(int role) const;
+  size_t ElemBytes(int role, const UnitState& s) const;
+  uint64_t SwapTensorId(uint32_t unit, int role) const {
+    return uint64_t{unit} * kRoles + static_cast<uint64_t>(role);
+  }
+  std::byte* HostAt(int role, uint32_t unit, uint64_t elem);
+  // The pinned device block of a unit, plus `bytes`. REQUIRES: s.pin held.
+  static std::byte* DevAt(const UnitState& s, uint64_t bytes) {
+    return static_cast<std::byte*>(s.pin.data()) + bytes;
+  }
+  uint64_t PinnedRoleBytes() const;
+  Status CheckTensor(TensorId id, const char* what) const;
+
+  // Runs `job` on the mover, urgently, and waits for it.
+  Status RunOnMover(std::function<Status()> job);
+  Status ReadPiece(uint32_t unit, int role, size_t piece,
+                   std::span<std::byte> dst);
+  Status WritePiece(uint32_t unit, int role, size_t piece,
+                    std::span<const std::byte> src);
+  // Calls fn(bytes, first element, count) over the role's copy of a tensor,
+  // in pieces; with `write`, what fn left in the bytes is stored back.
+  Status ForEachPieceOfTensor(
+      TensorId id, int role, bool write,
+      const std::function<void(std::byte*, uint64_t, uint64_t)>& fn);
+
+  Status MakeResident(uint32_t unit, bool pin, bool prefetch, bool* hit)
+      STRATA_EXCLUDES(mu_);
+  StatusOr<ArenaBlock> AllocateEvicting(uint32_t unit, uint64_t need)
+      STRATA_EXCLUDES(mu_);
+  Status StartArrival(uint32_t unit, Priority priority) STRATA_EXCLUDES(mu_);
+  void FinishArrival(uint32_t unit, const Status& st, uint64_t bytes)
+      STRATA_EXCLUDES(mu_);
+  std::vector<uint32_t> PrefetchCandidatesLocked() STRATA_REQUIRES(mu_);
+  int64_t PickVictimLocked(uint64_t than) STRATA_REQUIRES(mu_);
+  Status PinLocked(UnitState& s) STRATA_REQUIRES(mu_);
+  void EvictLocked(uint32_t unit, std::vector<ArenaBlock>* freed)
+      STRATA_REQUIRES(mu_);
+  Status OutOfDeviceMemoryLocked(uint32_t unit) STRATA_REQUIRES(mu_);
+  void InvalidateCaches() STRATA_EXCLUDES(mu_);
+
+  Status AddGradImpl(TensorId id, const void* grad, size_t avail,
+                     ElementType dtype, Stream& producer, DeviceMemory* owned);
+  void Accumulate(TensorId id, uint64_t begin, uint64_t n, ElementType dtype,
+                  bool first, StagingLease lease);
+
+  StatusOr<StepResult> RunStep(const StepArgs& args);
+  Status UpdateAll(const CpuStepArgs& args);
+  Status UpdatePiece(StepPiece& piece, const CpuStepArgs& args,
+                     std::vector<std::future<Status>>* writes);
+  void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
+
+  const EngineOptions options_;
+  AllocationCountingDevice counting_device_;
+  Device* const device_;                                // &counting_device_
+  uint64_t allocations_after_first_step_ = UINT64_MAX;  // set by Step
+
+  // Fixed at Start (read without the lock afterwards).
+  std::vector<TensorSpec> specs_;
+  std::vector<uint64_t> numel_;
+  std::unique_ptr<Layout> layout_;
+  uint64_t piece_elems_ = 0;
+  uint64_t device_budget_ = 0;
+  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<DeviceArena> arena_;      // the device budget, one allocation
+  std::unique_ptr<Stream> copy_stream_;     // host -> device
+  std::unique_ptr<Stream> d2h_stream_;      // gradients, device -> host
+  std::unique_ptr<Stream> release_stream_;  // Note [Consumer streams]
+  std::unique_ptr<CpuOptimizer> optimizer_;
+  std::array<HostBuffer, kRoles> host_;  // roles resting on the host
+  std::unique_ptr<SwapSpace> swap_;      // touched by the mover only
+  std::vector<float> scratch_;           // the accumulator's conversions
+  std::unique_ptr<Event> producer_event_;
+  std::atomic<bool> started_{false};
+
+  mutable Mutex mu_;
+  CondVar cv_;        // unit allocation and arrival
+  CondVar step_cv_;   // stepping_ cleared
+  CondVar grads_cv_;  // grads_pending_ lowered
+  // Unit states: the residency fields are guarded by mu_; the storage
+  // fields (host_offset, nvme) are fixed at Start or touched by the mover.
+  std::vector<UnitState> units_;
+  std::unique_ptr<FetchTrace> trace_ STRATA_GUARDED_BY(mu_);
+  std::vector<uint32_t> grad_count_ STRATA_GUARDED_BY(mu_);
+  uint64_t device_used_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t clock_ STRATA_GUARDED_BY(mu_) = 0;
+  int64_t steps_ STRATA_GUARDED_BY(mu_) = 0;
+  bool stepping_ STRATA_GUARDED_BY(mu_) = false;
+  bool started_steps_ STRATA_GUARDED_BY(mu_) = false;
+  uint64_t grads_pending_ STRATA_GUARDED_BY(mu_) = 0;
+  Status grad_error_ STRATA_GUARDED_BY(mu_);
+  EngineStats stats_ STRATA_GUARDED_BY(mu_);
+  uint64_t h2d_bytes_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t d2h_bytes_ STRATA_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> nvme_read_bytes_{0};
+  std::atomic<uint64_t> nvme_write_bytes_{0};
+
+  // Last: their jobs use everything above. Reset first in the destructor.
+  std::unique_ptr<Worker> mover_;        // all NVMe I/O
+  std::unique_ptr<Worker> accumulator_;  // gradient accumulation
+};
+
+}  // namespace strata::memtier
+
+#endif  // STRATA_MEMTIER_ENGINE_IMPL_H_

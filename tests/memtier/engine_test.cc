@@ -1,0 +1,591 @@
+// The engine end to end on the host-emulated device: a small deep linear
+// network (an MLP without activations) trained through Fetch/AddGrad/Step,
+// with everything resting in different tiers, must end bit-identical;
+// eviction, prefetch across an order change, overflow, clipping and the
+// errors a user meets.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/device.h"
+#include "strata/engine.h"
+
+namespace strata {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/strata-engine-test-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::unique_ptr<Device> HostDevice() {
+  DeviceOptions o;
+  o.choice = DeviceChoice::kHostEmulated;
+  o.memory_budget_bytes = 64 << 20;
+  auto d = NewHostEmulatedDevice(o);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return std::move(d).value();
+}
+
+constexpr int kWidth = 128;  // 16 Ki elements per layer: one unit each
+constexpr int kLayers = 20;
+constexpr int kBatch = 16;
+constexpr uint64_t kUnitBytes = kWidth * kWidth * 2;  // bf16
+
+EngineOptions BaseOptions() {
+  EngineOptions o;
+  o.partition_bytes = 64 << 10;  // 16 Ki fp32: pack limit 4 Ki elements
+  o.staging_buffer_bytes = 64 << 10;
+  o.io_block_bytes = 64 << 10;
+  o.io.queue_depth = 4;
+  o.optimizer.cpu.threads = 1;
+  o.optimizer.cpu.weight_decay = 0.01;
+  o.persistence_threshold_bytes = 0;  // every unit may be evicted
+  return o;
+}
+
+// The trainer: a deep linear network y = W_L ... W_1 x, loss 0.5 |y - t|^2
+// / batch, computed on the device with GEMMs in bf16 and fp32 accumulation.
+class LinearNet {
+ public:
+  LinearNet(Device* device, Engine* engine) : dev_(device), eng_(engine) {
+    stream_ = std::move(dev_->NewStream({}).value());
+    for (int l = 0; l < kLayers; ++l) {
+      TensorSpec s;
+      s.name = "layer" + std::to_string(l) + ".weight";
+      s.shape = {kWidth, kWidth};
+      ids_.push_back(eng_->Register(s).value());
+    }
+    // A few small tensors that the engine packs into one unit.
+    for (int i = 0; i < 3; ++i) {
+      TensorSpec s;
+      s.name = "norm" + std::to_string(i);
+      s.shape = {kWidth};
+      small_.push_back(eng_->Register(s).value());
+    }
+  }
+
+  Status Init(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(kWidth)));
+    for (TensorId id : ids_) {
+      std::vector<float> w(kWidth * kWidth);
+      for (float& x : w) x = nd(rng);
+      STRATA_RETURN_IF_ERROR(eng_->SetInitialValues(id, w));
+    }
+    for (TensorId id : small_) {
+      std::vector<float> w(kWidth, 1.0f);
+      STRATA_RETURN_IF_ERROR(eng_->SetInitialValues(id, w));
+    }
+    return Status::Ok();
+  }
+
+  // One micro-batch: forward, loss gradient on the host, backward.
+  Status MicroBatch(uint32_t seed) {
+    const size_t act = size_t{kWidth} * kBatch;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(act), target(act);
+    for (float& v : x) v = nd(rng);
+    for (float& v : target) v = nd(rng);
+    std::vector<DeviceMemory> y, ybf;  // fp32 and bf16 activations
+    for (int l = 0; l <= kLayers; ++l) {
+      STRATA_ASSIGN_OR_RETURN(DeviceMemory a,
+                              dev_->Allocate(act * 4, *stream_));
+      STRATA_ASSIGN_OR_RETURN(DeviceMemory b,
+                              dev_->Allocate(act * 2, *stream_));
+      y.push_back(std::move(a));
+      ybf.push_back(std::move(b));
+    }
+    STRATA_RETURN_IF_ERROR(dev_->CopyAsync(*stream_, y[0].data(), x.data(),
+                                           act * 4, CopyKind::kHostToDevice));
+    // The small tensors are fetched too (packed in one unit).
+    for (TensorId id : small_) {
+      STRATA_ASSIGN_OR_RETURN(ParamPin p, eng_->Fetch(id));
+      STRATA_RETURN_IF_ERROR(p.WaitOn(*stream_));
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      STRATA_ASSIGN_OR_RETURN(ParamPin w, eng_->Fetch(ids_[l]));
+      STRATA_RETURN_IF_ERROR(w.WaitOn(*stream_));
+      STRATA_RETURN_IF_ERROR(Convert(y[l], ybf[l], act));
+      STRATA_RETURN_IF_ERROR(Gemm(GemmOp::kNoTranspose, GemmOp::kNoTranspose,
+                                  kWidth, kBatch, kWidth, w.data(), kWidth,
+                                  ybf[l].data(), kWidth, y[l + 1].data()));
+    }
+    // dy = (y - t) / batch, on the host.
+    std::vector<float> out(act);
+    STRATA_RETURN_IF_ERROR(dev_->CopyAsync(*stream_, out.data(),
+                                           y[kLayers].data(), act * 4,
+                                           CopyKind::kDeviceToHost));
+    STRATA_RETURN_IF_ERROR(dev_->SynchronizeStream(*stream_));
+    loss_ = 0;
+    for (size_t i = 0; i < act; ++i) {
+      const float d = out[i] - target[i];
+      loss_ += 0.5 * d * d / kBatch;
+      out[i] = d / kBatch;
+    }
+    STRATA_ASSIGN_OR_RETURN(DeviceMemory dy, dev_->Allocate(act * 4, *stream_));
+    STRATA_ASSIGN_OR_RETURN(DeviceMemory dybf,
+                            dev_->Allocate(act * 2, *stream_));
+    STRATA_RETURN_IF_ERROR(dev_->CopyAsync(*stream_, dy.data(), out.data(),
+                                           act * 4, CopyKind::kHostToDevice));
+    for (int l = kLayers - 1; l >= 0; --l) {
+      STRATA_ASSIGN_OR_RETURN(ParamPin w, eng_->Fetch(ids_[l]));
+      STRATA_RETURN_IF_ERROR(w.WaitOn(*stream_));
+      STRATA_RETURN_IF_ERROR(Convert(dy, dybf, act));
+      // dW = dy * y_{l}^T (fp32), handed to the engine.
+      STRATA_ASSIGN_OR_RETURN(DeviceMemory dw,
+                              dev_->Allocate(kWidth * kWidth * 4, *stream_));
+      STRATA_RETURN_IF_ERROR(Gemm(GemmOp::kNoTranspose, GemmOp::kTranspose,
+                                  kWidth, kWidth, kBatch, dybf.data(), kWidth,
+                                  ybf[l].data(), kWidth, dw.data()));
+      STRATA_RETURN_IF_ERROR(eng_->AddGrad(ids_[l], std::move(dw),
+                                           ElementType::kFloat32, *stream_));
+      // dy_{l-1} = W^T dy.
+      STRATA_RETURN_IF_ERROR(Gemm(GemmOp::kTranspose, GemmOp::kNoTranspose,
+                                  kWidth, kBatch, kWidth, w.data(), kWidth,
+                                  dybf.data(), kWidth, dy.data()));
+    }
+    return dev_->SynchronizeStream(*stream_);
+  }
+
+  std::vector<float> Master(TensorId id) {
+    std::vector<float> v(
+        eng_->spec(id).shape.size() == 1 ? kWidth : size_t{kWidth} * kWidth);
+    EXPECT_TRUE(eng_->ReadMaster(id, v).ok());
+    return v;
+  }
+
+  const std::vector<TensorId>& ids() const { return ids_; }
+  const std::vector<TensorId>& small() const { return small_; }
+  double loss() const { return loss_; }
+  Stream& stream() { return *stream_; }
+
+ private:
+  Status Convert(const DeviceMemory& in, DeviceMemory& out, size_t n) {
+    ConvertArgs c;
+    c.src = in.data();
+    c.src_type = ElementType::kFloat32;
+    c.dst = out.data();
+    c.dst_type = ElementType::kBFloat16;
+    c.count = n;
+    return dev_->ConvertAsync(*stream_, c);
+  }
+  Status Gemm(GemmOp oa, GemmOp ob, int64_t m, int64_t n, int64_t k,
+              const void* a, int64_t lda, const void* b, int64_t ldb, void* c) {
+    GemmArgs g;
+    g.op_a = oa;
+    g.op_b = ob;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.ab_type = ElementType::kBFloat16;
+    g.c_type = ElementType::kFloat32;
+    g.a = a;
+    g.lda = lda;
+    g.b = b;
+    g.ldb = ldb;
+    g.c = c;
+    g.ldc = m;
+    return dev_->GemmAsync(*stream_, g);
+  }
+
+  Device* dev_;
+  Engine* eng_;
+  std::unique_ptr<Stream> stream_;
+  std::vector<TensorId> ids_, small_;
+  double loss_ = 0;
+};
+
+struct Trained {
+  std::vector<std::vector<float>> masters;
+  std::vector<double> losses;
+  EngineStats stats;
+};
+
+Trained Train(EngineOptions o, int steps = 3, int micro = 2) {
+  auto dev = HostDevice();
+  auto eng = Engine::Create(o, dev.get());
+  EXPECT_TRUE(eng.ok()) << eng.status().ToString();
+  Trained t;
+  if (!eng.ok()) return t;
+  LinearNet net(dev.get(), eng->get());
+  Status st = (*eng)->Start();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return t;
+  EXPECT_TRUE(net.Init(7).ok());
+  for (int s = 0; s < steps; ++s) {
+    for (int m = 0; m < micro; ++m) {
+      st = net.MicroBatch(100 + m);  // the same batches every step
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      if (!st.ok()) return t;
+      t.losses.push_back(net.loss());
+    }
+    StepArgs a;
+    a.lr = 1e-3;
+    a.max_grad_norm = 1.0;
+    auto r = (*eng)->Step(a);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) {
+      EXPECT_TRUE(r->applied);
+    }
+  }
+  for (TensorId id : net.ids()) t.masters.push_back(net.Master(id));
+  for (TensorId id : net.small()) t.masters.push_back(net.Master(id));
+  t.stats = (*eng)->stats();
+  return t;
+}
+
+void ExpectBitIdentical(const Trained& a, const Trained& b) {
+  ASSERT_EQ(a.masters.size(), b.masters.size());
+  for (size_t i = 0; i < a.masters.size(); ++i) {
+    ASSERT_EQ(a.masters[i].size(), b.masters[i].size());
+    EXPECT_EQ(std::memcmp(a.masters[i].data(), b.masters[i].data(),
+                          a.masters[i].size() * 4),
+              0)
+        << "tensor " << i << " differs";
+  }
+  EXPECT_EQ(a.losses, b.losses);
+}
+
+TEST(EngineTest, OffloadingChangesNothing) {
+  EngineOptions resident = BaseOptions();
+  resident.params = Residence::kDevice;
+  resident.optimizer_states = Residence::kHost;
+  const Trained base = Train(resident);
+  ASSERT_FALSE(base.masters.empty());
+  // Training did something: the loss of the first batch, seen again in the
+  // last step, went down.
+  ASSERT_EQ(base.losses.size(), 6u);
+  EXPECT_LT(base.losses[4], base.losses[0]);
+
+  for (IoBackend backend : {IoBackend::kMemory, IoBackend::kAuto}) {
+    SCOPED_TRACE(std::string(IoBackendName(backend)));
+    TempDir dir;
+    EngineOptions off = BaseOptions();
+    off.params = Residence::kNvme;
+    off.optimizer_states = Residence::kNvme;
+    off.nvme_paths = {dir.path()};
+    off.io.backend = backend;
+    // A tenth of the parameters' own bytes (the whole training state is 9
+    // times more): room for two of the twenty layers at once.
+    const uint64_t params = (kLayers * kWidth * kWidth + 3 * kWidth) * 2ull;
+    off.device_budget_bytes = params / 10;
+    ASSERT_LT(off.device_budget_bytes, 3 * kUnitBytes);
+    const Trained t = Train(off);
+    ExpectBitIdentical(base, t);
+    EXPECT_GT(t.stats.evictions, 0u);
+    EXPECT_GT(t.stats.nvme_read_bytes, 0u);
+    EXPECT_GT(t.stats.nvme_write_bytes, 0u);
+    EXPECT_LE(t.stats.device.peak_bytes, off.device_budget_bytes);
+    EXPECT_GT(t.stats.prefetches, 0u);
+  }
+  {
+    EngineOptions host = BaseOptions();
+    host.params = Residence::kHost;
+    host.optimizer_states = Residence::kHost;
+    host.device_budget_bytes = 3 * kUnitBytes;
+    ExpectBitIdentical(base, Train(host));
+  }
+}
+
+// Counts what the engine asks the system for: device memory, pinned host
+// memory, streams and events.
+class CountingDevice : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
+    ++calls;
+    return DeviceWrapper::Allocate(bytes, stream);
+  }
+  StatusOr<HostBuffer> AllocatePinnedHost(
+      size_t bytes, const HostBufferOptions& options) override {
+    ++calls;
+    return DeviceWrapper::AllocatePinnedHost(bytes, options);
+  }
+  StatusOr<std::unique_ptr<Stream>> NewStream(
+      const StreamOptions& options) override {
+    ++calls;
+    return DeviceWrapper::NewStream(options);
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    ++calls;
+    return DeviceWrapper::NewEvent();
+  }
+  int calls = 0;
+};
+
+TEST(EngineTest, AfterTheFirstStepNothingIsAllocated) {
+  TempDir dir;
+  auto dev = HostDevice();
+  CountingDevice counting(dev.get());
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kNvme;
+  o.optimizer_states = Residence::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.io.backend = IoBackend::kMemory;
+  o.device_budget_bytes = 3 * kUnitBytes;
+  auto eng = Engine::Create(o, &counting);
+  ASSERT_TRUE(eng.ok());
+  LinearNet net(dev.get(), eng->get());  // the trainer's own memory apart
+  ASSERT_TRUE((*eng)->Start().ok());
+  ASSERT_TRUE(net.Init(1).ok());
+  int calls_after_first = 0;
+  uint64_t pinned_after_first = 0;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(net.MicroBatch(5).ok());
+    auto r = (*eng)->Step({});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (step == 0) {
+      calls_after_first = counting.calls;
+      pinned_after_first = HostBuffer::TotalPinnedBytes();
+    }
+  }
+  EXPECT_EQ(counting.calls, calls_after_first);
+  EXPECT_EQ(HostBuffer::TotalPinnedBytes(), pinned_after_first);
+  EXPECT_EQ((*eng)->stats().hot_path_allocations, 0u);
+  EXPECT_GT((*eng)->stats().evictions, 0u);
+}
+
+class EngineFixture : public ::testing::Test {
+ protected:
+  void Make(EngineOptions o, int tensors, bool start = true) {
+    dev_ = HostDevice();
+    auto e = Engine::Create(o, dev_.get());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    eng_ = std::move(e).value();
+    for (int i = 0; i < tensors; ++i) {
+      TensorSpec s;
+      s.name = "t" + std::to_string(i);
+      s.shape = {kWidth, kWidth};
+      ids_.push_back(eng_->Register(s).value());
+    }
+    if (start) {
+      Status st = eng_->Start();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<Engine> eng_;
+  std::vector<TensorId> ids_;
+};
+
+TEST_F(EngineFixture, EvictsUnderPressureAndRefusesWhenPinsFillTheBudget) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.device_budget_bytes = 2 * kUnitBytes;
+  Make(o, 4);
+  for (int round = 0; round < 2; ++round) {
+    for (TensorId id : ids_) {
+      auto p = eng_->Fetch(id);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      ASSERT_TRUE(p->Wait().ok());
+    }
+  }
+  EXPECT_GE(eng_->stats().evictions, 6u);
+  EXPECT_LE(eng_->stats().device.peak_bytes, o.device_budget_bytes);
+
+  auto a = eng_->Fetch(ids_[0]);
+  auto b = eng_->Fetch(ids_[1]);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = eng_->Fetch(ids_[2]);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(c.status().message().find("pinned"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("t2"), std::string::npos);
+  a->Reset();
+  EXPECT_TRUE(eng_->Fetch(ids_[2]).ok());  // room again once unpinned
+}
+
+TEST_F(EngineFixture, PrefetchGoesOnAfterAnOrderChange) {
+  TempDir dir;
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.io.backend = IoBackend::kMemory;
+  o.device_budget_bytes = 3 * kUnitBytes;
+  o.prefetch_bytes = 2 * kUnitBytes;
+  Make(o, 6);
+  auto pass = [&](const std::vector<int>& order) {
+    for (int i : order) {
+      auto p = eng_->Fetch(ids_[i]);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      ASSERT_TRUE(p->Wait().ok());
+    }
+  };
+  pass({0, 1, 2, 3, 4, 5});
+  ASSERT_TRUE(eng_->Step({}).ok());
+  const EngineStats s1 = eng_->stats();
+  EXPECT_EQ(s1.prefetches, 0u);  // no trace yet in the first step
+  pass({0, 1, 4, 5});            // a branch skips 2 and 3
+  const EngineStats s2 = eng_->stats();
+  EXPECT_GE(s2.order_changes, 1u);
+  EXPECT_GT(s2.prefetches, s1.prefetches);
+  // After the jump, 5 was still prefetched from the new position.
+  EXPECT_GT(s2.prefetch_hits, 0u);
+}
+
+TEST_F(EngineFixture, OverflowSkipsTheStepAndClippingBoundsTheNorm) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  Make(o, 2);
+  std::vector<float> init(kWidth * kWidth, 0.5f);
+  ASSERT_TRUE(eng_->SetInitialValues(ids_[0], init).ok());
+  auto stream = std::move(dev_->NewStream({}).value());
+  auto grad = std::move(dev_->Allocate(kWidth * kWidth * 4, *stream).value());
+  std::vector<float> g(kWidth * kWidth, 3.0f);
+  g[5] = INFINITY;
+  ASSERT_TRUE(dev_->CopyAsync(*stream, grad.data(), g.data(), g.size() * 4,
+                              CopyKind::kHostToDevice)
+                  .ok());
+  ASSERT_TRUE(
+      eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream).ok());
+  auto r = eng_->Step({});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->applied);
+  std::vector<float> m(kWidth * kWidth);
+  ASSERT_TRUE(eng_->ReadMaster(ids_[0], m).ok());
+  EXPECT_EQ(m, init);
+  EXPECT_EQ(eng_->stats().skipped_steps, 1u);
+
+  // Finite now: scaled by 4, clipped to norm 1.
+  g[5] = 3.0f;
+  ASSERT_TRUE(dev_->SynchronizeStream(*stream).ok());
+  ASSERT_TRUE(dev_->CopyAsync(*stream, grad.data(), g.data(), g.size() * 4,
+                              CopyKind::kHostToDevice)
+                  .ok());
+  ASSERT_TRUE(
+      eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream).ok());
+  StepArgs a;
+  a.loss_scale = 4;
+  a.max_grad_norm = 1;
+  r = eng_->Step(a);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->applied);
+  EXPECT_NEAR(r->grad_norm, 0.75 * kWidth, 1e-3);  // sqrt(n * 0.75^2)
+  EXPECT_EQ(r->step, 1);
+  ASSERT_TRUE(eng_->ReadMaster(ids_[0], m).ok());
+  EXPECT_NE(m, init);
+}
+
+TEST_F(EngineFixture, SmallUnitsPersistAndStatsComeAsJson) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.device_budget_bytes = 2 * kUnitBytes + 1024;
+  o.persistence_threshold_bytes = 4096;  // the packed unit of small tensors
+  Make(o, 4, /*start=*/false);
+  TensorSpec small;
+  small.name = "bias";
+  small.shape = {kWidth};
+  const TensorId bias = eng_->Register(small).value();
+  ASSERT_TRUE(eng_->Start().ok());
+  ASSERT_TRUE(eng_->Fetch(bias).ok());
+  for (int round = 0; round < 3; ++round) {
+    for (TensorId id : ids_) ASSERT_TRUE(eng_->Fetch(id).ok());
+  }
+  const uint64_t hits = eng_->stats().fetch_hits;
+  ASSERT_TRUE(eng_->Fetch(bias).ok());
+  EXPECT_EQ(eng_->stats().fetch_hits, hits + 1) << "the small unit was evicted";
+
+  const auto j = nlohmann::json::parse(EngineStatsJson(eng_->stats()));
+  EXPECT_EQ(j["fetches"].get<uint64_t>(), 14u);
+  EXPECT_GT(j["evictions"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["device"].contains("peak_bytes"));
+}
+
+TEST_F(EngineFixture, AFragmentedArenaIsCompactedForAFetch) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.device_budget_bytes = 64 << 10;
+  Make(o, 0, /*start=*/false);
+  std::vector<TensorId> t;
+  for (int i = 0; i < 4; ++i) {
+    TensorSpec s;
+    s.name = "t" + std::to_string(i);
+    s.shape = {i < 3 ? 8192 : 16384};  // three of 16 KiB, one of 32 KiB
+    t.push_back(eng_->Register(s).value());
+  }
+  ASSERT_TRUE(eng_->Start().ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        eng_->SetInitialValues(t[i], std::vector<float>(8192, i + 1.0f)).ok());
+  }
+  // a, b, c fill three quarters; b is used again, so a is the LRU victim and
+  // the free space is split around b and c.
+  for (int i : {0, 1, 2, 1}) ASSERT_TRUE(eng_->Fetch(t[i]).ok());
+  auto d = eng_->Fetch(t[3]);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const EngineStats s = eng_->stats();
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_GE(s.compactions, 1u);
+  d->Reset();
+  // The moved units still hold their values.
+  auto stream = std::move(dev_->NewStream({}).value());
+  for (int i : {1, 2}) {
+    auto p = eng_->Fetch(t[i]);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(p->WaitOn(*stream).ok());
+    std::vector<uint16_t> host(8192);
+    ASSERT_TRUE(dev_->CopyAsync(*stream, host.data(), p->data(), 8192 * 2,
+                                CopyKind::kDeviceToHost)
+                    .ok());
+    ASSERT_TRUE(dev_->SynchronizeStream(*stream).ok());
+    std::vector<float> back(8192);
+    ASSERT_TRUE(ConvertCpuArray(host.data(), CpuDType::kBFloat16, back.data(),
+                                CpuDType::kFloat32, 8192)
+                    .ok());
+    EXPECT_EQ(back, std::vector<float>(8192, i + 1.0f)) << "unit " << i;
+  }
+}
+
+TEST_F(EngineFixture, ErrorsNameWhatIsWrong) {
+  EngineOptions o = BaseOptions();
+  o.optimizer_states = Residence::kNvme;
+  auto dev = HostDevice();
+  auto e = Engine::Create(o, dev.get());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("nvme_paths"), std::string::npos);
+  o = BaseOptions();
+  o.world_size = 2;
+  EXPECT_EQ(Engine::Create(o, dev.get()).status().code(),
+            StatusCode::kNotSupported);
+
+  Make(BaseOptions(), 1, /*start=*/false);
+  EXPECT_EQ(eng_->Fetch(ids_[0]).status().code(),
+            StatusCode::kFailedPrecondition);
+  TensorSpec dup;
+  dup.name = "t0";
+  dup.shape = {4};
+  EXPECT_EQ(eng_->Register(dup).status().code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(eng_->Start().ok());
+  EXPECT_EQ(eng_->Register(dup).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(eng_->Fetch(99).status().code(), StatusCode::kInvalidArgument);
+  std::vector<float> wrong(3);
+  EXPECT_EQ(eng_->SetInitialValues(ids_[0], wrong).code(),
+            StatusCode::kInvalidArgument);
+  auto pin = eng_->Fetch(ids_[0]);
+  ASSERT_TRUE(pin.ok());
+  EXPECT_EQ(eng_->Step({}).status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace strata
