@@ -6,14 +6,17 @@
 //   I/O, device allocation or device synchronization is done while holding
 //   it: Fetch decides under the lock (victims, bytes reserved), then frees,
 //   allocates and enqueues outside it, then records the outcome under it.
-// - The mover (a Worker) does all NVMe I/O, urgent jobs first: reads that a
-//   fetch or the step waits on before prefetches and write-backs. Only the
-//   mover touches the swap space, so it needs no lock of its own.
+// - NVMe requests go to the swap space's asynchronous I/O (Note [Zero-copy
+//   NVMe]); their callbacks run on its completion thread, never block, and
+//   take mu_ only briefly. The mover (a Worker) starts fetches, urgent ones
+//   first (a fetch the trainer waits on before prefetches), since it may
+//   wait for a free staging buffer; the step submits its own reads and
+//   writes.
 // - The accumulator (a Worker) adds copied gradients into the fp32
 //   accumulators, in hand-over order, so the sums are deterministic.
 // - Step excludes Fetch and AddGrad (stepping_), drains both workers, and
-//   runs the optimizer on the calling thread, with the mover reading the
-//   next piece and writing the last one meanwhile.
+//   runs the optimizer on the calling thread, with the reads of the next
+//   piece and the writes of the last one in flight meanwhile.
 #include "memtier/engine_impl.h"
 
 #include <algorithm>
