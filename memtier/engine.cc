@@ -1135,6 +1135,14 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   // Everything handed over is in the accumulators; every fetch has landed.
   STRATA_RETURN_IF_ERROR(WaitGrads());
   STRATA_RETURN_IF_ERROR(RunOnMover([] { return Status::Ok(); }));
+  {
+    // Fetches the mover started may still be reading: the step rewrites
+    // those pieces.
+    MutexLock l(&mu_);
+    for (const UnitState& s : units_) {
+      while (s.arriving) cv_.Wait(&mu_);
+    }
+  }
   // Copies of host parameters to the device must be done before the update
   // rewrites them.
   STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
