@@ -6,14 +6,17 @@
 //   I/O, device allocation or device synchronization is done while holding
 //   it: Fetch decides under the lock (victims, bytes reserved), then frees,
 //   allocates and enqueues outside it, then records the outcome under it.
-// - The mover (a Worker) does all NVMe I/O, urgent jobs first: reads that a
-//   fetch or the step waits on before prefetches and write-backs. Only the
-//   mover touches the swap space, so it needs no lock of its own.
+// - NVMe requests go to the swap space's asynchronous I/O (Note [Zero-copy
+//   NVMe]); their callbacks run on its completion thread, never block, and
+//   take mu_ only briefly. The mover (a Worker) starts fetches, urgent ones
+//   first (a fetch the trainer waits on before prefetches), since it may
+//   wait for a free staging buffer; the step submits its own reads and
+//   writes.
 // - The accumulator (a Worker) adds copied gradients into the fp32
 //   accumulators, in hand-over order, so the sums are deterministic.
 // - Step excludes Fetch and AddGrad (stepping_), drains both workers, and
-//   runs the optimizer on the calling thread, with the mover reading the
-//   next piece and writing the last one meanwhile.
+//   runs the optimizer on the calling thread, with the reads of the next
+//   piece and the writes of the last one in flight meanwhile.
 #include "memtier/engine_impl.h"
 
 #include <algorithm>
@@ -94,9 +97,12 @@ EngineImpl::EngineImpl(const EngineOptions& o, Device* device)
     : options_(o), counting_device_(device), device_(&counting_device_) {}
 
 EngineImpl::~EngineImpl() {
-  // Workers first: their jobs use everything below.
+  // Workers first: their jobs use everything below. Then the swap space,
+  // which waits for the reads and writes in flight (their callbacks use the
+  // units, the staging buffers and the streams).
   mover_.reset();
   accumulator_.reset();
+  swap_.reset();
   if (copy_stream_) device_->SynchronizeStream(*copy_stream_).IgnoreError();
   if (d2h_stream_) device_->SynchronizeStream(*d2h_stream_).IgnoreError();
   if (release_stream_) {
@@ -107,17 +113,10 @@ EngineImpl::~EngineImpl() {
     for (UnitState& s : units_) {
       s.pin.Reset();
       s.dev.Reset();
+      for (auto& handles : s.nvme) handles.clear();  // slots back to the space
     }
   }
   arena_.reset();  // before the streams its blocks used
-  MutexLock l(&mu_);
-  for (UnitState& s : units_) {
-    s.pin.Reset();
-    s.dev.Reset();
-    for (auto& handles : s.nvme) {
-      for (SwapHandle& h : handles) swap_->Free(std::move(h));
-    }
-  }
 }
 
 StatusOr<TensorId> EngineImpl::Register(const TensorSpec& spec) {
@@ -287,10 +286,10 @@ Status EngineImpl::Start() {
     uint64_t resting = 0;
     for (UnitState& s : units_) resting += RoundUp(s.param_bytes, 256);
     if (resting > device_budget_) {
-      return Status::OutOfMemory(
-          "engine: params resting on the device need " + Bytes(resting) +
-          "; the device budget is " + Bytes(device_budget_) +
-          " (rest params on host or nvme)");
+      return Status::OutOfMemory("engine: params resting on the device need " +
+                                 Bytes(resting) + "; the device budget is " +
+                                 Bytes(device_budget_) +
+                                 " (rest params on host or nvme)");
     }
     {
       MutexLock l(&mu_);
@@ -340,27 +339,51 @@ Status EngineImpl::Start() {
   accumulator_ = std::make_unique<Worker>();
   scratch_.resize(std::min<uint64_t>(piece_elems_, 1u << 16));
 
-  // Zero-fill every nvme role, so every piece has a handle to read.
+  // Every piece of every nvme role gets its slots once, here, and is
+  // zero-filled; later writes rewrite the same slots in place.
   if (swap_) {
-    STRATA_RETURN_IF_ERROR(RunOnMover([&]() -> Status {
-      STRATA_ASSIGN_OR_RETURN(StagingLease zero, staging_->Acquire());
-      std::memset(zero.data(), 0, zero.size());
-      for (uint32_t u = 0; u < units_.size(); ++u) {
-        UnitState& s = units_[u];
-        for (int r = 0; r < kRoles; ++r) {
-          if (RoleResidence(r) != Residence::kNvme) continue;
-          for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
-            const uint64_t n = std::min(piece_elems_, s.elems - b);
-            STRATA_ASSIGN_OR_RETURN(
-                SwapHandle h,
-                swap_->Write(SwapTensorId(u, r),
-                             zero.span().first(n * ElemBytes(r, s))));
-            s.nvme[r].push_back(std::move(h));
-          }
+    STRATA_ASSIGN_OR_RETURN(StagingLease zero, staging_->Acquire());
+    std::memset(zero.data(), 0, zero.size());
+    std::vector<std::pair<uint32_t, int>> pieces_of;
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      UnitState& s = units_[u];
+      for (int r = 0; r < kRoles; ++r) {
+        if (RoleResidence(r) != Residence::kNvme) continue;
+        for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
+          const uint64_t n = std::min(piece_elems_, s.elems - b);
+          STRATA_ASSIGN_OR_RETURN(
+              SwapHandle h,
+              swap_->Allocate(SwapTensorId(u, r, s.nvme[r].size()),
+                              n * ElemBytes(r, s)));
+          s.nvme[r].push_back(std::move(h));
         }
       }
-      return Status::Ok();
-    }));
+    }
+    // A window of writes in flight: the queue depth's worth.
+    const size_t window = std::max<size_t>(1, options_.io.queue_depth);
+    std::vector<std::future<Status>> inflight;
+    Status first;
+    for (uint32_t u = 0; u < units_.size() && first.ok(); ++u) {
+      for (int r = 0; r < kRoles && first.ok(); ++r) {
+        for (size_t p = 0; p < units_[u].nvme[r].size(); ++p) {
+          if (inflight.size() == window) {
+            Status st = inflight.front().get();
+            inflight.erase(inflight.begin());
+            if (!st.ok()) {
+              first = st;
+              break;
+            }
+          }
+          inflight.push_back(
+              WritePieceFuture(u, r, p, zero.span(), IoPriority::kBackground));
+        }
+      }
+    }
+    for (auto& f : inflight) {
+      Status st = f.get();
+      if (first.ok()) first = st;
+    }
+    STRATA_RETURN_IF_ERROR(first);
   }
 
   MutexLock l(&mu_);
@@ -394,26 +417,64 @@ std::byte* EngineImpl::HostAt(int r, uint32_t u, uint64_t elem) {
          elem * ElemBytes(r, units_[u]);
 }
 
-// On the mover: piece `p` of role `r` of unit `u` into `dst`.
-Status EngineImpl::ReadPiece(uint32_t u, int r, size_t p,
-                             std::span<std::byte> dst) {
-  UnitState& s = units_[u];
-  const SwapHandle& h = s.nvme[r][p];
-  STRATA_RETURN_IF_ERROR(swap_->Read(h, dst.first(h.bytes())));
-  nvme_read_bytes_ += h.bytes();
-  return Status::Ok();
+// Note [Zero-copy NVMe]
+// Pieces move straight between their swap slots and the staging buffers
+// (page aligned, at least a piece of fp32 each) with the swap space's
+// asynchronous calls: no bounce buffer, no copy, and as many requests in
+// flight as the caller submits. `done` runs once, on the swap space's
+// completion thread (it must not block), or at once when the request is
+// refused before any I/O. A write rewrites the piece's slots in place: if
+// it fails, the piece is not valid (a later read fails its checksum) and the
+// step that wrote it fails; the staging buffer still holds the data.
+void EngineImpl::ReadPieceAsync(uint32_t u, int r, size_t p,
+                                std::span<std::byte> dst, IoPriority pr,
+                                std::function<void(Status)> done) {
+  const SwapHandle& h = units_[u].nvme[r][p];
+  const uint64_t bytes = h.bytes();
+  auto cb = [this, bytes, done](Status st) {
+    if (st.ok()) nvme_read_bytes_ += bytes;
+    done(std::move(st));
+  };
+  Status st = swap_->ReadAsync(h, 0, h.blocks(), dst, pr, cb);
+  if (!st.ok()) cb(std::move(st));
 }
 
-// On the mover: replaces piece `p` of role `r` of unit `u` with `src`. The
-// old generation is freed only once the new one is written: a failed write
-// leaves the old data authoritative.
+void EngineImpl::WritePieceAsync(uint32_t u, int r, size_t p,
+                                 std::span<const std::byte> src, IoPriority pr,
+                                 std::function<void(Status)> done) {
+  SwapHandle& h = units_[u].nvme[r][p];
+  const uint64_t bytes = h.bytes();
+  auto cb = [this, bytes, done](Status st) {
+    if (st.ok()) nvme_write_bytes_ += bytes;
+    done(std::move(st));
+  };
+  Status st = swap_->WriteAsync(h, 0, h.blocks(), src, pr, cb);
+  if (!st.ok()) cb(std::move(st));
+}
+
+// The future of a write, for callers that wait on the host.
+std::future<Status> EngineImpl::WritePieceFuture(uint32_t u, int r, size_t p,
+                                                 std::span<const std::byte> src,
+                                                 IoPriority pr) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = promise->get_future();
+  WritePieceAsync(u, r, p, src, pr,
+                  [promise](Status st) { promise->set_value(std::move(st)); });
+  return f;
+}
+
+Status EngineImpl::ReadPiece(uint32_t u, int r, size_t p,
+                             std::span<std::byte> dst) {
+  std::promise<Status> done;
+  std::future<Status> f = done.get_future();
+  ReadPieceAsync(u, r, p, dst, IoPriority::kUrgent,
+                 [&done](Status st) { done.set_value(std::move(st)); });
+  return f.get();
+}
+
 Status EngineImpl::WritePiece(uint32_t u, int r, size_t p,
                               std::span<const std::byte> src) {
-  STRATA_ASSIGN_OR_RETURN(SwapHandle h, swap_->Write(SwapTensorId(u, r), src));
-  std::swap(units_[u].nvme[r][p], h);
-  swap_->Free(std::move(h));
-  nvme_write_bytes_ += src.size();
-  return Status::Ok();
+  return WritePieceFuture(u, r, p, src, IoPriority::kUrgent).get();
 }
 
 // ---- Initial values and reading the master ---------------------------------
@@ -460,8 +521,7 @@ Status EngineImpl::ForEachPieceOfTensor(
       const uint64_t e = std::min(pb + pn, t.offset + t.elems);
       fn(lease.data() + (b - pb) * esize, b - t.offset, e - b);
       if (write) {
-        STRATA_RETURN_IF_ERROR(
-            WritePiece(t.unit, role, p, lease.span().first(pn * esize)));
+        STRATA_RETURN_IF_ERROR(WritePiece(t.unit, role, p, lease.span()));
       }
     }
     return Status::Ok();
@@ -792,27 +852,42 @@ Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
     FinishArrival(u, st, s.param_bytes);
     return st;
   }
-  mover_->Post(pr, [this, u] {
+  // On the mover: take a staging buffer per piece (blocking while all are
+  // in use) and start its read; each completion enqueues its piece's copy
+  // to the device, and the last one records `ready`.
+  const IoPriority io_pr =
+      pr == Priority::kUrgent ? IoPriority::kUrgent : IoPriority::kBackground;
+  mover_->Post(pr, [this, u, io_pr] {
     UnitState& unit = units_[u];
+    const size_t pieces = unit.nvme[kParam].size();
+    auto group = std::make_shared<Countdown>(pieces, [this, u](Status st) {
+      if (st.ok()) {
+        st = device_->RecordEvent(*units_[u].ready, *copy_stream_);
+      }
+      FinishArrival(u, st, units_[u].param_bytes);
+    });
     const size_t esize = ElementSize(unit.dtype);
-    Status st;
-    for (size_t p = 0; st.ok() && p < unit.nvme[kParam].size(); ++p) {
+    for (size_t p = 0; p < pieces; ++p) {
       StatusOr<StagingLease> lease = staging_->Acquire();
       if (!lease.ok()) {
-        st = lease.status();
-        break;
+        for (size_t q = p; q < pieces; ++q) group->Finish(lease.status());
+        return;
       }
+      auto held = std::make_shared<StagingLease>(std::move(lease).value());
       const uint64_t bytes = unit.nvme[kParam][p].bytes();
-      st = ReadPiece(u, kParam, p, lease->span());
-      if (st.ok()) {
-        st = device_->CopyAsync(*copy_stream_,
-                                DevAt(unit, p * piece_elems_ * esize),
-                                lease->data(), bytes, CopyKind::kHostToDevice);
-      }
-      if (st.ok()) st = lease->RecordDone(*copy_stream_);
+      std::byte* dst = DevAt(unit, p * piece_elems_ * esize);
+      ReadPieceAsync(u, kParam, p, held->span(), io_pr,
+                     [this, held, dst, bytes, group](Status st) {
+                       if (st.ok()) {
+                         st = device_->CopyAsync(*copy_stream_, dst,
+                                                 held->data(), bytes,
+                                                 CopyKind::kHostToDevice);
+                       }
+                       if (st.ok()) st = held->RecordDone(*copy_stream_);
+                       held->Reset();
+                       group->Finish(st);
+                     });
     }
-    if (st.ok()) st = device_->RecordEvent(*unit.ready, *copy_stream_);
-    FinishArrival(u, st, unit.param_bytes);
   });
   return Status::Ok();
 }
@@ -1060,6 +1135,14 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   // Everything handed over is in the accumulators; every fetch has landed.
   STRATA_RETURN_IF_ERROR(WaitGrads());
   STRATA_RETURN_IF_ERROR(RunOnMover([] { return Status::Ok(); }));
+  {
+    // Fetches the mover started may still be reading: the step rewrites
+    // those pieces.
+    MutexLock l(&mu_);
+    for (const UnitState& s : units_) {
+      while (s.arriving) cv_.Wait(&mu_);
+    }
+  }
   // Copies of host parameters to the device must be done before the update
   // rewrites them.
   STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
@@ -1153,18 +1236,15 @@ Status EngineImpl::UpdateAll(const CpuStepArgs& sa) {
       auto promise = std::make_shared<std::promise<Status>>();
       piece->read = promise->get_future();
       StepPiece* raw = piece.get();
-      mover_->Post(Priority::kUrgent, [this, raw, promise] {
-        Status st =
-            ReadPiece(raw->unit, kMaster, raw->index, raw->master.span());
-        if (st.ok()) {
-          st = ReadPiece(raw->unit, kExpAvg, raw->index, raw->exp_avg.span());
-        }
-        if (st.ok()) {
-          st = ReadPiece(raw->unit, kExpAvgSq, raw->index,
-                         raw->exp_avg_sq.span());
-        }
-        promise->set_value(st);
-      });
+      auto group = std::make_shared<Countdown>(
+          3, [promise](Status st) { promise->set_value(std::move(st)); });
+      auto finish = [group](Status st) { group->Finish(st); };
+      ReadPieceAsync(raw->unit, kMaster, raw->index, raw->master.span(),
+                     IoPriority::kUrgent, finish);
+      ReadPieceAsync(raw->unit, kExpAvg, raw->index, raw->exp_avg.span(),
+                     IoPriority::kUrgent, finish);
+      ReadPieceAsync(raw->unit, kExpAvgSq, raw->index, raw->exp_avg_sq.span(),
+                     IoPriority::kUrgent, finish);
     }
     return piece;
   };
@@ -1247,32 +1327,30 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   if (!nvme_states && options_.params != Residence::kNvme) {
     return Status::Ok();
   }
-  // Write-behind on the mover; the buffers go back to the pool afterwards.
+  // Write-behind, in flight together; the buffers go back to the pool when
+  // the last write is done.
   auto promise = std::make_shared<std::promise<Status>>();
   writes->push_back(promise->get_future());
   auto owned = std::make_shared<StepPiece>(std::move(piece));
-  mover_->Post(Priority::kBackground, [this, owned, promise, nvme_states,
-                                       wbytes]() mutable {
-    StepPiece& p = *owned;
-    const uint64_t sbytes = p.n * 4;
-    Status st;
-    if (nvme_states) {
-      st = WritePiece(p.unit, kMaster, p.index, p.master.span().first(sbytes));
-      if (st.ok()) {
-        st = WritePiece(p.unit, kExpAvg, p.index,
-                        p.exp_avg.span().first(sbytes));
-      }
-      if (st.ok()) {
-        st = WritePiece(p.unit, kExpAvgSq, p.index,
-                        p.exp_avg_sq.span().first(sbytes));
-      }
-    }
-    if (st.ok() && options_.params == Residence::kNvme) {
-      st = WritePiece(p.unit, kParam, p.index, p.working.span().first(wbytes));
-    }
-    owned.reset();  // leases back before the promise wakes the step
-    promise->set_value(st);
-  });
+  const bool nvme_params = options_.params == Residence::kNvme;
+  const size_t count = (nvme_states ? 3 : 0) + (nvme_params ? 1 : 0);
+  auto group =
+      std::make_shared<Countdown>(count, [owned, promise](Status st) mutable {
+        owned.reset();  // leases back before the promise wakes the step
+        promise->set_value(std::move(st));
+      });
+  StepPiece& sp = *owned;
+  std::vector<std::pair<int, std::span<const std::byte>>> out;
+  if (nvme_states) {
+    out.emplace_back(kMaster, sp.master.span());
+    out.emplace_back(kExpAvg, sp.exp_avg.span());
+    out.emplace_back(kExpAvgSq, sp.exp_avg_sq.span());
+  }
+  if (nvme_params) out.emplace_back(kParam, sp.working.span());
+  for (const auto& [role, src] : out) {
+    WritePieceAsync(sp.unit, role, sp.index, src, IoPriority::kBackground,
+                    [group](Status st) { group->Finish(st); });
+  }
   return Status::Ok();
 }
 

@@ -24,6 +24,32 @@ namespace strata::memtier {
 // The roles of a unit, in the order of EngineImpl's per-role arrays.
 enum : int { kParam = 0, kGrad, kMaster, kExpAvg, kExpAvgSq, kRoles };
 
+// Counts asynchronous operations down; the last Finish runs `done` with the
+// first error. Thread-safe.
+class Countdown {
+ public:
+  Countdown(size_t n, std::function<void(Status)> done)
+      : left_(n), done_(std::move(done)) {
+    if (n == 0) done_(Status::Ok());
+  }
+  void Finish(const Status& st) STRATA_EXCLUDES(mu_) {
+    Status first;
+    {
+      MutexLock l(&mu_);
+      if (!st.ok() && first_.ok()) first_ = st;
+      if (--left_ != 0) return;
+      first = first_;
+    }
+    done_(std::move(first));
+  }
+
+ private:
+  Mutex mu_;
+  size_t left_ STRATA_GUARDED_BY(mu_);
+  Status first_ STRATA_GUARDED_BY(mu_);
+  std::function<void(Status)> done_;
+};
+
 struct UnitState {
   uint64_t elems = 0;  // this rank's shard
   ElementType dtype = ElementType::kBFloat16;
@@ -110,8 +136,11 @@ class EngineImpl final : public Engine {
 
   Residence RoleResidence(int role) const;
   size_t ElemBytes(int role, const UnitState& s) const;
-  uint64_t SwapTensorId(uint32_t unit, int role) const {
-    return uint64_t{unit} * kRoles + static_cast<uint64_t>(role);
+  // Unique per piece, so that a block read from another piece's slots
+  // fails its header check.
+  uint64_t SwapTensorId(uint32_t unit, int role, size_t piece) const {
+    return ((uint64_t{unit} * kRoles + static_cast<uint64_t>(role)) << 24) +
+           piece;
   }
   std::byte* HostAt(int role, uint32_t unit, uint64_t elem);
   // The pinned device block of a unit, plus `bytes`. REQUIRES: s.pin held.
@@ -123,6 +152,17 @@ class EngineImpl final : public Engine {
 
   // Runs `job` on the mover, urgently, and waits for it.
   Status RunOnMover(std::function<Status()> job);
+  // Note [Zero-copy NVMe] (engine.cc).
+  void ReadPieceAsync(uint32_t unit, int role, size_t piece,
+                      std::span<std::byte> dst, IoPriority priority,
+                      std::function<void(Status)> done);
+  void WritePieceAsync(uint32_t unit, int role, size_t piece,
+                       std::span<const std::byte> src, IoPriority priority,
+                       std::function<void(Status)> done);
+  std::future<Status> WritePieceFuture(uint32_t unit, int role, size_t piece,
+                                       std::span<const std::byte> src,
+                                       IoPriority priority);
+  // The same, waiting on the calling thread (never the completion thread).
   Status ReadPiece(uint32_t unit, int role, size_t piece,
                    std::span<std::byte> dst);
   Status WritePiece(uint32_t unit, int role, size_t piece,

@@ -229,7 +229,8 @@ Trained Train(EngineOptions o, int steps = 3, int micro = 2) {
   Status st = (*eng)->Start();
   EXPECT_TRUE(st.ok()) << st.ToString();
   if (!st.ok()) return t;
-  EXPECT_TRUE(net.Init(7).ok());
+  st = net.Init(7);
+  EXPECT_TRUE(st.ok()) << st.ToString();
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < micro; ++m) {
       st = net.MicroBatch(100 + m);  // the same batches every step
