@@ -199,6 +199,9 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
   return static_cast<double>(n) / best;
 }
 
+StatusOr<double> MixedPass(IoEngine& engine, FileId file, const StepConfig& c,
+                           HostBuffer& buf, uint64_t half, uint64_t blocks);
+
 // The I/O engine's rate, bytes/s, moving equal amounts of reads and writes
 // at once (the step's mix) with the step's block size and queue depth.
 StatusOr<double> MeasureMixedIo(const StepConfig& c, RunGuard& guard) {
@@ -229,6 +232,22 @@ StatusOr<double> MeasureMixedIo(const StepConfig& c, RunGuard& guard) {
   }
   STRATA_RETURN_IF_ERROR(engine->Sync(file));
   const uint64_t blocks = half / c.block_size;
+  double best = 1e30;
+  for (int pass = 0; pass < 3; ++pass) {  // the best of three passes
+    STRATA_ASSIGN_OR_RETURN(double s,
+                            MixedPass(*engine, file, c, buf, half, blocks));
+    best = std::min(best, s);
+  }
+  STRATA_RETURN_IF_ERROR(engine->Close(file));
+  ::unlink(path.c_str());
+  return 2.0 * static_cast<double>(half) / best;
+}
+
+// One pass: `blocks` reads of the first half and as many writes of the
+// second, alternating, queue_depth in flight. Returns its seconds.
+StatusOr<double> MixedPass(IoEngine& engine, FileId file, const StepConfig& c,
+                           HostBuffer& buf, uint64_t half, uint64_t blocks) {
+  IoEngine* e = &engine;
   uint64_t next = 0;  // even: read block next/2; odd: write it
   std::vector<IoCompletion> done(c.queue_depth);
   auto submit = [&](uint64_t slot) -> Status {
@@ -238,14 +257,14 @@ StatusOr<double> MeasureMixedIo(const StepConfig& c, RunGuard& guard) {
     IoRequest r{file, (write ? half : 0) + b * c.block_size,
                 buf.span().subspan(slot * c.block_size, c.block_size),
                 write ? IoOp::kWrite : IoOp::kRead, slot};
-    return engine->Submit({&r, 1});
+    return e->Submit({&r, 1});
   };
   const auto t0 = Clock::now();
   for (uint64_t s = 0; s < c.queue_depth && next < 2 * blocks; ++s) {
     STRATA_RETURN_IF_ERROR(submit(s));
   }
-  while (engine->in_flight() > 0) {
-    STRATA_ASSIGN_OR_RETURN(size_t n, engine->Reap(done, 1));
+  while (e->in_flight() > 0) {
+    STRATA_ASSIGN_OR_RETURN(size_t n, e->Reap(done, 1));
     for (size_t i = 0; i < n; ++i) {
       STRATA_RETURN_IF_ERROR(done[i].status);
       if (next < 2 * blocks) {
@@ -254,10 +273,7 @@ StatusOr<double> MeasureMixedIo(const StepConfig& c, RunGuard& guard) {
       }
     }
   }
-  const double s = Since(t0);
-  STRATA_RETURN_IF_ERROR(engine->Close(file));
-  ::unlink(path.c_str());
-  return 2.0 * static_cast<double>(half) / s;
+  return Since(t0);
 }
 
 // ---- The step -------------------------------------------------------------
@@ -346,8 +362,15 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   // been slower while the first sample ran.
   STRATA_ASSIGN_OR_RETURN(double again, MeasureUpdateRate(c));
   out.update_rate = std::max(out.update_rate, again);
+  if (c.has("nvme")) {
+    STRATA_ASSIGN_OR_RETURN(double io_again, MeasureMixedIo(c, guard));
+    out.io_rate = std::max(out.io_rate, io_again);
+  }
   for (CaseResult& r : out.cases) {
     r.update_s = static_cast<double>(c.params) / out.update_rate;
+    if (r.name == "nvme") {
+      r.io_s = 24.0 * static_cast<double>(c.params) / out.io_rate;
+    }
   }
   return out;
 }
