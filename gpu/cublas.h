@@ -1,6 +1,6 @@
 // cuBLAS, opened at run time with dlopen so that libstrata.so has no hard
-// dependency on libcublas (RELIABILITY.md row 11): without it, GEMM reports
-// kUnavailable and everything else works.
+// dependency on libcublas (docs/reliability.md row 11): without it, GEMM
+// reports kUnavailable and everything else works.
 //
 // The library is opened once per process and never closed: handles created
 // from it may live as long as any device, and unloading cuBLAS under live

@@ -1,9 +1,9 @@
-// Host allocation faults for tests (RELIABILITY.md row 9, host OOM): armed,
-// HostBuffer::Allocate counts its calls and fails the nth (once, or that one
-// and every later one) exactly as a refused mmap fails, with kOutOfMemory and
-// ENOMEM, before anything is mapped. The SQLite pattern: a test sweeps n from
-// 1 until the operation under test succeeds, and checks at every n that the
-// failure was clean. Internal; process-wide; thread-safe.
+// Host allocation faults for tests (docs/reliability.md row 9, host OOM):
+// armed, HostBuffer::Allocate counts its calls and fails the nth (once, or that
+// one and every later one) exactly as a refused mmap fails, with kOutOfMemory
+// and ENOMEM, before anything is mapped. The SQLite pattern: a test sweeps n
+// from 1 until the operation under test succeeds, and checks at every n that
+// the failure was clean. Internal; process-wide; thread-safe.
 #ifndef STRATA_UTIL_HOST_ALLOC_FAULTS_H_
 #define STRATA_UTIL_HOST_ALLOC_FAULTS_H_
 

@@ -1,5 +1,5 @@
 // NewDevice's choice (options, STRATA_DEVICE) and NewCudaDevice's behaviour
-// where CUDA does not work (RELIABILITY.md row 11).
+// where CUDA does not work (docs/reliability.md row 11).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 

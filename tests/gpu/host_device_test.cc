@@ -257,7 +257,7 @@ TEST(HostFuncRulesTest, AThrowingHostFunctionDoesNotStopTheStream) {
   EXPECT_TRUE(ran);
 }
 
-// RELIABILITY.md row 9 on the device layer: the host-emulated device's
+// docs/reliability.md row 9 on the device layer: the host-emulated device's
 // memory and pinned host buffers come from host memory; when it is refused,
 // creation and AllocatePinnedHost answer kOutOfMemory and the next try works.
 TEST(HostDeviceOomTest, RefusedHostMemoryFailsCleanly) {

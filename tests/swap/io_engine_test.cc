@@ -274,7 +274,7 @@ TEST(IoEngineFactoryTest, RejectsBadOptionsAndNames) {
   EXPECT_EQ(*ParseIoBackend("threads"), IoBackend::kThreads);
 }
 
-// RELIABILITY.md row 17: an engine destroyed with requests queued beyond
+// docs/reliability.md row 17: an engine destroyed with requests queued beyond
 // its queue depth, none reaped, drains them all before it returns (their
 // buffers are the caller's, so nothing may touch them afterwards): every
 // write is on disk, every read has landed, and a fresh engine reads back

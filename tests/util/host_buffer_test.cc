@@ -126,7 +126,7 @@ TEST(HostBufferTest, LowMemlockLimitContinuesUnpinnedOrFailsWhenRequired) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-// RELIABILITY.md row 9 at its source: a refused host allocation is
+// docs/reliability.md row 9 at its source: a refused host allocation is
 // kOutOfMemory saying how much was asked and what the system has, leaks
 // nothing, and does not poison the next allocation.
 TEST(HostBufferOomTest, TransientFailureIsOutOfMemoryThenTheNextSucceeds) {
