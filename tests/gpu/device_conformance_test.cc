@@ -1007,7 +1007,9 @@ TEST_P(DeviceConformanceTest, TryAllocateAnswersAtOnce) {
   EXPECT_EQ(st.failed_allocations, 1u);
   EXPECT_EQ(st.reuse_waits, 0u);
   gate.Open();
+  // The free's events on both streams have completed after these.
   ASSERT_TRUE(device_->SynchronizeStream(user).ok());
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
   auto m2 = device_->TryAllocate(1 << 20, s);
   ASSERT_TRUE(m2.ok()) << m2.status().ToString();
   EXPECT_EQ(device_->memory_stats().allocations, 2u);
