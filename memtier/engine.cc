@@ -591,11 +591,10 @@ void EngineImpl::InvalidateCaches() {
   {
     MutexLock l(&mu_);
     if (options_.params == Residence::kDevice) return;
-    for (UnitState& s : units_) {
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      const UnitState& s = units_[u];
       if (s.resident && s.pins == 0 && !s.arriving && !s.allocating) {
-        freed.push_back(std::move(s.dev));
-        device_used_ -= RoundUp(s.param_bytes, 256);
-        s.resident = false;
+        DropLocked(u, &freed);
       }
     }
     UpdateTierStatsLocked();
@@ -786,12 +785,18 @@ Status EngineImpl::PinLocked(UnitState& s) {
   return Status::Ok();
 }
 
-void EngineImpl::EvictLocked(uint32_t v, std::vector<ArenaBlock>* freed) {
+// Gives up a unit's device copy: its block goes to `freed` (freed in stream
+// order by the caller, outside the lock) and its bytes back to the budget.
+void EngineImpl::DropLocked(uint32_t v, std::vector<ArenaBlock>* freed) {
   UnitState& s = units_[v];
   freed->push_back(std::move(s.dev));
   s.resident = false;
   s.prefetched = false;
   device_used_ -= RoundUp(s.param_bytes, 256);
+}
+
+void EngineImpl::EvictLocked(uint32_t v, std::vector<ArenaBlock>* freed) {
+  DropLocked(v, freed);
   ++stats_.evictions;
 }
 

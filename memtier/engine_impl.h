@@ -183,6 +183,8 @@ class EngineImpl final : public Engine {
   std::vector<uint32_t> PrefetchCandidatesLocked() STRATA_REQUIRES(mu_);
   int64_t PickVictimLocked(uint64_t than) STRATA_REQUIRES(mu_);
   Status PinLocked(UnitState& s) STRATA_REQUIRES(mu_);
+  void DropLocked(uint32_t unit, std::vector<ArenaBlock>* freed)
+      STRATA_REQUIRES(mu_);
   void EvictLocked(uint32_t unit, std::vector<ArenaBlock>* freed)
       STRATA_REQUIRES(mu_);
   Status OutOfDeviceMemoryLocked(uint32_t unit) STRATA_REQUIRES(mu_);
