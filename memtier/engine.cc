@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <numeric>
 #include <string>
@@ -1205,6 +1206,10 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
       }
     }
   }
+  // Note [Step pipeline]: the first pieces' reads go out now.
+  if (grad_spill_) STRATA_RETURN_IF_ERROR(FlushGrads());
+  std::unique_ptr<StepReads> reads = NewStepReads();
+  STRATA_RETURN_IF_ERROR(StartReads(*reads, /*wait=*/false));
   // Global norm and overflow, over the unscaled gradient.
   STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats());
   const double inv_scale = 1.0 / args.loss_scale;
@@ -1232,24 +1237,25 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   sa.inv_loss_scale = inv_scale;
   sa.clip_coef = clip;
   sa.check_overflow = false;  // checked above over the same gradient
-  STRATA_RETURN_IF_ERROR(UpdateAll(sa));
+  STRATA_RETURN_IF_ERROR(UpdateAll(*reads, sa));
   InvalidateCaches();
   result.applied = true;
   result.step = step;
   return result;
 }
 
+Status EngineImpl::FlushGrads() {
+  // The open pieces go to NVMe (each write records its stats), on the
+  // accumulator, which owns the spill.
+  std::promise<Status> flushed;
+  std::future<Status> f = flushed.get_future();
+  accumulator_->Post(Priority::kUrgent, [this, &flushed] {
+    flushed.set_value(grad_spill_->Flush());
+  });
+  return f.get();
+}
+
 StatusOr<GradStats> EngineImpl::GradientStats() {
-  if (grad_spill_) {
-    // The open pieces go to NVMe (each write records its stats), on the
-    // accumulator, which owns the spill.
-    std::promise<Status> flushed;
-    std::future<Status> f = flushed.get_future();
-    accumulator_->Post(Priority::kUrgent, [this, &flushed] {
-      flushed.set_value(grad_spill_->Flush());
-    });
-    STRATA_RETURN_IF_ERROR(f.get());
-  }
   // The same sums, in the same order, whichever tier holds the gradients,
   // so that where they rest never changes a result.
   GradStats total;
@@ -1272,6 +1278,16 @@ StatusOr<GradStats> EngineImpl::GradientStats() {
   return total;
 }
 
+// Note [Step pipeline]
+// The step's pieces flow through the staging buffers: what rests on NVMe of
+// up to `depth` pieces (states, gradient) is being read ahead while one piece
+// is updated and the writes of the pieces before it drain. The reads start
+// before the gradient-norm pass, which does not need them, so the drive
+// works while the CPU checks the gradient. A piece is started only when all
+// its buffers can be had at once, so no piece holds some while waiting for
+// the rest; the step waits for buffers (for writes to end) only when nothing
+// is left to update.
+
 // One piece of the step: elements [begin, begin + n) of unit `u`, with the
 // buffers that hold its states while it is updated.
 struct EngineImpl::StepPiece {
@@ -1282,35 +1298,75 @@ struct EngineImpl::StepPiece {
   std::future<Status> read;  // of what rests on NVMe
 };
 
-Status EngineImpl::UpdateAll(const CpuStepArgs& sa) {
-  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
-  std::vector<std::pair<uint32_t, size_t>> order;
-  for (uint32_t u = 0; u < units_.size(); ++u) {
-    for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
-      order.emplace_back(u, p);
+struct EngineImpl::StepReads {
+  std::vector<std::pair<uint32_t, size_t>> order;  // (unit, piece)
+  size_t next = 0;                                 // in order
+  size_t per_piece = 0;                            // staging buffers
+  size_t depth = 1;                                // pieces read ahead
+  std::deque<std::unique_ptr<StepPiece>> ahead;
+  ~StepReads() {
+    // Abandoned (an overflow, an error): the reads must end before the
+    // buffers go back.
+    for (auto& p : ahead) {
+      if (p->read.valid()) p->read.wait();
     }
   }
-  // Starts the reads of piece k (into fresh leases) on the mover.
-  auto start = [&](size_t k) -> StatusOr<std::unique_ptr<StepPiece>> {
+};
+
+std::unique_ptr<EngineImpl::StepReads> EngineImpl::NewStepReads() {
+  auto r = std::make_unique<StepReads>();
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
+      r->order.emplace_back(u, p);
+    }
+  }
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  r->per_piece = (nvme_states ? 3 : 0) +
+                 (options_.params != Residence::kHost ? 1 : 0) +
+                 (grad_spill_ ? 1 : 0);
+  r->depth = r->per_piece == 0
+                 ? 2
+                 : std::max<size_t>(1, staging_->count() / r->per_piece);
+  return r;
+}
+
+Status EngineImpl::StartReads(StepReads& r, bool wait) {
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  while (r.ahead.size() < r.depth && r.next < r.order.size()) {
+    std::vector<StagingLease> leases;
+    if (r.per_piece > 0) {
+      leases = staging_->TryAcquire(r.per_piece);
+      if (leases.empty()) {
+        if (!wait || !r.ahead.empty()) break;
+        for (size_t i = 0; i < r.per_piece; ++i) {
+          STRATA_ASSIGN_OR_RETURN(StagingLease l, staging_->Acquire());
+          leases.push_back(std::move(l));
+        }
+      }
+    }
     auto piece = std::make_unique<StepPiece>();
-    piece->unit = order[k].first;
-    piece->index = order[k].second;
+    piece->unit = r.order[r.next].first;
+    piece->index = r.order[r.next].second;
+    ++r.next;
     piece->begin = piece->index * piece_elems_;
     piece->n = std::min(piece_elems_, units_[piece->unit].elems - piece->begin);
-    if (options_.params != Residence::kHost) {
-      STRATA_ASSIGN_OR_RETURN(piece->working, staging_->Acquire());
-    }
+    auto take = [&leases]() {
+      StagingLease l = std::move(leases.back());
+      leases.pop_back();
+      return l;
+    };
     std::vector<std::pair<int, StagingLease*>> reads;
+    if (options_.params != Residence::kHost) piece->working = take();
     if (nvme_states) {
-      STRATA_ASSIGN_OR_RETURN(piece->master, staging_->Acquire());
-      STRATA_ASSIGN_OR_RETURN(piece->exp_avg, staging_->Acquire());
-      STRATA_ASSIGN_OR_RETURN(piece->exp_avg_sq, staging_->Acquire());
+      piece->master = take();
+      piece->exp_avg = take();
+      piece->exp_avg_sq = take();
       reads = {{kMaster, &piece->master},
                {kExpAvg, &piece->exp_avg},
                {kExpAvgSq, &piece->exp_avg_sq}};
     }
     if (grad_spill_) {
-      STRATA_ASSIGN_OR_RETURN(piece->grad, staging_->Acquire());
+      piece->grad = take();
       if (grad_spill_->written(piece->unit, piece->index)) {
         reads.emplace_back(kGrad, &piece->grad);
       } else {
@@ -1327,32 +1383,22 @@ Status EngineImpl::UpdateAll(const CpuStepArgs& sa) {
                      IoPriority::kUrgent,
                      [group](Status st) { group->Finish(st); });
     }
-    return piece;
-  };
+    r.ahead.push_back(std::move(piece));
+  }
+  return Status::Ok();
+}
 
+Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa) {
   std::vector<std::future<Status>> writes;
   Status first_error;
-  std::unique_ptr<StepPiece> next;
-  if (!order.empty()) {
-    STRATA_ASSIGN_OR_RETURN(next, start(0));
+  while (first_error.ok()) {
+    first_error = StartReads(r, /*wait=*/true);
+    if (!first_error.ok() || r.ahead.empty()) break;
+    std::unique_ptr<StepPiece> cur = std::move(r.ahead.front());
+    r.ahead.pop_front();
+    first_error = cur->read.get();
+    if (first_error.ok()) first_error = UpdatePiece(*cur, sa, &writes);
   }
-  for (size_t k = 0; k < order.size(); ++k) {
-    std::unique_ptr<StepPiece> cur = std::move(next);
-    if (k + 1 < order.size()) {
-      StatusOr<std::unique_ptr<StepPiece>> s = start(k + 1);
-      if (!s.ok()) {
-        first_error = s.status();
-      } else {
-        next = std::move(s).value();
-      }
-    }
-    Status st = cur->read.get();
-    if (!st.ok() && first_error.ok()) first_error = st;
-    if (!first_error.ok()) break;
-    first_error = UpdatePiece(*cur, sa, &writes);
-    if (!first_error.ok()) break;
-  }
-  if (next && next->read.valid()) next->read.wait();
   for (auto& w : writes) {
     Status st = w.get();
     if (!st.ok() && first_error.ok()) first_error = st;

@@ -134,6 +134,7 @@ class EngineImpl final : public Engine {
 
  private:
   struct StepPiece;
+  struct StepReads;
 
   Residence RoleResidence(int role) const;
   size_t ElemBytes(int role, const UnitState& s) const;
@@ -197,10 +198,18 @@ class EngineImpl final : public Engine {
                   bool first, StagingLease lease);
 
   StatusOr<StepResult> RunStep(const StepArgs& args);
+  // Note [Gradients on NVMe]: the open pieces written back, on the
+  // accumulator.
+  Status FlushGrads();
   // Squared sum and finiteness of the (loss-scaled) gradient of every
-  // piece, in piece order, wherever the gradients rest.
+  // piece, in piece order, wherever the gradients rest (after FlushGrads).
   StatusOr<GradStats> GradientStats();
-  Status UpdateAll(const CpuStepArgs& args);
+  // Note [Step pipeline] (engine.cc).
+  std::unique_ptr<StepReads> NewStepReads();
+  // Starts the reads of the next pieces, as many as the buffers free now
+  // allow (with `wait`, waits for buffers when none is started).
+  Status StartReads(StepReads& reads, bool wait);
+  Status UpdateAll(StepReads& reads, const CpuStepArgs& args);
   Status UpdatePiece(StepPiece& piece, const CpuStepArgs& args,
                      std::vector<std::future<Status>>* writes);
   void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
