@@ -412,6 +412,12 @@ TEST_F(EngineFixture, EvictsUnderPressureAndRefusesWhenPinsFillTheBudget) {
   EXPECT_NE(c.status().message().find("pinned"), std::string::npos)
       << c.status().ToString();
   EXPECT_NE(c.status().message().find("t2"), std::string::npos);
+  // What holds the budget: the two pinned tensors, by name.
+  EXPECT_NE(c.status().message().find("held by t0 (32768 bytes, 1 pin)"),
+            std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("; t1 ("), std::string::npos)
+      << c.status().ToString();
   a->Reset();
   EXPECT_TRUE(eng_->Fetch(ids_[2]).ok());  // room again once unpinned
 }
