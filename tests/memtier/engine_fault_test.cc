@@ -37,6 +37,7 @@
 #include "swap/backend.h"
 #include "swap/fault_backend.h"
 #include "swap/swap_space_internal.h"
+#include "tests/memtier/engine_test_util.h"
 #include "tests/swap/test_util.h"
 
 namespace strata {
@@ -164,14 +165,7 @@ class CountingIo final : public AsyncIo {
 
 enum class Under { kMemory, kKernel };
 
-std::unique_ptr<Device> HostDevice() {
-  DeviceOptions o;
-  o.choice = DeviceChoice::kHostEmulated;
-  o.memory_budget_bytes = 64 << 20;
-  auto d = NewHostEmulatedDevice(o);
-  EXPECT_TRUE(d.ok()) << d.status().ToString();
-  return std::move(d).value();
-}
+using testing::HostDevice;
 
 std::string Name(int i) { return "w" + std::to_string(i); }
 
@@ -356,6 +350,12 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
     EXPECT_EQ(io_->Unbalanced(), "");
   }
 
+  // A step under `rule` (after `steps` good ones) fails with `code`, saying
+  // `what` and naming a tensor; then the engine refuses every call that
+  // touches the training state, and once destroyed every callback ran once.
+  void ExpectStepFailsThenRefuses(int steps, const FaultRule& rule,
+                                  StatusCode code, const std::string& what);
+
   // The one swap file of the directory.
   std::string SwapFile() const {
     for (const auto& e : std::filesystem::directory_iterator(dir_.path())) {
@@ -408,6 +408,27 @@ void ExpectRefusesAfterFailedStep(Trainer& t, const Status& first) {
   EXPECT_GT(t.engine().stats().fetches, 0u);
 }
 
+void EngineFaultTest::ExpectStepFailsThenRefuses(int steps,
+                                                 const FaultRule& rule,
+                                                 StatusCode code,
+                                                 const std::string& what) {
+  Trainer t(Options());
+  ASSERT_TRUE(t.Start().ok());
+  for (int s = 0; s < steps; ++s) ASSERT_TRUE(t.TrainStep().ok());
+  ASSERT_TRUE(t.MicroBatch().ok());
+  plan_->Clear();
+  plan_->Add(rule);
+  auto r = t.Step();
+  plan_->Clear();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+  EXPECT_TRUE(Has(r.status(), what)) << r.status().ToString();
+  EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
+  ExpectRefusesAfterFailedStep(t, r.status());
+  t.Destroy();
+  ExpectCallbacksBalanced();
+}
+
 // ---- Rows 1 and 2: write-back fails ----------------------------------------
 
 // Row 1: ENOSPC on a write-back fails the step naming the tensor, and the
@@ -415,25 +436,12 @@ void ExpectRefusesAfterFailedStep(Trainer& t, const Status& first) {
 TEST_P(EngineFaultTest, NoSpaceOnWriteBackFailsStepThenEngineRefuses) {
   for (uint64_t nth : {1, 4, 9}) {
     SCOPED_TRACE("write " + std::to_string(nth));
-    Trainer t(Options());
-    ASSERT_TRUE(t.Start().ok());
-    ASSERT_TRUE(t.TrainStep().ok());
-    ASSERT_TRUE(t.MicroBatch().ok());
-    plan_->Clear();
-    plan_->Add({.kind = FaultRule::Kind::kError,
-                .op = IoOp::kWrite,
-                .err = ENOSPC,
-                .nth = nth,
-                .count = FaultRule::kForever});
-    auto r = t.Step();
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kNoSpace) << r.status().ToString();
-    EXPECT_TRUE(Has(r.status(), "writing the")) << r.status().ToString();
-    EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
-    plan_->Clear();
-    ExpectRefusesAfterFailedStep(t, r.status());
-    t.Destroy();
-    ExpectCallbacksBalanced();
+    ExpectStepFailsThenRefuses(1,
+                               {.op = IoOp::kWrite,
+                                .err = ENOSPC,
+                                .nth = nth,
+                                .count = FaultRule::kForever},
+                               StatusCode::kNoSpace, "writing the");
   }
 }
 
@@ -464,21 +472,15 @@ TEST_P(EngineFaultTest, TransientWriteErrorIsRelocatedBitIdentical) {
 // Row 2: a persistent EIO fails the step with the tensor, the file and the
 // offset; then the engine refuses.
 TEST_P(EngineFaultTest, PersistentWriteErrorFailsStepNamingTensorAndOffset) {
-  Trainer t(Options());
-  ASSERT_TRUE(t.Start().ok());
-  ASSERT_TRUE(t.MicroBatch().ok());
-  plan_->Add(
-      {.op = IoOp::kWrite, .err = EIO, .nth = 1, .count = FaultRule::kForever});
-  auto r = t.Step();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kIoError) << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(), "writing the")) << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(), "offset")) << r.status().ToString();
-  plan_->Clear();
-  ExpectRefusesAfterFailedStep(t, r.status());
-  t.Destroy();
-  ExpectCallbacksBalanced();
+  ExpectStepFailsThenRefuses(
+      0,
+      {.op = IoOp::kWrite, .err = EIO, .nth = 1, .count = FaultRule::kForever},
+      StatusCode::kIoError, "writing the");
+  // The swap space's words follow the engine's.
+  ExpectStepFailsThenRefuses(
+      0,
+      {.op = IoOp::kWrite, .err = EIO, .nth = 2, .count = FaultRule::kForever},
+      StatusCode::kIoError, "offset");
 }
 
 // ---- Row 3: reads fail ------------------------------------------------------
@@ -518,20 +520,10 @@ TEST_P(EngineFaultTest, FailedFetchNamesTensorAndIsNeverResident) {
 
 // A read that fails during the step fails it naming the state and tensor.
 TEST_P(EngineFaultTest, ReadErrorDuringStepFailsItNamingTheTensor) {
-  Trainer t(Options());
-  ASSERT_TRUE(t.Start().ok());
-  ASSERT_TRUE(t.MicroBatch().ok());
-  plan_->Add(
-      {.op = IoOp::kRead, .err = EIO, .nth = 1, .count = FaultRule::kForever});
-  auto r = t.Step();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kIoError) << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(), "reading the")) << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
-  plan_->Clear();
-  ExpectRefusesAfterFailedStep(t, r.status());
-  t.Destroy();
-  ExpectCallbacksBalanced();
+  ExpectStepFailsThenRefuses(
+      0,
+      {.op = IoOp::kRead, .err = EIO, .nth = 1, .count = FaultRule::kForever},
+      StatusCode::kIoError, "reading the");
 }
 
 // Transient faults everywhere (one EIO on a read of every fetch and every
