@@ -445,30 +445,6 @@ TEST_P(EngineFaultTest, NoSpaceOnWriteBackFailsStepThenEngineRefuses) {
   }
 }
 
-// Row 2: a transient EIO on a write-back is relocated by the swap space;
-// training ends bit-identical with a fault-free run.
-TEST_P(EngineFaultTest, TransientWriteErrorIsRelocatedBitIdentical) {
-  const auto base = Baseline();
-  for (uint64_t nth : {1, 6, 11}) {
-    SCOPED_TRACE("write " + std::to_string(nth));
-    Trainer t(Options());
-    ASSERT_TRUE(t.Start().ok());
-    const uint64_t before = plan_->injected();
-    for (int s = 0; s < kSteps; ++s) {
-      ASSERT_TRUE(t.MicroBatch().ok());
-      plan_->Clear();
-      plan_->Add({.op = IoOp::kWrite, .err = EIO, .nth = nth, .count = 1});
-      auto r = t.Step();
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-    }
-    plan_->Clear();
-    EXPECT_EQ(plan_->injected(), before + kSteps);
-    ExpectSame(base, t.Masters());
-    t.Destroy();
-    ExpectCallbacksBalanced();
-  }
-}
-
 // Row 2: a persistent EIO fails the step with the tensor, the file and the
 // offset; then the engine refuses.
 TEST_P(EngineFaultTest, PersistentWriteErrorFailsStepNamingTensorAndOffset) {
@@ -526,8 +502,9 @@ TEST_P(EngineFaultTest, ReadErrorDuringStepFailsItNamingTheTensor) {
       StatusCode::kIoError, "reading the");
 }
 
-// Transient faults everywhere (one EIO on a read of every fetch and every
-// step, short transfers, EINTR and EAGAIN) are retried: bit-identical.
+// Transient faults in every step (one EIO on a write-back, one or two on
+// the reads of the fetches and of the step, short transfers, EINTR and
+// EAGAIN) are absorbed: training ends bit-identical with a fault-free run.
 TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
   const auto base = Baseline();
   struct Case {
@@ -535,6 +512,11 @@ TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
     std::vector<FaultRule> rules;
   };
   const std::vector<Case> cases = {
+      // Row 2: relocated by the swap space to a spare slot.
+      {"write EIO 1st", {{.op = IoOp::kWrite, .err = EIO, .nth = 1}}},
+      {"write EIO 6th", {{.op = IoOp::kWrite, .err = EIO, .nth = 6}}},
+      {"write EIO 11th", {{.op = IoOp::kWrite, .err = EIO, .nth = 11}}},
+      // Row 3: retried by the engine.
       {"read EIO", {{.op = IoOp::kRead, .err = EIO, .nth = 2, .count = 1}}},
       {"read EIO twice",
        {{.op = IoOp::kRead, .err = EIO, .nth = 1, .count = 2}}},
@@ -562,7 +544,7 @@ TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();
     }
     plan_->Clear();
-    EXPECT_GE(plan_->injected(), before + 2 * kSteps);
+    EXPECT_GE(plan_->injected(), before + kSteps);
     ExpectSame(base, t.Masters());
     t.Destroy();
     ExpectCallbacksBalanced();
