@@ -100,11 +100,17 @@ EngineImpl::EngineImpl(const EngineOptions& o, Device* device)
     : options_(o), counting_device_(device), device_(&counting_device_) {}
 
 EngineImpl::~EngineImpl() {
-  // Workers first: their jobs use everything below. Then the swap space,
-  // which waits for the reads and writes in flight (their callbacks use the
-  // units, the staging buffers and the streams).
+  // Workers first: their jobs use everything below (the mover's queued
+  // fetches run and submit their reads). Then the engine's NVMe operations
+  // are waited for: their callbacks use the units, the staging buffers and
+  // the streams, and a failed read resubmits through swap_, which must stay
+  // set until the last callback has returned. Then the swap space.
   mover_.reset();
   accumulator_.reset();
+  {
+    MutexLock l(&io_mu_);
+    while (io_inflight_ > 0) io_cv_.Wait(&io_mu_);
+  }
   swap_.reset();
   if (copy_stream_) device_->SynchronizeStream(*copy_stream_).IgnoreError();
   if (d2h_stream_) device_->SynchronizeStream(*d2h_stream_).IgnoreError();
@@ -330,6 +336,7 @@ Status EngineImpl::Start() {
     so.dirs = options_.nvme_paths;
     so.block_bytes = options_.io_block_bytes;
     so.io = options_.io;
+    so.shared_io = options_.shared_io;
     so.queue_depth = std::max<uint32_t>(1, options_.io.queue_depth);
     so.pin_buffers = options_.pin_memory;
     uint64_t cap = 0;
@@ -460,14 +467,63 @@ std::byte* EngineImpl::HostAt(int r, uint32_t u, uint64_t elem) {
 // refused before any I/O. A write rewrites the piece's slots in place: if
 // it fails, the piece is not valid (a later read fails its checksum) and the
 // step that wrote it fails; the staging buffer still holds the data.
+//
+// Failures: an error names the role, the tensors, the unit and the piece
+// before the swap space's own words (file, offset, what failed). A read that
+// fails with kIoError is resubmitted up to kReadRetries more times (a read
+// changes nothing, so a transient EIO costs a retry, not the step); a
+// corrupt block is not retried, since rereading the same bytes cannot help,
+// and a write's EIO is relocated by the swap space, never here. Every
+// operation is counted from submission until its `done` has returned, so
+// that the destructor can wait for them all.
+constexpr int kReadRetries = 2;
+
+void EngineImpl::BeginIo() {
+  MutexLock l(&io_mu_);
+  ++io_inflight_;
+}
+
+void EngineImpl::EndIo() {
+  MutexLock l(&io_mu_);
+  if (--io_inflight_ == 0) io_cv_.SignalAll();
+}
+
+Status EngineImpl::PieceError(uint32_t u, int r, size_t p, const char* op,
+                              const Status& st) const {
+  static constexpr const char* kRoleNames[kRoles] = {
+      "parameters", "gradient", "master", "exp_avg", "exp_avg_sq"};
+  return st.WithContext(std::string("engine: ") + op + " the " + kRoleNames[r] +
+                        " of " + UnitNames(u) + " (unit " + std::to_string(u) +
+                        ", piece " + std::to_string(p) + ")");
+}
+
 void EngineImpl::ReadPieceAsync(uint32_t u, int r, size_t p,
                                 std::span<std::byte> dst, IoPriority pr,
                                 std::function<void(Status)> done) {
+  BeginIo();
+  SubmitRead(u, r, p, dst, pr, kReadRetries, std::move(done));
+}
+
+void EngineImpl::SubmitRead(uint32_t u, int r, size_t p,
+                            std::span<std::byte> dst, IoPriority pr,
+                            int retries, std::function<void(Status)> done) {
   const SwapHandle& h = units_[u].nvme[r][p];
   const uint64_t bytes = h.bytes();
-  auto cb = [this, bytes, done](Status st) {
-    if (st.ok()) nvme_read_bytes_ += bytes;
+  auto cb = [this, u, r, p, dst, pr, retries, bytes,
+             done = std::move(done)](Status st) {
+    if (st.code() == StatusCode::kIoError && retries > 0) {
+      STRATA_LOG_WARN("strata: {}; retrying",
+                      PieceError(u, r, p, "reading", st).ToString());
+      SubmitRead(u, r, p, dst, pr, retries - 1, done);
+      return;
+    }
+    if (st.ok()) {
+      nvme_read_bytes_ += bytes;
+    } else {
+      st = PieceError(u, r, p, "reading", st);
+    }
     done(std::move(st));
+    EndIo();
   };
   Status st = swap_->ReadAsync(h, 0, h.blocks(), dst, pr, cb);
   if (!st.ok()) cb(std::move(st));
@@ -476,11 +532,17 @@ void EngineImpl::ReadPieceAsync(uint32_t u, int r, size_t p,
 void EngineImpl::WritePieceAsync(uint32_t u, int r, size_t p,
                                  std::span<const std::byte> src, IoPriority pr,
                                  std::function<void(Status)> done) {
+  BeginIo();
   SwapHandle& h = units_[u].nvme[r][p];
   const uint64_t bytes = h.bytes();
-  auto cb = [this, bytes, done](Status st) {
-    if (st.ok()) nvme_write_bytes_ += bytes;
+  auto cb = [this, u, r, p, bytes, done](Status st) {
+    if (st.ok()) {
+      nvme_write_bytes_ += bytes;
+    } else {
+      st = PieceError(u, r, p, "writing", st);
+    }
     done(std::move(st));
+    EndIo();
   };
   Status st = swap_->WriteAsync(h, 0, h.blocks(), src, pr, cb);
   if (!st.ok()) cb(std::move(st));
@@ -617,7 +679,41 @@ Status EngineImpl::CheckTensor(TensorId id, const char* what) const {
     return Status::InvalidArgument(std::string("engine: ") + what +
                                    ": no tensor " + std::to_string(id));
   }
-  return Status::Ok();
+  MutexLock l(&mu_);
+  return FailedLocked(what);
+}
+
+// Note [Engine failures]
+// A failed or corrupt read never makes a copy resident: a fetch's pins get
+// the error from Wait and WaitOn, and the device block is dropped with the
+// last pin, so the next Fetch reads again. A Step that fails before the
+// update changes nothing and the engine stays usable. Once the update has
+// started, the pieces before the failure hold the new step and the rest the
+// old one, and a failed write leaves its piece invalid on NVMe (pieces are
+// rewritten in place): the training state is no longer one step's, so the
+// engine fails cleanly instead: every later Fetch, AddGrad, Step,
+// SetInitialValues and ReadMaster returns kFailedPrecondition with the first
+// error; stats() and the destructor still work.
+Status EngineImpl::FailedLocked(const char* what) const {
+  if (failed_.ok()) return Status::Ok();
+  return Status::FailedPrecondition(
+      std::string("engine: ") + what +
+      " refused: a Step failed part-way and left the training state partly "
+      "updated (" +
+      failed_.ToString() + "); restore it from a checkpoint in a new engine");
+}
+
+std::string EngineImpl::UnitNames(uint32_t u) const {
+  constexpr size_t kNamed = 3;
+  const std::vector<uint32_t>& t = layout_->unit(u).tensors;
+  std::string out;
+  for (size_t i = 0; i < t.size() && i < kNamed; ++i) {
+    out += (i == 0 ? "" : ", ") + specs_[t[i]].name;
+  }
+  if (t.size() > kNamed) {
+    out += " and " + std::to_string(t.size() - kNamed) + " more";
+  }
+  return out;
 }
 
 void EngineImpl::InvalidateCaches() {
@@ -644,6 +740,7 @@ StatusOr<ParamPin> EngineImpl::Fetch(TensorId id) {
   {
     MutexLock l(&mu_);
     while (stepping_) step_cv_.Wait(&mu_);
+    STRATA_RETURN_IF_ERROR(FailedLocked("Fetch"));  // by the Step waited for
     ++stats_.fetches;
     if (!trace_->OnFetch(u)) stats_.order_changes = trace_->order_changes();
   }
@@ -742,29 +839,33 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
   {
     MutexLock l(&mu_);
     UnitState& s = units_[u];
-    while (s.allocating) cv_.Wait(&mu_);
-    if (s.resident && !s.arriving && !s.arrival.ok() && s.pins == 0) {
-      EvictLocked(u, &victims);  // a failed arrival is never a copy
-    }
-    if (s.resident) {
-      *hit = true;
-      if (pin) {
-        if (s.pin.empty()) STRATA_RETURN_IF_ERROR(PinLocked(s));
-        ++s.pins;
-      }
-      s.last_use = ++clock_;
-      return Status::Ok();
-    }
-    *hit = false;
     const uint64_t than = prefetch ? trace_->NextUse(u) : FetchTrace::kNever;
-    while (device_used_ + need > device_budget_) {
+    // Rechecked after every wait: another thread may have fetched `u`.
+    for (;;) {
+      while (s.allocating) cv_.Wait(&mu_);
+      // A failed arrival is dropped once unpinned (FinishArrival, Unpin);
+      // while pins hold it, fetching it again gets its error, not its bytes.
+      if (s.resident && !s.arriving && !s.arrival.ok()) return s.arrival;
+      if (s.resident) {
+        *hit = true;
+        if (pin) {
+          if (s.pin.empty()) STRATA_RETURN_IF_ERROR(PinLocked(s));
+          ++s.pins;
+        }
+        s.last_use = ++clock_;
+        return Status::Ok();
+      }
+      if (device_used_ + need <= device_budget_) break;
       const int64_t v = PickVictimLocked(than);
-      if (v < 0) {
-        if (prefetch) return Status::Ok();  // nothing colder to make room
+      if (v >= 0) {
+        EvictLocked(static_cast<uint32_t>(v), &victims);
+      } else if (prefetch) {
+        return Status::Ok();  // nothing colder to make room
+      } else if (!WaitForArrivalLocked()) {
         return OutOfDeviceMemoryLocked(u);
       }
-      EvictLocked(static_cast<uint32_t>(v), &victims);
     }
+    *hit = false;
     device_used_ += need;
     s.allocating = true;
     s.resident = true;
@@ -847,10 +948,12 @@ StatusOr<ArenaBlock> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
     {
       MutexLock l(&mu_);
       const int64_t v = PickVictimLocked(FetchTrace::kNever);
+      if (v < 0 && WaitForArrivalLocked()) continue;
       if (v < 0) {
         return Status::OutOfMemory("engine: the device refused " + Bytes(need) +
-                                   " for unit " + std::to_string(u) +
-                                   " and nothing is left to evict: " +
+                                   " for " + UnitNames(u) + " (unit " +
+                                   std::to_string(u) +
+                                   ") and nothing is left to evict: " +
                                    std::string(mem.status().message()));
       }
       EvictLocked(static_cast<uint32_t>(v), &victims);
@@ -859,24 +962,55 @@ StatusOr<ArenaBlock> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
   }
 }
 
-Status EngineImpl::OutOfDeviceMemoryLocked(uint32_t u) {
-  uint64_t pinned = 0, arriving = 0;
+// Copies that are still arriving and that no pin holds become victims when
+// they land (or are dropped, if their read fails): a fetch that finds no
+// victim waits for one of them (the cv_ signal of FinishArrival) rather than
+// fail. False, without waiting, when there is none.
+bool EngineImpl::WaitForArrivalLocked() {
   for (const UnitState& s : units_) {
+    if (s.resident && s.arriving && !s.allocating && s.pins == 0 &&
+        !s.rests_here &&
+        s.param_bytes >= options_.persistence_threshold_bytes) {
+      cv_.Wait(&mu_);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Row 10 of docs/reliability.md: nothing left to evict. Says what was asked
+// and what holds the budget: the pinned and arriving units, by tensor name
+// (the first few), and the bytes of each kind.
+Status EngineImpl::OutOfDeviceMemoryLocked(uint32_t u) {
+  constexpr int kNamed = 4;
+  uint64_t pinned = 0, arriving = 0;
+  std::string holders;
+  int named = 0, unnamed = 0;
+  for (uint32_t v = 0; v < units_.size(); ++v) {
+    const UnitState& s = units_[v];
     if (!s.resident) continue;
-    if (s.pins > 0) pinned += RoundUp(s.param_bytes, 256);
-    if (s.arriving) arriving += RoundUp(s.param_bytes, 256);
+    const uint64_t b = RoundUp(s.param_bytes, 256);
+    if (s.pins > 0) pinned += b;
+    if (s.arriving) arriving += b;
+    if (s.pins == 0 && !s.arriving) continue;
+    if (named == kNamed) {
+      ++unnamed;
+      continue;
+    }
+    holders += (named++ == 0 ? "" : "; ") + UnitNames(v) + " (" + Bytes(b) +
+               (s.pins > 0 ? ", " + std::to_string(s.pins) +
+                                 (s.pins == 1 ? " pin" : " pins")
+                           : "") +
+               (s.arriving ? ", arriving" : "") + ")";
   }
-  std::string first;
-  for (uint32_t t : layout_->unit(u).tensors) {
-    first = specs_[t].name;
-    break;
-  }
+  if (unnamed > 0) holders += "; and " + std::to_string(unnamed) + " more";
   return Status::OutOfMemory(
-      "engine: fetching " + first + " needs " +
+      "engine: fetching " + UnitNames(u) + " needs " +
       Bytes(RoundUp(units_[u].param_bytes, 256)) +
       " on the device; the budget is " + Bytes(device_budget_) + ", of which " +
       Bytes(pinned) + " is pinned by live ParamPins and " + Bytes(arriving) +
-      " is arriving; release pins sooner or raise device_budget_bytes");
+      " is arriving" + (holders.empty() ? "" : ", held by " + holders) +
+      "; release pins sooner or raise device_budget_bytes");
 }
 
 // Starts the copy of unit `u`'s parameters to its device block; `ready` is
@@ -932,6 +1066,7 @@ Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
 }
 
 void EngineImpl::FinishArrival(uint32_t u, const Status& st, uint64_t bytes) {
+  std::vector<ArenaBlock> failed;
   {
     MutexLock l(&mu_);
     UnitState& s = units_[u];
@@ -942,9 +1077,14 @@ void EngineImpl::FinishArrival(uint32_t u, const Status& st, uint64_t bytes) {
       h2d_bytes_ += bytes;
     } else {
       STRATA_LOG_WARN("strata: fetch of unit {} failed: {}", u, st.ToString());
+      // Never resident: the block holds a partial copy. Pinned, it goes
+      // when the last pin does (Unpin); the pins' Wait and WaitOn return
+      // `st` meanwhile.
+      if (s.pins == 0 && !s.rests_here) DropLocked(u, &failed);
     }
   }
   cv_.SignalAll();
+  failed.clear();  // stream-ordered free, outside the lock
 }
 
 Status EngineImpl::WaitArrival(uint32_t u, Stream* consumer) {
@@ -976,6 +1116,7 @@ Status EngineImpl::WaitArrival(uint32_t u, Stream* consumer) {
 // device copy is freed in the order of the copy stream and the release
 // stream, both the engine's own.
 void EngineImpl::Unpin(uint32_t u, const std::vector<Stream*>& consumers) {
+  std::vector<ArenaBlock> failed;
   {
     MutexLock l(&mu_);
     UnitState& s = units_[u];
@@ -991,10 +1132,12 @@ void EngineImpl::Unpin(uint32_t u, const std::vector<Stream*>& consumers) {
     }
     if (s.pins > 0 && --s.pins == 0 && !s.arriving && !s.rests_here) {
       s.pin.Reset();
+      if (s.resident && !s.arrival.ok()) DropLocked(u, &failed);
     }
     s.last_use = ++clock_;
   }
   cv_.SignalAll();
+  failed.clear();  // stream-ordered free, outside the lock
 }
 
 // ---- Gradients
@@ -1029,6 +1172,7 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
   {
     MutexLock l(&mu_);
     while (stepping_) step_cv_.Wait(&mu_);
+    STRATA_RETURN_IF_ERROR(FailedLocked("AddGrad"));  // by the Step waited for
     // The first hand-over of a step overwrites the accumulator; later ones
     // add to it. Jobs run in order, so the first one's land first.
     first = grad_count_[id]++ == 0;
@@ -1139,6 +1283,7 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
     if (!started_)
       return Status::FailedPrecondition("engine: Step before Start");
     if (stepping_) return Status::FailedPrecondition("engine: Step is running");
+    STRATA_RETURN_IF_ERROR(FailedLocked("Step"));
     for (const UnitState& s : units_) {
       if (s.pins > 0) {
         return Status::FailedPrecondition(
@@ -1237,7 +1382,11 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   sa.inv_loss_scale = inv_scale;
   sa.clip_coef = clip;
   sa.check_overflow = false;  // checked above over the same gradient
-  STRATA_RETURN_IF_ERROR(UpdateAll(*reads, sa));
+  if (Status st = UpdateAll(*reads, sa); !st.ok()) {
+    MutexLock l(&mu_);
+    failed_ = st;  // Note [Engine failures]
+    return st;
+  }
   InvalidateCaches();
   result.applied = true;
   result.step = step;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "memtier/arena.h"
@@ -151,10 +152,21 @@ class EngineImpl final : public Engine {
   }
   uint64_t PinnedRoleBytes() const;
   Status CheckTensor(TensorId id, const char* what) const;
+  // The tensors of a unit, for messages: "a, b and 3 more".
+  std::string UnitNames(uint32_t unit) const;
+  // Note [Engine failures] (engine.cc).
+  Status FailedLocked(const char* what) const STRATA_REQUIRES(mu_);
 
   // Runs `job` on the mover, urgently, and waits for it.
   Status RunOnMover(std::function<Status()> job);
   // Note [Zero-copy NVMe] (engine.cc).
+  void BeginIo() STRATA_EXCLUDES(io_mu_);
+  void EndIo() STRATA_EXCLUDES(io_mu_);
+  void SubmitRead(uint32_t unit, int role, size_t piece,
+                  std::span<std::byte> dst, IoPriority priority, int retries,
+                  std::function<void(Status)> done);
+  Status PieceError(uint32_t unit, int role, size_t piece, const char* op,
+                    const Status& st) const;
   void ReadPieceAsync(uint32_t unit, int role, size_t piece,
                       std::span<std::byte> dst, IoPriority priority,
                       std::function<void(Status)> done);
@@ -189,6 +201,7 @@ class EngineImpl final : public Engine {
       STRATA_REQUIRES(mu_);
   void EvictLocked(uint32_t unit, std::vector<ArenaBlock>* freed)
       STRATA_REQUIRES(mu_);
+  bool WaitForArrivalLocked() STRATA_REQUIRES(mu_);
   Status OutOfDeviceMemoryLocked(uint32_t unit) STRATA_REQUIRES(mu_);
   void InvalidateCaches() STRATA_EXCLUDES(mu_);
 
@@ -262,6 +275,14 @@ class EngineImpl final : public Engine {
   uint64_t d2h_bytes_ STRATA_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> nvme_read_bytes_{0};
   std::atomic<uint64_t> nvme_write_bytes_{0};
+  // A Step that failed part-way (Note [Engine failures]); OK otherwise.
+  Status failed_ STRATA_GUARDED_BY(mu_);
+
+  // NVMe operations submitted and whose `done` has not returned yet: the
+  // destructor waits for none before it destroys the swap space.
+  Mutex io_mu_;
+  CondVar io_cv_;
+  uint64_t io_inflight_ STRATA_GUARDED_BY(io_mu_) = 0;
 
   // Last: their jobs use everything above. Reset first in the destructor.
   std::unique_ptr<Worker> mover_;        // all NVMe I/O

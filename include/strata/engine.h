@@ -158,8 +158,11 @@ class STRATA_EXPORT Engine {
   virtual Status ReadMaster(TensorId id, std::span<float> out) = 0;
 
   // Returns at once: a pin whose data arrives asynchronously (NVMe -> pinned
-  // host -> device). Evicts colder device copies as needed; kOutOfMemory
-  // when the pinned units alone fill the device budget.
+  // host -> device). Evicts colder device copies as needed (waiting for
+  // unpinned ones still arriving); kOutOfMemory when the pinned units alone
+  // fill the device budget. A failed read is reported by the pin's Wait and
+  // WaitOn (and by a Fetch of the same tensor while a pin holds it); the
+  // copy is dropped with the last pin and the next Fetch reads again.
   virtual StatusOr<ParamPin> Fetch(TensorId id) = 0;
 
   // Hands over a gradient of `id` in device memory (numel elements of
@@ -177,7 +180,10 @@ class STRATA_EXPORT Engine {
 
   // The optimizer over every partition: unscale, overflow check, clip,
   // update, and the new working copy sent to where parameters rest. Waits
-  // for the gradients and clears them afterwards.
+  // for the gradients and clears them afterwards. A Step that fails once the
+  // update has begun (a read or write-back of the states) leaves them
+  // partly updated: the engine then refuses every later call that touches
+  // them with kFailedPrecondition quoting the error (docs/memtier.md).
   virtual StatusOr<StepResult> Step(const StepArgs& args) = 0;
 
   virtual EngineStats stats() const = 0;

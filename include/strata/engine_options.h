@@ -15,10 +15,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "strata/async_io.h"
 #include "strata/cpu_adam.h"
 #include "strata/export.h"
 #include "strata/io_engine.h"
@@ -143,6 +145,13 @@ struct EngineOptions {
   // Largest single I/O request. A multiple of 4096, 4 KiB .. 1 GiB.
   // Default 1 MiB.
   uint64_t io_block_bytes = uint64_t{1} << 20;
+  // The AsyncIo (one ring and its completion thread) the NVMe tier submits
+  // to, shared with other users of the same drives (a checkpoint writer, a
+  // data loader, or an AsyncIo over an IoEngine of the caller's own) so
+  // that one ring carries all their I/O. Null (the default): the engine
+  // opens its own from `io`, which is ignored when this is set. Kept alive
+  // by the engine until it is destroyed; not part of a JSON config.
+  std::shared_ptr<AsyncIo> shared_io;
 
   // ---- Training ----
   // Element type of parameters on the device and of the gradients the

@@ -17,6 +17,7 @@
 
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "tests/memtier/engine_test_util.h"
 
 namespace strata {
 namespace {
@@ -34,14 +35,7 @@ class TempDir {
   std::string path_;
 };
 
-std::unique_ptr<Device> HostDevice() {
-  DeviceOptions o;
-  o.choice = DeviceChoice::kHostEmulated;
-  o.memory_budget_bytes = 64 << 20;
-  auto d = NewHostEmulatedDevice(o);
-  EXPECT_TRUE(d.ok()) << d.status().ToString();
-  return std::move(d).value();
-}
+using testing::HostDevice;
 
 constexpr int kWidth = 128;  // 16 Ki elements per layer: one unit each
 constexpr int kLayers = 20;
@@ -426,6 +420,12 @@ TEST_F(EngineFixture, EvictsUnderPressureAndRefusesWhenPinsFillTheBudget) {
   EXPECT_NE(c.status().message().find("pinned"), std::string::npos)
       << c.status().ToString();
   EXPECT_NE(c.status().message().find("t2"), std::string::npos);
+  // What holds the budget: the two pinned tensors, by name.
+  EXPECT_NE(c.status().message().find("held by t0 (32768 bytes, 1 pin)"),
+            std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("; t1 ("), std::string::npos)
+      << c.status().ToString();
   a->Reset();
   EXPECT_TRUE(eng_->Fetch(ids_[2]).ok());  // room again once unpinned
 }
