@@ -71,7 +71,12 @@ class STRATA_EXPORT ParamPin {
   // Work enqueued on `consumer` after this call runs once the data has
   // arrived. The consumer's use lasts until the pin is dropped: the device
   // copy is reused only after the work enqueued on `consumer` by then is
-  // done. Blocks the host only while the fetch is still reading from NVMe.
+  // done. Does not block the host, even while the fetch still reads from
+  // NVMe, where the device has host-signalled events (the host-emulated
+  // device; CUDA with stream memory operations); elsewhere it blocks until
+  // the read is done. A read that fails after this returned leaves the
+  // consumer's work running on unspecified data, and the error comes from
+  // Wait() and the next Fetch of the tensor.
   Status WaitOn(Stream& consumer);
   // Blocks the host until the data has arrived on the device.
   Status Wait();

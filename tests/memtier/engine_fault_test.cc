@@ -494,6 +494,41 @@ TEST_P(EngineFaultTest, FailedFetchNamesTensorAndIsNeverResident) {
   ExpectCallbacksBalanced();
 }
 
+// Note [Waiting without the host] in memtier/engine.cc: with the fetch's
+// read held before the ring, WaitOn returns and the consumer stream, not the
+// host, waits; the data are there when the read is let go.
+TEST_P(EngineFaultTest, WaitOnLeavesTheHostFreeWhileTheReadIsInFlight) {
+  Trainer t(Options());
+  ASSERT_TRUE(t.Start().ok());
+  io_->Hold();
+  auto p = t.engine().Fetch(t.id(2));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  Status on = p->WaitOn(t.stream());  // would never return if it blocked
+  ASSERT_TRUE(on.ok()) << on.ToString();
+  // Into pinned memory: a copy to pageable memory would block the host.
+  auto pinned = t.device().AllocatePinnedHost(kElems * 2, {});
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  ASSERT_TRUE(t.device()
+                  .CopyAsync(t.stream(), pinned->data(), p->data(), kElems * 2,
+                             CopyKind::kDeviceToHost)
+                  .ok());
+  auto after = t.device().NewEvent();
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE(t.device().RecordEvent(**after, t.stream()).ok());
+  auto done = t.device().QueryEvent(**after);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done) << "the consumer ran before the data arrived";
+  io_->Release();
+  ASSERT_TRUE(t.device().SynchronizeStream(t.stream()).ok());
+  std::vector<uint16_t> got(kElems);
+  std::memcpy(got.data(), pinned->data(), kElems * 2);
+  EXPECT_EQ(got, ToBf16(Initial(2)));
+  EXPECT_EQ(t.engine().stats().stall_seconds, 0.0);
+  p->Reset();
+  t.Destroy();
+  ExpectCallbacksBalanced();
+}
+
 // A read that fails during the step fails it naming the state and tensor.
 TEST_P(EngineFaultTest, ReadErrorDuringStepFailsItNamingTheTensor) {
   ExpectStepFailsThenRefuses(
