@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <numeric>
 #include <string>
@@ -68,16 +69,18 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
         "engine: optimizer_states on the device needs a GPU optimizer; rest "
         "them on host or nvme");
   }
-  if (o.grads != Residence::kHost) {
-    return Status::NotSupported("engine: grads rest on host for now, not " +
-                                std::string(ResidenceName(o.grads)));
+  if (o.grads == Residence::kDevice) {
+    return Status::NotSupported(
+        "engine: grads rest on host or nvme (the CPU optimizer reads them), "
+        "not on the device");
   }
-  const bool nvme =
-      o.params == Residence::kNvme || o.optimizer_states == Residence::kNvme;
+  const bool nvme = o.params == Residence::kNvme ||
+                    o.optimizer_states == Residence::kNvme ||
+                    o.grads == Residence::kNvme;
   if (nvme && o.nvme_paths.empty()) {
     return Status::InvalidArgument(
-        "engine: nvme_paths is empty but params or optimizer_states rest on "
-        "nvme");
+        "engine: nvme_paths is empty but params, optimizer_states or grads "
+        "rest on nvme");
   }
   if (o.partition_bytes < (1u << 16) || o.partition_bytes % 4096 != 0) {
     return Status::InvalidArgument(
@@ -204,14 +207,17 @@ Status EngineImpl::Start() {
   // them for the step's pipeline (read ahead, update, write behind).
   const bool nvme_states = options_.optimizer_states == Residence::kNvme;
   const bool nvme_params = options_.params == Residence::kNvme;
+  const bool nvme_grads = options_.grads == Residence::kNvme;
   uint64_t staging_bytes = options_.staging_buffer_bytes;
   if (staging_bytes == 0) {
     staging_bytes = std::clamp<uint64_t>(RoundUp(max_unit_elems * 4, 4096),
                                          4u << 20, 64u << 20);
   }
   uint32_t staging_count = options_.staging_buffer_count;
-  const uint32_t min_count = nvme_states ? 8 : 4;
-  if (staging_count == 0) staging_count = nvme_states ? 12 : 6;
+  // A piece of the step holds up to five buffers (master, moments, working
+  // copy, gradient); two pieces are held at once, and more are writing.
+  const uint32_t min_count = (nvme_states ? 8 : 4) + (nvme_grads ? 2 : 0);
+  if (staging_count == 0) staging_count = min_count + (nvme_states ? 4 : 2);
   if (staging_count < min_count) {
     return Status::InvalidArgument(
         "engine: staging_buffer_count " + std::to_string(staging_count) +
@@ -222,6 +228,12 @@ Status EngineImpl::Start() {
   STRATA_ASSIGN_OR_RETURN(
       staging_, StagingPool::Create(device_, staging_count, staging_bytes,
                                     options_.pin_memory));
+  if (nvme_grads) {
+    // Two pieces open, a third writing back.
+    STRATA_ASSIGN_OR_RETURN(
+        grad_pool_,
+        StagingPool::Create(device_, 3, staging_bytes, options_.pin_memory));
+  }
 
   // Streams, events and the optimizer.
   STRATA_ASSIGN_OR_RETURN(copy_stream_,
@@ -313,7 +325,7 @@ Status EngineImpl::Start() {
 
   // NVMe tier: a swap space holding every nvme role, plus room to write a
   // new generation of the pieces in flight before the old is freed.
-  if (nvme_states || nvme_params) {
+  if (nvme_states || nvme_params || nvme_grads) {
     SwapSpaceOptions so;
     so.dirs = options_.nvme_paths;
     so.block_bytes = options_.io_block_bytes;
@@ -340,7 +352,8 @@ Status EngineImpl::Start() {
   scratch_.resize(std::min<uint64_t>(piece_elems_, 1u << 16));
 
   // Every piece of every nvme role gets its slots once, here, and is
-  // zero-filled; later writes rewrite the same slots in place.
+  // zero-filled (gradients excepted: Note [Gradients on NVMe]); later writes
+  // rewrite the same slots in place.
   if (swap_) {
     STRATA_ASSIGN_OR_RETURN(StagingLease zero, staging_->Acquire());
     std::memset(zero.data(), 0, zero.size());
@@ -365,6 +378,7 @@ Status EngineImpl::Start() {
     Status first;
     for (uint32_t u = 0; u < units_.size() && first.ok(); ++u) {
       for (int r = 0; r < kRoles && first.ok(); ++r) {
+        if (r == kGrad) continue;
         for (size_t p = 0; p < units_[u].nvme[r].size(); ++p) {
           if (inflight.size() == window) {
             Status st = inflight.front().get();
@@ -386,10 +400,30 @@ Status EngineImpl::Start() {
     STRATA_RETURN_IF_ERROR(first);
   }
 
+  if (nvme_grads) {
+    std::vector<uint64_t> elems;
+    for (const UnitState& s : units_) elems.push_back(s.elems);
+    grad_spill_ = std::make_unique<GradSpill>(
+        std::move(elems), piece_elems_, grad_pool_.get(), /*open_pieces=*/2,
+        [this](uint32_t u, size_t p, std::span<std::byte> dst) {
+          return ReadPiece(u, kGrad, p, dst);
+        },
+        [this](uint32_t u, size_t p, std::span<const std::byte> src,
+               std::function<void(Status)> done) {
+          WritePieceAsync(u, kGrad, p, src, IoPriority::kBackground,
+                          std::move(done));
+        },
+        [this](const float* g, uint64_t n) {
+          return optimizer_->ComputeGradStats(g, CpuDType::kFloat32, n, 1.0);
+        });
+  }
+
   MutexLock l(&mu_);
   started_ = true;
-  stats_.pinned_host_bytes = staging_->pinned_bytes() + PinnedRoleBytes();
-  stats_.staging_bytes = staging_->pinned_bytes();
+  const uint64_t staging_pinned =
+      staging_->pinned_bytes() + (grad_pool_ ? grad_pool_->pinned_bytes() : 0);
+  stats_.pinned_host_bytes = staging_pinned + PinnedRoleBytes();
+  stats_.staging_bytes = staging_pinned;
   UpdateTierStatsLocked();
   return Status::Ok();
 }
@@ -1051,7 +1085,9 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
   Status st = lease.WaitDone();
   const TensorPlace& t = layout_->tensor(id);
   float* acc =
-      reinterpret_cast<float*>(HostAt(kGrad, t.unit, t.offset + begin));
+      grad_spill_
+          ? nullptr
+          : reinterpret_cast<float*>(HostAt(kGrad, t.unit, t.offset + begin));
   for (uint64_t b = 0; st.ok() && b < n; b += scratch_.size()) {
     const uint64_t cnt = std::min<uint64_t>(scratch_.size(), n - b);
     const std::byte* src = lease.data() + b * ElementSize(dtype);
@@ -1064,7 +1100,9 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
       vals = scratch_.data();
     }
     if (!st.ok()) break;
-    if (first) {
+    if (grad_spill_) {
+      st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first);
+    } else if (first) {
       std::memcpy(acc + b, vals, cnt * 4);
     } else {
       for (uint64_t i = 0; i < cnt; ++i) acc[b + i] += vals[i];
@@ -1112,6 +1150,8 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
   }
   const auto t0 = Clock::now();
   StatusOr<StepResult> r = RunStep(args);
+  // The accumulator is idle (hand-overs wait for stepping_).
+  if (grad_spill_) grad_spill_->EndStep();
   {
     MutexLock l(&mu_);
     stepping_ = false;
@@ -1156,28 +1196,26 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
     MutexLock l(&mu_);
     counts = grad_count_;
   }
-  // Tensors without a gradient this step contribute zeros.
-  for (TensorId id = 0; id < specs_.size(); ++id) {
-    if (counts[id] == 0) {
-      const TensorPlace& t = layout_->tensor(id);
-      std::memset(HostAt(kGrad, t.unit, t.offset), 0, t.elems * 4);
+  // Tensors without a gradient this step contribute zeros (on NVMe they are
+  // zero already: Note [Gradients on NVMe]).
+  if (!grad_spill_) {
+    for (TensorId id = 0; id < specs_.size(); ++id) {
+      if (counts[id] == 0) {
+        const TensorPlace& t = layout_->tensor(id);
+        std::memset(HostAt(kGrad, t.unit, t.offset), 0, t.elems * 4);
+      }
     }
   }
+  // Note [Step pipeline]: the first pieces' reads go out now.
+  if (grad_spill_) STRATA_RETURN_IF_ERROR(FlushGrads());
+  std::unique_ptr<StepReads> reads = NewStepReads();
+  STRATA_RETURN_IF_ERROR(StartReads(*reads, /*wait=*/false));
   // Global norm and overflow, over the unscaled gradient.
+  STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats());
   const double inv_scale = 1.0 / args.loss_scale;
-  double sum_sq = 0;
-  bool finite = true;
-  for (uint32_t u = 0; u < units_.size(); ++u) {
-    STRATA_ASSIGN_OR_RETURN(
-        GradStats g,
-        optimizer_->ComputeGradStats(HostAt(kGrad, u, 0), CpuDType::kFloat32,
-                                     units_[u].elems, inv_scale));
-    sum_sq += g.sum_sq;
-    finite = finite && g.finite;
-  }
   StepResult result;
-  result.grad_norm = std::sqrt(sum_sq);
-  if (!finite || !std::isfinite(result.grad_norm)) {
+  result.grad_norm = std::sqrt(g.sum_sq) * inv_scale;
+  if (!g.finite || !std::isfinite(result.grad_norm)) {
     result.applied = false;
     MutexLock l(&mu_);
     result.step = steps_;
@@ -1199,12 +1237,56 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   sa.inv_loss_scale = inv_scale;
   sa.clip_coef = clip;
   sa.check_overflow = false;  // checked above over the same gradient
-  STRATA_RETURN_IF_ERROR(UpdateAll(sa));
+  STRATA_RETURN_IF_ERROR(UpdateAll(*reads, sa));
   InvalidateCaches();
   result.applied = true;
   result.step = step;
   return result;
 }
+
+Status EngineImpl::FlushGrads() {
+  // The open pieces go to NVMe (each write records its stats), on the
+  // accumulator, which owns the spill.
+  std::promise<Status> flushed;
+  std::future<Status> f = flushed.get_future();
+  accumulator_->Post(Priority::kUrgent, [this, &flushed] {
+    flushed.set_value(grad_spill_->Flush());
+  });
+  return f.get();
+}
+
+StatusOr<GradStats> EngineImpl::GradientStats() {
+  // The same sums, in the same order, whichever tier holds the gradients,
+  // so that where they rest never changes a result.
+  GradStats total;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
+      GradStats g;
+      if (grad_spill_) {
+        if (grad_spill_->written(u, p)) g = grad_spill_->stats(u, p);
+      } else {
+        const uint64_t b = p * piece_elems_;
+        STRATA_ASSIGN_OR_RETURN(
+            g, optimizer_->ComputeGradStats(
+                   HostAt(kGrad, u, b), CpuDType::kFloat32,
+                   std::min(piece_elems_, units_[u].elems - b), 1.0));
+      }
+      total.sum_sq += g.sum_sq;
+      total.finite = total.finite && g.finite;
+    }
+  }
+  return total;
+}
+
+// Note [Step pipeline]
+// The step's pieces flow through the staging buffers: what rests on NVMe of
+// up to `depth` pieces (states, gradient) is being read ahead while one piece
+// is updated and the writes of the pieces before it drain. The reads start
+// before the gradient-norm pass, which does not need them, so the drive
+// works while the CPU checks the gradient. A piece is started only when all
+// its buffers can be had at once, so no piece holds some while waiting for
+// the rest; the step waits for buffers (for writes to end) only when nothing
+// is left to update.
 
 // One piece of the step: elements [begin, begin + n) of unit `u`, with the
 // buffers that hold its states while it is updated.
@@ -1212,73 +1294,111 @@ struct EngineImpl::StepPiece {
   uint32_t unit = 0;
   size_t index = 0;  // piece index within the unit
   uint64_t begin = 0, n = 0;
-  StagingLease master, exp_avg, exp_avg_sq, working;
-  std::future<Status> read;  // of the three states (nvme only)
+  StagingLease master, exp_avg, exp_avg_sq, working, grad;
+  std::future<Status> read;  // of what rests on NVMe
 };
 
-Status EngineImpl::UpdateAll(const CpuStepArgs& sa) {
-  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
-  std::vector<std::pair<uint32_t, size_t>> order;
+struct EngineImpl::StepReads {
+  std::vector<std::pair<uint32_t, size_t>> order;  // (unit, piece)
+  size_t next = 0;                                 // in order
+  size_t per_piece = 0;                            // staging buffers
+  size_t depth = 1;                                // pieces read ahead
+  std::deque<std::unique_ptr<StepPiece>> ahead;
+  ~StepReads() {
+    // Abandoned (an overflow, an error): the reads must end before the
+    // buffers go back.
+    for (auto& p : ahead) {
+      if (p->read.valid()) p->read.wait();
+    }
+  }
+};
+
+std::unique_ptr<EngineImpl::StepReads> EngineImpl::NewStepReads() {
+  auto r = std::make_unique<StepReads>();
   for (uint32_t u = 0; u < units_.size(); ++u) {
     for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
-      order.emplace_back(u, p);
+      r->order.emplace_back(u, p);
     }
   }
-  // Starts the reads of piece k (into fresh leases) on the mover.
-  auto start = [&](size_t k) -> StatusOr<std::unique_ptr<StepPiece>> {
-    auto piece = std::make_unique<StepPiece>();
-    piece->unit = order[k].first;
-    piece->index = order[k].second;
-    piece->begin = piece->index * piece_elems_;
-    piece->n = std::min(piece_elems_, units_[piece->unit].elems - piece->begin);
-    if (options_.params != Residence::kHost) {
-      STRATA_ASSIGN_OR_RETURN(piece->working, staging_->Acquire());
-    }
-    if (nvme_states) {
-      STRATA_ASSIGN_OR_RETURN(piece->master, staging_->Acquire());
-      STRATA_ASSIGN_OR_RETURN(piece->exp_avg, staging_->Acquire());
-      STRATA_ASSIGN_OR_RETURN(piece->exp_avg_sq, staging_->Acquire());
-      auto promise = std::make_shared<std::promise<Status>>();
-      piece->read = promise->get_future();
-      StepPiece* raw = piece.get();
-      auto group = std::make_shared<Countdown>(
-          3, [promise](Status st) { promise->set_value(std::move(st)); });
-      auto finish = [group](Status st) { group->Finish(st); };
-      ReadPieceAsync(raw->unit, kMaster, raw->index, raw->master.span(),
-                     IoPriority::kUrgent, finish);
-      ReadPieceAsync(raw->unit, kExpAvg, raw->index, raw->exp_avg.span(),
-                     IoPriority::kUrgent, finish);
-      ReadPieceAsync(raw->unit, kExpAvgSq, raw->index, raw->exp_avg_sq.span(),
-                     IoPriority::kUrgent, finish);
-    }
-    return piece;
-  };
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  r->per_piece = (nvme_states ? 3 : 0) +
+                 (options_.params != Residence::kHost ? 1 : 0) +
+                 (grad_spill_ ? 1 : 0);
+  r->depth = r->per_piece == 0
+                 ? 2
+                 : std::max<size_t>(1, staging_->count() / r->per_piece);
+  return r;
+}
 
-  std::vector<std::future<Status>> writes;
-  Status first_error;
-  std::unique_ptr<StepPiece> next;
-  if (!order.empty()) {
-    STRATA_ASSIGN_OR_RETURN(next, start(0));
-  }
-  for (size_t k = 0; k < order.size(); ++k) {
-    std::unique_ptr<StepPiece> cur = std::move(next);
-    if (k + 1 < order.size()) {
-      StatusOr<std::unique_ptr<StepPiece>> s = start(k + 1);
-      if (!s.ok()) {
-        first_error = s.status();
-      } else {
-        next = std::move(s).value();
+Status EngineImpl::StartReads(StepReads& r, bool wait) {
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  while (r.ahead.size() < r.depth && r.next < r.order.size()) {
+    std::vector<StagingLease> leases;
+    if (r.per_piece > 0) {
+      leases = staging_->TryAcquire(r.per_piece);
+      if (leases.empty()) {
+        if (!wait || !r.ahead.empty()) break;
+        for (size_t i = 0; i < r.per_piece; ++i) {
+          STRATA_ASSIGN_OR_RETURN(StagingLease l, staging_->Acquire());
+          leases.push_back(std::move(l));
+        }
       }
     }
+    auto piece = std::make_unique<StepPiece>();
+    piece->unit = r.order[r.next].first;
+    piece->index = r.order[r.next].second;
+    ++r.next;
+    piece->begin = piece->index * piece_elems_;
+    piece->n = std::min(piece_elems_, units_[piece->unit].elems - piece->begin);
+    auto take = [&leases]() {
+      StagingLease l = std::move(leases.back());
+      leases.pop_back();
+      return l;
+    };
+    std::vector<std::pair<int, StagingLease*>> reads;
+    if (options_.params != Residence::kHost) piece->working = take();
     if (nvme_states) {
-      Status st = cur->read.get();
-      if (!st.ok() && first_error.ok()) first_error = st;
+      piece->master = take();
+      piece->exp_avg = take();
+      piece->exp_avg_sq = take();
+      reads = {{kMaster, &piece->master},
+               {kExpAvg, &piece->exp_avg},
+               {kExpAvgSq, &piece->exp_avg_sq}};
     }
-    if (!first_error.ok()) break;
-    first_error = UpdatePiece(*cur, sa, &writes);
-    if (!first_error.ok()) break;
+    if (grad_spill_) {
+      piece->grad = take();
+      if (grad_spill_->written(piece->unit, piece->index)) {
+        reads.emplace_back(kGrad, &piece->grad);
+      } else {
+        std::memset(piece->grad.data(), 0, piece->n * 4);
+      }
+    }
+    auto promise = std::make_shared<std::promise<Status>>();
+    piece->read = promise->get_future();
+    auto group = std::make_shared<Countdown>(
+        reads.size(),
+        [promise](Status st) { promise->set_value(std::move(st)); });
+    for (const auto& [role, lease] : reads) {
+      ReadPieceAsync(piece->unit, role, piece->index, lease->span(),
+                     IoPriority::kUrgent,
+                     [group](Status st) { group->Finish(st); });
+    }
+    r.ahead.push_back(std::move(piece));
   }
-  if (next && next->read.valid()) next->read.wait();
+  return Status::Ok();
+}
+
+Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa) {
+  std::vector<std::future<Status>> writes;
+  Status first_error;
+  while (first_error.ok()) {
+    first_error = StartReads(r, /*wait=*/true);
+    if (!first_error.ok() || r.ahead.empty()) break;
+    std::unique_ptr<StepPiece> cur = std::move(r.ahead.front());
+    r.ahead.pop_front();
+    first_error = cur->read.get();
+    if (first_error.ok()) first_error = UpdatePiece(*cur, sa, &writes);
+  }
   for (auto& w : writes) {
     Status st = w.get();
     if (!st.ok() && first_error.ok()) first_error = st;
@@ -1297,7 +1417,8 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   const bool nvme_states = options_.optimizer_states == Residence::kNvme;
   CpuOptimizerTensors t;
   t.n = piece.n;
-  t.grad = HostAt(kGrad, u, piece.begin);
+  t.grad = grad_spill_ ? static_cast<const void*>(piece.grad.data())
+                       : HostAt(kGrad, u, piece.begin);
   t.grad_dtype = CpuDType::kFloat32;
   t.moment_dtype = CpuDType::kFloat32;
   t.working_dtype = ToCpu(s.dtype);
@@ -1316,6 +1437,7 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
   if (!r.applied)
     return Status::Internal("engine: update refused a checked gradient");
+  piece.grad.Reset();
 
   const size_t wbytes = piece.n * ElementSize(s.dtype);
   if (options_.params == Residence::kDevice) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memtier/arena.h"
+#include "memtier/grad_spill.h"
 #include "memtier/layout.h"
 #include "memtier/staging.h"
 #include "memtier/trace.h"
@@ -133,6 +134,7 @@ class EngineImpl final : public Engine {
 
  private:
   struct StepPiece;
+  struct StepReads;
 
   Residence RoleResidence(int role) const;
   size_t ElemBytes(int role, const UnitState& s) const;
@@ -196,7 +198,18 @@ class EngineImpl final : public Engine {
                   bool first, StagingLease lease);
 
   StatusOr<StepResult> RunStep(const StepArgs& args);
-  Status UpdateAll(const CpuStepArgs& args);
+  // Note [Gradients on NVMe]: the open pieces written back, on the
+  // accumulator.
+  Status FlushGrads();
+  // Squared sum and finiteness of the (loss-scaled) gradient of every
+  // piece, in piece order, wherever the gradients rest (after FlushGrads).
+  StatusOr<GradStats> GradientStats();
+  // Note [Step pipeline] (engine.cc).
+  std::unique_ptr<StepReads> NewStepReads();
+  // Starts the reads of the next pieces, as many as the buffers free now
+  // allow (with `wait`, waits for buffers when none is started).
+  Status StartReads(StepReads& reads, bool wait);
+  Status UpdateAll(StepReads& reads, const CpuStepArgs& args);
   Status UpdatePiece(StepPiece& piece, const CpuStepArgs& args,
                      std::vector<std::future<Status>>* writes);
   void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
@@ -213,6 +226,10 @@ class EngineImpl final : public Engine {
   uint64_t piece_elems_ = 0;
   uint64_t device_budget_ = 0;
   std::unique_ptr<StagingPool> staging_;
+  // Note [Gradients on NVMe]: its own buffers, so that hand-overs waiting
+  // for staging buffers never starve the accumulator.
+  std::unique_ptr<StagingPool> grad_pool_;
+  std::unique_ptr<GradSpill> grad_spill_;   // touched by the accumulator
   std::unique_ptr<DeviceArena> arena_;      // the device budget, one allocation
   std::unique_ptr<Stream> copy_stream_;     // host -> device
   std::unique_ptr<Stream> d2h_stream_;      // gradients, device -> host

@@ -72,6 +72,24 @@ StatusOr<StagingLease> StagingPool::Acquire() {
   return StagingLease(this, index);
 }
 
+std::vector<StagingLease> StagingPool::TryAcquire(size_t n) {
+  std::vector<size_t> taken;
+  {
+    MutexLock l(&mu_);
+    if (free_.size() < n) return {};
+    taken.assign(free_.end() - static_cast<ptrdiff_t>(n), free_.end());
+    free_.resize(free_.size() - n);
+  }
+  std::vector<StagingLease> leases;
+  for (size_t index : taken) leases.push_back(StagingLease(this, index));
+  for (size_t index : taken) {
+    // As Acquire: the buffer's last copies must be done. On an error the
+    // leases go back as they are destroyed.
+    if (!device_->SynchronizeEvent(*done_[index]).ok()) return {};
+  }
+  return leases;
+}
+
 void StagingPool::Release(size_t index) {
   {
     MutexLock l(&mu_);

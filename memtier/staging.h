@@ -74,6 +74,9 @@ class StagingPool {
 
   // Blocks until a buffer is free and its last device use has finished.
   StatusOr<StagingLease> Acquire() STRATA_EXCLUDES(mu_);
+  // `n` buffers at once if that many are free now (none otherwise: an empty
+  // vector); waits only for their last device use.
+  std::vector<StagingLease> TryAcquire(size_t n) STRATA_EXCLUDES(mu_);
   size_t count() const { return buffers_.size(); }
   size_t buffer_bytes() const { return bytes_; }
   uint64_t pinned_bytes() const;
