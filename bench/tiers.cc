@@ -14,13 +14,20 @@
 //               their size, so that every pass reads them from NVMe: every
 //               tensor fetched in order, waited on by a compute stream,
 //               released; the pass ends when that stream is done.
-//   efficiency  = e2e throughput / the slowest hop it crosses (nvme_read,
-//               h2d), each the best of --reps. Above 1 would mean the hops
-//               are measured less favourably than the engine runs.
+//   e2e_writeback  the same engine's gradients resting on NVMe: every
+//               tensor's fp32 gradient handed over from the device (AddGrad,
+//               in backward's order), until the last accumulator is written
+//               to NVMe (by the Step, which writes the open ones out first).
+//   efficiency  = e2e throughput / the slowest hop it crosses (nvme_read and
+//               h2d; d2h and nvme_write), each the best of --reps. Above 1
+//               would mean the hops are measured less favourably than the
+//               engine runs.
 //
 // The engine prefetches along the order its last step recorded, so each pass
-// ends with a Step (outside the timing) that a NaN gradient skips, as an fp16
-// overflow would: it ends the recording without touching the parameters.
+// ends with a Step (outside the fetch's timing) that a NaN gradient skips, as
+// an fp16 overflow would: it ends the recording without touching the
+// parameters, and without the optimizer's update, which the write-back's
+// Step would otherwise be timed with.
 //
 // The engine's swap space and the hops' lie in two subdirectories of --dir
 // (a swap space locks its directory), made and removed by the run; --dir
@@ -61,12 +68,14 @@ constexpr uint64_t kMaxSize = uint64_t{1} << 50;
 constexpr uint64_t kMaxTensorBytes = uint64_t{32} << 20;
 constexpr uint64_t kMinTensors = 8;
 // What the engine's staging pool holds when optimizer states rest on the
-// host (its automatic count), and its smallest buffer.
-constexpr uint32_t kStagingCount = 6;
+// host and gradients on NVMe (its automatic count), its smallest buffer, and
+// the buffers its gradient accumulators add into besides.
+constexpr uint32_t kStagingCount = 8;
 constexpr uint64_t kMinStagingBytes = uint64_t{4} << 20;
-// Host bytes the engine keeps per byte of bf16 parameters: the fp32
-// gradient (2) and the fp32 master and moments (6).
-constexpr uint64_t kEngineHostPerByte = 8;
+constexpr uint32_t kGradBuffers = 3;
+// Host bytes the engine keeps per byte of bf16 parameters: the fp32 master
+// and moments.
+constexpr uint64_t kEngineHostPerByte = 6;
 constexpr uint64_t kSlack = uint64_t{64} << 20;
 
 double Since(Clock::time_point t0) {
@@ -233,11 +242,12 @@ StatusOr<TiersConfig> ParseTiers(const TiersFlags& f) {
 
 // ---- Check -----------------------------------------------------------------
 
-// Bytes a swap space takes for the tensors as pieces of whole blocks.
-uint64_t SwapBytes(const TiersConfig& c) {
+// Bytes a swap space takes for the tensors as pieces of whole blocks, at
+// `scale` bytes per byte of bf16 (2 for fp32 gradients).
+uint64_t SwapBytes(const TiersConfig& c, uint64_t scale = 1) {
   const Shape& s = c.shape;
-  return (s.tensors - 1) * RoundUp(s.tensor_bytes, c.block_size) +
-         RoundUp(s.last_bytes, c.block_size);
+  return (s.tensors - 1) * RoundUp(scale * s.tensor_bytes, c.block_size) +
+         RoundUp(scale * s.last_bytes, c.block_size);
 }
 
 DeviceOptions DeviceOptionsFor(const TiersConfig& c) {
@@ -245,9 +255,9 @@ DeviceOptions DeviceOptionsFor(const TiersConfig& c) {
   o.choice = c.device == "cuda"   ? DeviceChoice::kCuda
              : c.device == "host" ? DeviceChoice::kHostEmulated
                                   : DeviceChoice::kAuto;
-  // The engine's arena, the hops' device pieces, the NaN gradient.
+  // The engine's arena, the hops' device pieces, two fp32 gradients.
   o.memory_budget_bytes =
-      c.shape.budget + (kStagingCount + 1) * c.shape.tensor_bytes + kSlack;
+      c.shape.budget + (kStagingCount + 4) * c.shape.tensor_bytes + kSlack;
   return o;  // an unthrottled host-emulated link: host copies at memcpy speed
 }
 
@@ -260,22 +270,22 @@ struct TiersPrepared {
 };
 
 Status CheckSpaceAndMemory(const TiersConfig& c, bool host_device) {
-  // Two swap spaces (the engine's also holds room for its staging buffers).
-  const uint64_t disk =
-      2 * SwapBytes(c) + kStagingCount * c.shape.staging_bytes + kSlack;
+  // The hops' swap space, and the engine's: parameters, fp32 gradients and
+  // room for its staging buffers.
+  const uint64_t disk = 2 * SwapBytes(c) + SwapBytes(c, 2) +
+                        kStagingCount * c.shape.staging_bytes + kSlack;
   STRATA_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(c.dir));
   if (disk > free_bytes) {
-    return Status::NoSpace("--size " + FormatBytes(c.size) +
-                           " does not fit in " + c.dir +
-                           ": the engine's and "
-                           "the hops' swap files need " +
-                           std::to_string(disk) + " bytes, " +
-                           std::to_string(free_bytes) + " are free");
+    return Status::NoSpace(
+        "--size " + FormatBytes(c.size) + " does not fit in " + c.dir +
+        ": the engine's and the hops' swap files need " + std::to_string(disk) +
+        " bytes, " + std::to_string(free_bytes) + " are free");
   }
   uint64_t host = kEngineHostPerByte * c.size +
-                  2 * kStagingCount * c.shape.staging_bytes + kSlack;
+                  (2 * kStagingCount + kGradBuffers) * c.shape.staging_bytes +
+                  kSlack;
   if (host_device) host += DeviceOptionsFor(c).memory_budget_bytes;
-  return CheckMemory("tiers' host arrays (8 bytes per byte of --size " +
+  return CheckMemory("tiers' host arrays (6 bytes per byte of --size " +
                          FormatBytes(c.size) +
                          ", staging buffers, and the host-emulated device)",
                      host);
@@ -468,13 +478,15 @@ StatusOr<double> CopyPass(HopRig& rig, CopyKind kind) {
 
 // ---- Run: the engine -------------------------------------------------------
 
-// An engine whose parameters rest on NVMe, with the tensors registered, a
-// compute stream that consumes them, and a NaN gradient that makes a Step
-// skip (Note at the top).
+// An engine whose parameters and gradients rest on NVMe, with the tensors
+// registered, and a compute stream that consumes them and produces fp32
+// gradients, one tensor's worth each: finite ones, and NaN ones that make a
+// Step skip (Note at the top).
 struct EngineRig {
   Device* device = nullptr;
+  const Shape* shape = nullptr;
   std::unique_ptr<Stream> compute;
-  DeviceMemory nan_grad;
+  DeviceMemory grad, nan_grad;
   std::unique_ptr<Engine> engine;  // after the stream: destroyed first
   std::vector<TensorId> ids;
 };
@@ -482,6 +494,7 @@ struct EngineRig {
 EngineOptions EngineOptionsFor(const TiersConfig& c, const std::string& dir) {
   EngineOptions o;
   o.params = Residence::kNvme;
+  o.grads = Residence::kNvme;
   o.nvme_paths = {dir};
   o.io.backend = c.engine;
   o.io.queue_depth = c.queue_depth;
@@ -499,11 +512,16 @@ StatusOr<std::unique_ptr<EngineRig>> MakeEngineRig(const TiersConfig& c,
                                                    const std::string& dir) {
   auto rig = std::make_unique<EngineRig>();
   rig->device = &device;
+  rig->shape = &c.shape;
   STRATA_ASSIGN_OR_RETURN(rig->compute, device.NewStream({}));
-  STRATA_ASSIGN_OR_RETURN(rig->nan_grad,
-                          device.Allocate(c.shape.tensor_bytes, *rig->compute));
-  STRATA_RETURN_IF_ERROR(device.MemsetAsync(*rig->compute, rig->nan_grad.data(),
-                                            0xff, c.shape.tensor_bytes));
+  const uint64_t fp32 = 2 * c.shape.tensor_bytes;
+  STRATA_ASSIGN_OR_RETURN(rig->grad, device.Allocate(fp32, *rig->compute));
+  STRATA_ASSIGN_OR_RETURN(rig->nan_grad, device.Allocate(fp32, *rig->compute));
+  // 0x3c3c3c3c is about 0.0115; 0xffffffff is a NaN.
+  STRATA_RETURN_IF_ERROR(
+      device.MemsetAsync(*rig->compute, rig->grad.data(), 0x3c, fp32));
+  STRATA_RETURN_IF_ERROR(
+      device.MemsetAsync(*rig->compute, rig->nan_grad.data(), 0xff, fp32));
   STRATA_ASSIGN_OR_RETURN(rig->engine,
                           Engine::Create(EngineOptionsFor(c, dir), &device));
   for (uint64_t i = 0; i < c.shape.tensors; ++i) {
@@ -521,6 +539,7 @@ StatusOr<std::unique_ptr<EngineRig>> MakeEngineRig(const TiersConfig& c,
 struct PassStats {
   double seconds = 0;
   uint64_t nvme_read_bytes = 0, h2d_bytes = 0;
+  uint64_t nvme_write_bytes = 0, d2h_bytes = 0;
   // Fetches that found the tensor on the device: brought by a prefetch of
   // this pass, or cached since an earlier one.
   uint64_t fetch_hits = 0, prefetch_hits = 0;
@@ -550,17 +569,72 @@ StatusOr<PassStats> FetchPass(EngineRig& rig) {
   return p;
 }
 
+Status CheckSkipped(const StatusOr<StepResult>& r) {
+  STRATA_RETURN_IF_ERROR(r.status());
+  if (r->applied) {
+    return Status::Internal("tiers: a step with a NaN gradient was applied");
+  }
+  return Status::Ok();
+}
+
 // Ends the engine's step (its fetch order becomes the one it prefetches
 // along) with a Step that the NaN gradient skips.
 Status EndStep(EngineRig& rig) {
   STRATA_RETURN_IF_ERROR(
       rig.engine->AddGrad(rig.ids.front(), rig.nan_grad.data(),
-                          ElementType::kBFloat16, *rig.compute));
-  STRATA_ASSIGN_OR_RETURN(StepResult r, rig.engine->Step({}));
-  if (r.applied) {
-    return Status::Internal("tiers: a step with a NaN gradient was applied");
+                          ElementType::kFloat32, *rig.compute));
+  return CheckSkipped(rig.engine->Step({}));
+}
+
+// Seconds from `t0` until the engine's NVMe writes reach `target` bytes past
+// `base`, watched while `step` runs (the Step writes the last accumulators
+// out, then reads some back for an update the NaN gradient cancels: only the
+// writes count). kInternal if the step ends short of `target`.
+StatusOr<double> UntilWritten(Engine& engine, uint64_t base, uint64_t target,
+                              Clock::time_point t0,
+                              std::future<StatusOr<StepResult>>& step) {
+  for (;;) {
+    const bool ended = step.wait_for(std::chrono::microseconds(200)) ==
+                       std::future_status::ready;
+    const uint64_t written = engine.stats().nvme_write_bytes - base;
+    if (written >= target) return Since(t0);
+    if (ended) {
+      STRATA_RETURN_IF_ERROR(CheckSkipped(step.get()));
+      return Status::Internal("tiers: the write-back wrote " +
+                              std::to_string(written) + " of " +
+                              std::to_string(target) + " gradient bytes");
+    }
   }
-  return Status::Ok();
+}
+
+// Every tensor's fp32 gradient handed over from the device, in backward's
+// order (the first tensor's a NaN, so that the Step ends the pass without
+// an update), until the last accumulator is on NVMe.
+StatusOr<PassStats> WritebackPass(EngineRig& rig) {
+  const EngineStats before = rig.engine->stats();
+  const uint64_t target = 2 * rig.shape->size;
+  const auto t0 = Clock::now();
+  for (auto it = rig.ids.rbegin(); it != rig.ids.rend(); ++it) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    const DeviceMemory& g = *it == rig.ids.front() ? rig.nan_grad : rig.grad;
+    STRATA_RETURN_IF_ERROR(rig.engine->AddGrad(
+        *it, g.data(), ElementType::kFloat32, *rig.compute));
+  }
+  Engine* engine = rig.engine.get();
+  std::future<StatusOr<StepResult>> step =
+      std::async(std::launch::async, [engine] { return engine->Step({}); });
+  StatusOr<double> s =
+      UntilWritten(*engine, before.nvme_write_bytes, target, t0, step);
+  if (step.valid()) {
+    STRATA_RETURN_IF_ERROR(CheckSkipped(step.get()));
+  }
+  STRATA_RETURN_IF_ERROR(s.status());
+  const EngineStats after = rig.engine->stats();
+  PassStats p;
+  p.seconds = *s;
+  p.nvme_write_bytes = target;
+  p.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+  return p;
 }
 
 // ---- Run -------------------------------------------------------------------
@@ -574,6 +648,7 @@ struct E2eRow {
 struct TiersOutcome {
   Row nvme_write{"nvme_write"}, nvme_read{"nvme_read"}, h2d{"h2d"}, d2h{"d2h"};
   E2eRow fetch{{"e2e_fetch"}, {}, {"nvme_read", "h2d"}};
+  E2eRow writeback{{"e2e_writeback"}, {}, {"d2h", "nvme_write"}};
   EngineStats engine_stats;
   std::string io_engine;
 };
@@ -601,20 +676,38 @@ Status MeasureFetch(EngineRig& rig, TiersOutcome& out, Progress& progress) {
   return Status::Ok();
 }
 
-// One repetition. The writes come first, so that no read runs while the
-// drive may still be absorbing them; the two reads (the hop and the engine's
-// pass) then take turns going first, so that neither is always measured
-// after the other.
+Status MeasureWriteback(EngineRig& rig, TiersOutcome& out, Progress& progress) {
+  progress.Step("e2e_writeback");
+  STRATA_ASSIGN_OR_RETURN(PassStats p, WritebackPass(rig));
+  if (out.writeback.row.Keep(p.nvme_write_bytes, p.seconds)) {
+    out.writeback.pass = p;
+  }
+  return Status::Ok();
+}
+
+// One repetition: the writes (the hop's and the engine's write-back), the
+// copies, then the reads (the hop's and the engine's fetch), so that no read
+// runs while the drive may still be absorbing writes. Within each pair the
+// hop and the engine take turns going first, so that neither is always
+// measured after the other.
 Status MeasureRep(int rep, HopRig& hops, EngineRig& engine, TiersOutcome& out,
                   Progress& progress) {
-  for (Row* r : {&out.nvme_write, &out.h2d, &out.d2h}) {
+  const bool hop_first = rep % 2 == 1;
+  if (hop_first) {
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_write, progress));
+  }
+  STRATA_RETURN_IF_ERROR(MeasureWriteback(engine, out, progress));
+  if (!hop_first) {
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_write, progress));
+  }
+  for (Row* r : {&out.h2d, &out.d2h}) {
     STRATA_RETURN_IF_ERROR(MeasureHop(hops, *r, progress));
   }
-  if (rep % 2 == 1) {
+  if (hop_first) {
     STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_read, progress));
   }
   STRATA_RETURN_IF_ERROR(MeasureFetch(engine, out, progress));
-  if (rep % 2 == 0) {
+  if (!hop_first) {
     STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_read, progress));
   }
   return Status::Ok();
@@ -640,7 +733,7 @@ StatusOr<TiersOutcome> RunTiers(const TiersConfig& c, TiersPrepared& p) {
   STRATA_RETURN_IF_ERROR(NvmePass(*hops, /*write=*/true).status());
   STRATA_RETURN_IF_ERROR(FetchPass(*engine).status());
   STRATA_RETURN_IF_ERROR(EndStep(*engine));
-  Progress progress(static_cast<size_t>(c.reps) * 5);
+  Progress progress(static_cast<size_t>(c.reps) * 6);
   for (int rep = 0; rep < c.reps; ++rep) {
     STRATA_RETURN_IF_ERROR(MeasureRep(rep, *hops, *engine, out, progress));
   }
@@ -674,19 +767,29 @@ nlohmann::json RowJson(const Row& r) {
           {"gbps", r.gbps()}};
 }
 
+double Efficiency(const TiersOutcome& out, const E2eRow& e) {
+  const Reference ref = Slowest(out, e);
+  return ref.gbps > 0 ? e.row.gbps() / ref.gbps : 0.0;
+}
+
 nlohmann::json E2eJson(const TiersOutcome& out, const E2eRow& e) {
   const Reference ref = Slowest(out, e);
   nlohmann::json j = RowJson(e.row);
   j["crosses"] = e.crosses;
   j["slowest_hop"] = ref.hop;
   j["slowest_hop_gbps"] = ref.gbps;
-  j["efficiency"] = ref.gbps > 0 ? e.row.gbps() / ref.gbps : 0.0;
-  j["nvme_read_bytes"] = e.pass.nvme_read_bytes;
-  j["h2d_bytes"] = e.pass.h2d_bytes;
-  j["fetch_hits"] = e.pass.fetch_hits;
-  j["prefetch_hits"] = e.pass.prefetch_hits;
-  j["cache_hits"] = e.pass.cache_hits();
-  j["stall_seconds"] = e.pass.stall_seconds;
+  j["efficiency"] = Efficiency(out, e);
+  if (&e == &out.fetch) {
+    j["nvme_read_bytes"] = e.pass.nvme_read_bytes;
+    j["h2d_bytes"] = e.pass.h2d_bytes;
+    j["fetch_hits"] = e.pass.fetch_hits;
+    j["prefetch_hits"] = e.pass.prefetch_hits;
+    j["cache_hits"] = e.pass.cache_hits();
+    j["stall_seconds"] = e.pass.stall_seconds;
+  } else {
+    j["nvme_write_bytes"] = e.pass.nvme_write_bytes;
+    j["d2h_bytes"] = e.pass.d2h_bytes;
+  }
   return j;
 }
 
@@ -695,6 +798,7 @@ nlohmann::json ConfigJson(const TiersConfig& c, const TiersPrepared& p) {
           {"tensor_bytes", c.shape.tensor_bytes},
           {"tensors", c.shape.tensors},
           {"dtype", "bf16"},
+          {"grad_dtype", "fp32"},
           {"dir", c.dir},
           {"engine", std::string(IoBackendName(c.engine))},
           {"queue_depth", c.queue_depth},
@@ -710,16 +814,21 @@ nlohmann::json ConfigJson(const TiersConfig& c, const TiersPrepared& p) {
           {"prefetch_bytes", c.shape.prefetch_bytes},
           {"persistence_threshold_bytes", 0},
           {"params_rest_on", "nvme"},
+          {"grads_rest_on", "nvme"},
           {"optimizer_states_rest_on", "host"},
-          {"grads_rest_on", "host"},
           {"reps", c.reps}};
 }
 
-// Why there is no e2e_writeback row.
-constexpr const char* kNoWriteback =
-    "not measured: the engine keeps gradients on the host (grads on NVMe is "
-    "not supported yet), and the Step's write of fresh working copies to NVMe "
-    "cannot be timed apart from the optimizer update it follows";
+void AddE2eRow(Table& table, const TiersOutcome& out, const E2eRow& e) {
+  const Reference ref = Slowest(out, e);
+  const bool fetch = &e == &out.fetch;
+  table.AddRow({e.row.hop, Fixed(e.row.bytes / 1e9, 3), Fixed(e.row.seconds, 3),
+                Fixed(e.row.gbps(), 3), ref.hop + " " + Fixed(ref.gbps, 3),
+                Fixed(Efficiency(out, e), 3),
+                fetch ? std::to_string(e.pass.prefetch_hits) : "",
+                fetch ? std::to_string(e.pass.cache_hits()) : "",
+                fetch ? Fixed(e.pass.stall_seconds, 3) : ""});
+}
 
 void PrintTable(const TiersConfig& c, const TiersPrepared& p,
                 const TiersOutcome& out) {
@@ -729,23 +838,16 @@ void PrintTable(const TiersConfig& c, const TiersPrepared& p,
     table.AddRow({r->hop, Fixed(r->bytes / 1e9, 3), Fixed(r->seconds, 3),
                   Fixed(r->gbps(), 3), "", "", "", "", ""});
   }
-  const E2eRow& e = out.fetch;
-  const Reference ref = Slowest(out, e);
-  table.AddRow({e.row.hop, Fixed(e.row.bytes / 1e9, 3), Fixed(e.row.seconds, 3),
-                Fixed(e.row.gbps(), 3), ref.hop + " " + Fixed(ref.gbps, 3),
-                Fixed(ref.gbps > 0 ? e.row.gbps() / ref.gbps : 0, 3),
-                std::to_string(e.pass.prefetch_hits),
-                std::to_string(e.pass.cache_hits()),
-                Fixed(e.pass.stall_seconds, 3)});
+  AddE2eRow(table, out, out.fetch);
+  AddE2eRow(table, out, out.writeback);
   std::printf(
       "strata-bench tiers: %s of bf16 parameters in %llu tensors, device %s, "
-      "I/O %s qd %u block %s, device budget %s, best of %d\n%s"
-      "e2e_writeback: %s\n",
+      "I/O %s qd %u block %s, device budget %s, best of %d\n%s",
       FormatBytes(c.size).c_str(),
       static_cast<unsigned long long>(c.shape.tensors),
       p.device->name().c_str(), out.io_engine.c_str(), c.queue_depth,
       FormatBytes(c.block_size).c_str(), FormatBytes(c.shape.budget).c_str(),
-      c.reps, table.ToString().c_str(), kNoWriteback);
+      c.reps, table.ToString().c_str());
 }
 
 Status ReportTiers(const TiersConfig& c, TiersPrepared& p,
@@ -757,21 +859,19 @@ Status ReportTiers(const TiersConfig& c, TiersPrepared& p,
     results.push_back(RowJson(*r));
   }
   results.push_back(E2eJson(out, out.fetch));
-  nlohmann::json j = {
-      {"command", kCommand},
-      {"machine", MachineInfo()},
-      {"filesystem", p.filesystem},
-      {"device",
-       {{"kind", DeviceKindName(p.device->kind())},
-        {"name", p.device->name()},
-        {"why", p.why}}},
-      {"io_engine", out.io_engine},
-      {"config", ConfigJson(c, p)},
-      {"results", results},
-      {"omitted", nlohmann::json::array({nlohmann::json{
-                      {"hop", "e2e_writeback"}, {"reason", kNoWriteback}}})},
-      {"engine_stats",
-       nlohmann::json::parse(EngineStatsJson(out.engine_stats))}};
+  results.push_back(E2eJson(out, out.writeback));
+  nlohmann::json j = {{"command", kCommand},
+                      {"machine", MachineInfo()},
+                      {"filesystem", p.filesystem},
+                      {"device",
+                       {{"kind", DeviceKindName(p.device->kind())},
+                        {"name", p.device->name()},
+                        {"why", p.why}}},
+                      {"io_engine", out.io_engine},
+                      {"config", ConfigJson(c, p)},
+                      {"results", results},
+                      {"engine_stats", nlohmann::json::parse(
+                                           EngineStatsJson(out.engine_stats))}};
   return p.json.Commit(j);
 }
 

@@ -558,7 +558,7 @@ TEST(BenchCliTest, TiersJsonHasEveryRowAndAnEfficiencyBelowItsReference) {
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j.value("command", ""), "tiers");
   for (const char* k : {"machine", "filesystem", "device", "io_engine",
-                        "config", "results", "omitted", "engine_stats"}) {
+                        "config", "results", "engine_stats"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_EQ(j["config"]["size"], 8u << 20);
@@ -574,22 +574,30 @@ TEST(BenchCliTest, TiersJsonHasEveryRowAndAnEfficiencyBelowItsReference) {
     EXPECT_GT(r["gbps"].get<double>(), 0) << hop;
     if (hop.rfind("e2e_", 0) != 0) continue;
     for (const char* k :
-         {"slowest_hop", "slowest_hop_gbps", "efficiency", "crosses",
-          "nvme_read_bytes", "fetch_hits", "stall_seconds"}) {
+         {"slowest_hop", "slowest_hop_gbps", "efficiency", "crosses"}) {
       EXPECT_TRUE(r.contains(k)) << hop << "." << k;
     }
+    const std::vector<std::string> own =
+        hop == "e2e_fetch"
+            ? std::vector<std::string>{"nvme_read_bytes", "h2d_bytes",
+                                       "fetch_hits",      "prefetch_hits",
+                                       "cache_hits",      "stall_seconds"}
+            : std::vector<std::string>{"nvme_write_bytes", "d2h_bytes"};
+    for (const auto& k : own) EXPECT_TRUE(r.contains(k)) << hop << "." << k;
     const double eff = r["efficiency"];
     EXPECT_GT(eff, 0) << hop;
     EXPECT_LE(eff, 1.2) << hop << ": above its reference: " << r.dump();
-    // Every pass reads the parameters from NVMe.
-    EXPECT_EQ(r["bytes"].get<uint64_t>(), 8u << 20) << r.dump();
+    if (hop == "e2e_fetch") {
+      // Read from NVMe: at most one of the 8 tensors still on the device.
+      EXPECT_GE(r["bytes"].get<uint64_t>(), 7u << 20) << r.dump();
+      EXPECT_LE(r["cache_hits"].get<uint64_t>(), 1u) << r.dump();
+    } else {
+      // Every fp32 gradient byte written to NVMe.
+      EXPECT_EQ(r["bytes"].get<uint64_t>(), 16u << 20) << r.dump();
+    }
   }
   EXPECT_EQ(hops, (std::set<std::string>{"nvme_write", "nvme_read", "h2d",
-                                         "d2h", "e2e_fetch"}));
-  for (const auto& r : j["omitted"]) {
-    EXPECT_EQ(hops.count(r["hop"].get<std::string>()), 0u) << r.dump();
-    EXPECT_FALSE(r["reason"].get<std::string>().empty());
-  }
+                                         "d2h", "e2e_fetch", "e2e_writeback"}));
   EXPECT_EQ(Entries(d.path()), std::set<std::string>{"t.json"});
 }
 
@@ -705,7 +713,7 @@ TEST(BenchCliTest, TiersSpaceAndMemoryAreCheckedBeforeWork) {
   EXPECT_EQ(disk.code, 1) << disk.err;
   EXPECT_TRUE(Has(disk.err, "does not fit")) << disk.err;
   EXPECT_TRUE(Entries(d.path()).empty());
-  // 8 bytes of RAM per byte of --size: a size whose swap files fit but
+  // 6 bytes of RAM per byte of --size: a size whose swap files fit but
   // whose host arrays do not.
   uint64_t avail = 0;
   {
@@ -717,8 +725,8 @@ TEST(BenchCliTest, TiersSpaceAndMemoryAreCheckedBeforeWork) {
     }
   }
   ASSERT_GT(avail, 0u);
-  const uint64_t size = (avail / 8 / gib + 1) * gib;
-  if (3 * size > free_bytes) GTEST_SKIP() << "not enough disk to reach RAM";
+  const uint64_t size = (avail / 6 / gib + 1) * gib;
+  if (5 * size > free_bytes) GTEST_SKIP() << "not enough disk to reach RAM";
   const Outcome ram = RunBench(
       {"tiers", "--dir", d.path(), "--size", std::to_string(size)}, d.path());
   EXPECT_EQ(ram.code, 1) << ram.err;
@@ -754,8 +762,9 @@ void ExpectInterruptCleans(int sig, bool during_fio) {
 }
 
 // Interrupted while the engine and the hops hold swap files in their
-// subdirectories of --dir: all of it goes.
-void ExpectTiersInterruptCleans(int sig) {
+// subdirectories of --dir (`settle_ms` after the engine's appeared: while it
+// starts, or during the timed passes): all of it goes.
+void ExpectTiersInterruptCleans(int sig, int settle_ms) {
   ScratchDir d;
   Bench b({"tiers", "--dir", d.path(), "--size", "32M", "--reps", "100",
            "--queue-depth", "4", "--engine", "psync", "--device", "host"},
@@ -763,6 +772,7 @@ void ExpectTiersInterruptCleans(int sig) {
   const std::string engine_dir = d.path() + "/strata-bench-tiers-engine";
   ASSERT_TRUE(WaitFor([&] { return !Entries(engine_dir).empty(); }, 60))
       << "the engine's swap space never appeared";
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
   ASSERT_FALSE(b.Done()) << "finished before the signal";
   ASSERT_EQ(::kill(b.pid(), sig), 0);
   const Outcome o = b.Wait();
@@ -772,10 +782,10 @@ void ExpectTiersInterruptCleans(int sig) {
 }
 
 TEST(BenchCliTest, SigintDuringTiersLeavesTheDirEmpty) {
-  ExpectTiersInterruptCleans(SIGINT);
+  ExpectTiersInterruptCleans(SIGINT, 1000);
 }
 TEST(BenchCliTest, SigtermDuringTiersLeavesTheDirEmpty) {
-  ExpectTiersInterruptCleans(SIGTERM);
+  ExpectTiersInterruptCleans(SIGTERM, 0);
 }
 
 TEST(BenchCliTest, SigintDuringFillRemovesTheFile) {
