@@ -265,6 +265,13 @@ const std::vector<std::string> kSmallAdam = {
     "adam", "--params", "64K", "--threads",  "1",     "--torch",
     "off",  "--reps",   "1",   "--variants", "scalar"};
 
+// A small, fast tiers run in `dir`.
+std::vector<std::string> SmallTiers(const std::string& dir) {
+  return {"tiers", "--dir",         dir, "--size",   "8M",    "--reps",
+          "2",     "--queue-depth", "4", "--engine", "psync", "--device",
+          "host"};
+}
+
 const std::vector<std::string> kSmallCopy = {
     "copy",   "--device",   "host", "--sizes",      "4K,64K", "--memory",
     "pinned", "--min-time", "0.01", "--directions", "h2d"};
@@ -320,6 +327,10 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
       {{"step", "--cases", "gpu"}, "--cases"},
       {{"step", "--engine", "bogus"}, "--engine"},
       {{"step", "--threads", "-1"}, "--threads"},
+      {{"tiers", "--size", big}, "--size"},
+      {{"tiers", "--size", big}, "64 bits"},
+      {{"tiers", "--budget", big}, "--budget"},
+      {{"tiers", "--block-size", big}, "--block-size"},
       {{"io", "--block-size", "17179869184G"}, "64 bits"},
   });
 }
@@ -351,6 +362,34 @@ TEST(BenchCliTest, BadNumbersAreUsageErrors) {
       {{"copy", "--latency-us", "-1"}, "--latency-us"},
       {{"copy", "--sizes", "0"}, "--sizes: 0 B is out of range"},
       {{"copy", "--sizes", "4K,0"}, "--sizes"},
+  });
+}
+
+TEST(BenchCliTest, TiersBadValuesNameTheirOption) {
+  ExpectUsageErrors({
+      {{"tiers", "--size", "0"}, "--size: 0 B is out of range"},
+      {{"tiers", "--size", "128K"}, "--size: 128 KiB is out of range"},
+      {{"tiers", "--size", "1000000"},
+       "--size: 1000000 bytes is not a multiple of 4 KiB"},
+      {{"tiers", "--size", "abc"}, "--size"},
+      {{"tiers", "--dir", ""}, "--dir: empty path"},
+      {{"tiers", "--device", "tpu"}, "--device: 'tpu'"},
+      {{"tiers", "--engine", "floppy"}, "--engine: 'floppy'"},
+      {{"tiers", "--engine", "memory"}, "--engine"},
+      {{"tiers", "--queue-depth", "0"},
+       "--queue-depth: 0 is out of range 1..1024"},
+      {{"tiers", "--queue-depth", "x"}, "--queue-depth"},
+      {{"tiers", "--block-size", "32K"},
+       "--block-size: 32 KiB is out of range"},
+      {{"tiers", "--block-size", "100000"},
+       "--block-size: 100000 bytes is not a multiple of 4 KiB"},
+      {{"tiers", "--budget", "1K"}, "--budget: 1 KiB is out of range"},
+      {{"tiers", "--size", "1G", "--budget", "1G"},
+       "--budget: 1 GiB is out of range"},
+      {{"tiers", "--budget", "lots"}, "--budget"},
+      {{"tiers", "--reps", "0"}, "--reps: 0 is out of range 1..100"},
+      {{"tiers", "--reps", "101"}, "--reps"},
+      {{"tiers", "--bogus"}, "bogus"},
   });
 }
 
@@ -391,7 +430,7 @@ TEST(BenchCliTest, BadChoicesAndUnknownOptionsAreUsageErrors) {
 
 TEST(BenchCliTest, HelpExitsZero) {
   ScratchDir d;
-  for (const char* cmd : {"io", "adam", "copy"}) {
+  for (const char* cmd : {"io", "adam", "copy", "step", "tiers"}) {
     const Outcome o = RunBench({cmd, "--help"}, d.path());
     EXPECT_EQ(o.code, 0) << cmd;
     EXPECT_TRUE(Has(o.out, "--json")) << cmd;
@@ -429,7 +468,8 @@ TEST(BenchCliTest, JsonPathsThatCannotWorkAreRefusedBeforeWork) {
       {"/proc/strata-x.json", "/proc"},
       {d.path() + "/missing/x.json", "does not exist"}};
   for (const auto& [path, message] : paths) {
-    for (const auto& base : {SmallIo(sub), kSmallAdam, kSmallCopy}) {
+    for (const auto& base :
+         {SmallIo(sub), kSmallAdam, kSmallCopy, SmallTiers(sub)}) {
       const Outcome o = RunBench(With(base, {"--json", path}), d.path());
       EXPECT_EQ(o.code, 2) << base[0] << " --json '" << path << "'\n" << o.err;
       EXPECT_TRUE(Has(o.err, "--json")) << o.err;
@@ -443,10 +483,13 @@ TEST(BenchCliTest, JsonPathsThatCannotWorkAreRefusedBeforeWork) {
 
 TEST(BenchCliTest, MissingDirIsAUsageError) {
   ScratchDir d;
-  const Outcome o = RunBench(SmallIo(d.path() + "/nope"), d.path());
-  EXPECT_EQ(o.code, 2) << o.err;
-  EXPECT_TRUE(Has(o.err, "--dir")) << o.err;
-  EXPECT_TRUE(Entries(d.path()).empty());
+  for (const auto& args :
+       {SmallIo(d.path() + "/nope"), SmallTiers(d.path() + "/nope")}) {
+    const Outcome o = RunBench(args, d.path());
+    EXPECT_EQ(o.code, 2) << args[0] << "\n" << o.err;
+    EXPECT_TRUE(Has(o.err, "--dir")) << o.err;
+    EXPECT_TRUE(Entries(d.path()).empty());
+  }
 }
 
 // ---- Happy paths: the JSON carries the command and its configuration -------
@@ -475,7 +518,11 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
         "1", "--engine", "psync", "--queue-depth", "4"},
        "step",
        {"params", "cases", "dir", "engine", "queue_depth", "block_size",
-        "threads", "reps", "tensor_elems"}}};
+        "threads", "reps", "tensor_elems"}},
+      {SmallTiers(d.path()),
+       "tiers",
+       {"size", "dir", "engine", "queue_depth", "block_size", "threads",
+        "device", "budget", "reps", "tensor_bytes", "staging_buffer_bytes"}}};
   for (const Case& c : cases) {
     const std::string json = d.path() + "/" + c.command + ".json";
     const Outcome o = RunBench(With(c.args, {"--json", json}), d.path());
@@ -493,7 +540,65 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
   }
   EXPECT_EQ(Entries(d.path()),
             (std::set<std::string>{"io.json", "adam.json", "copy.json",
-                                   "step.json"}));
+                                   "step.json", "tiers.json"}));
+}
+
+// Every row and key docs/bench.md promises, and an efficiency that is a
+// ratio to a real reference (never a speed).
+TEST(BenchCliTest, TiersJsonHasEveryRowAndAnEfficiencyBelowItsReference) {
+  ScratchDir d;
+  const std::string json = d.path() + "/t.json";
+  const Outcome o =
+      RunBench(With(SmallTiers(d.path()), {"--json", json}), d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "e2e_fetch")) << o.out;
+  EXPECT_TRUE(Has(o.out, "efficiency")) << o.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j.value("command", ""), "tiers");
+  for (const char* k : {"machine", "filesystem", "device", "io_engine",
+                        "config", "results", "engine_stats"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["config"]["size"], 8u << 20);
+  EXPECT_EQ(j["config"]["device"], "host");
+  EXPECT_EQ(j["config"]["reps"], 2);
+  EXPECT_LT(j["config"]["budget"].get<uint64_t>(), 8u << 20);
+  std::set<std::string> hops;
+  for (const auto& r : j["results"]) {
+    const std::string hop = r["hop"];
+    hops.insert(hop);
+    EXPECT_GT(r["bytes"].get<uint64_t>(), 0u) << hop;
+    EXPECT_GT(r["seconds"].get<double>(), 0) << hop;
+    EXPECT_GT(r["gbps"].get<double>(), 0) << hop;
+    if (hop.rfind("e2e_", 0) != 0) continue;
+    for (const char* k :
+         {"slowest_hop", "slowest_hop_gbps", "efficiency", "crosses"}) {
+      EXPECT_TRUE(r.contains(k)) << hop << "." << k;
+    }
+    const std::vector<std::string> own =
+        hop == "e2e_fetch"
+            ? std::vector<std::string>{"nvme_read_bytes", "h2d_bytes",
+                                       "fetch_hits",      "prefetch_hits",
+                                       "cache_hits",      "stall_seconds"}
+            : std::vector<std::string>{"nvme_write_bytes", "d2h_bytes"};
+    for (const auto& k : own) EXPECT_TRUE(r.contains(k)) << hop << "." << k;
+    const double eff = r["efficiency"];
+    EXPECT_GT(eff, 0) << hop;
+    EXPECT_LE(eff, 1.2) << hop << ": above its reference: " << r.dump();
+    if (hop == "e2e_fetch") {
+      // Read from NVMe: at most one of the 8 tensors still on the device.
+      EXPECT_GE(r["bytes"].get<uint64_t>(), 7u << 20) << r.dump();
+      EXPECT_LE(r["cache_hits"].get<uint64_t>(), 1u) << r.dump();
+    } else {
+      // Every fp32 gradient byte written to NVMe.
+      EXPECT_EQ(r["bytes"].get<uint64_t>(), 16u << 20) << r.dump();
+    }
+  }
+  EXPECT_EQ(hops, (std::set<std::string>{"nvme_write", "nvme_read", "h2d",
+                                         "d2h", "e2e_fetch", "e2e_writeback"}));
+  EXPECT_EQ(Entries(d.path()), std::set<std::string>{"t.json"});
 }
 
 TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {
@@ -596,6 +701,39 @@ TEST(BenchCliTest, MemoryNeedsAreCheckedBeforeAllocating) {
   EXPECT_TRUE(Entries(d.path()).empty());
 }
 
+TEST(BenchCliTest, TiersSpaceAndMemoryAreCheckedBeforeWork) {
+  ScratchDir d;
+  struct statvfs s {};
+  ASSERT_EQ(::statvfs(d.path().c_str(), &s), 0);
+  const uint64_t free_bytes = static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+  const uint64_t gib = uint64_t{1} << 30;
+  const Outcome disk = RunBench({"tiers", "--dir", d.path(), "--size",
+                                 std::to_string((free_bytes / gib + 1) * gib)},
+                                d.path());
+  EXPECT_EQ(disk.code, 1) << disk.err;
+  EXPECT_TRUE(Has(disk.err, "does not fit")) << disk.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+  // 6 bytes of RAM per byte of --size: a size whose swap files fit but
+  // whose host arrays do not.
+  uint64_t avail = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (in >> key >> kib >> unit) {
+      if (key == "MemAvailable:") avail = kib * 1024;
+    }
+  }
+  ASSERT_GT(avail, 0u);
+  const uint64_t size = (avail / 6 / gib + 1) * gib;
+  if (5 * size > free_bytes) GTEST_SKIP() << "not enough disk to reach RAM";
+  const Outcome ram = RunBench(
+      {"tiers", "--dir", d.path(), "--size", std::to_string(size)}, d.path());
+  EXPECT_EQ(ram.code, 1) << ram.err;
+  EXPECT_TRUE(Has(ram.err, "MemAvailable")) << ram.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
 // ---- Signals: 128 + signal, nothing left, no child left ---------------------
 
 void ExpectInterruptCleans(int sig, bool during_fio) {
@@ -621,6 +759,33 @@ void ExpectInterruptCleans(int sig, bool during_fio) {
   EXPECT_TRUE(Has(o.err, "interrupted by SIG")) << o.err;
   EXPECT_TRUE(Entries(d.path()).empty());
   EXPECT_TRUE(ProcessesMentioning(d.path()).empty()) << "a child survived";
+}
+
+// Interrupted while the engine and the hops hold swap files in their
+// subdirectories of --dir (`settle_ms` after the engine's appeared: while it
+// starts, or during the timed passes): all of it goes.
+void ExpectTiersInterruptCleans(int sig, int settle_ms) {
+  ScratchDir d;
+  Bench b({"tiers", "--dir", d.path(), "--size", "32M", "--reps", "100",
+           "--queue-depth", "4", "--engine", "psync", "--device", "host"},
+          d.path());
+  const std::string engine_dir = d.path() + "/strata-bench-tiers-engine";
+  ASSERT_TRUE(WaitFor([&] { return !Entries(engine_dir).empty(); }, 60))
+      << "the engine's swap space never appeared";
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  ASSERT_FALSE(b.Done()) << "finished before the signal";
+  ASSERT_EQ(::kill(b.pid(), sig), 0);
+  const Outcome o = b.Wait();
+  EXPECT_EQ(o.code, 128 + sig) << o.err;
+  EXPECT_TRUE(Has(o.err, "interrupted by SIG")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+TEST(BenchCliTest, SigintDuringTiersLeavesTheDirEmpty) {
+  ExpectTiersInterruptCleans(SIGINT, 1000);
+}
+TEST(BenchCliTest, SigtermDuringTiersLeavesTheDirEmpty) {
+  ExpectTiersInterruptCleans(SIGTERM, 0);
 }
 
 TEST(BenchCliTest, SigintDuringFillRemovesTheFile) {
