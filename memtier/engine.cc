@@ -235,10 +235,10 @@ Status EngineImpl::Start() {
       staging_, StagingPool::Create(device_, staging_count, staging_bytes,
                                     options_.pin_memory));
   if (nvme_grads) {
-    // Two pieces open, a third writing back.
+    // Two pieces open, three writing back.
     STRATA_ASSIGN_OR_RETURN(
         grad_pool_,
-        StagingPool::Create(device_, 3, staging_bytes, options_.pin_memory));
+        StagingPool::Create(device_, 5, staging_bytes, options_.pin_memory));
   }
 
   // Streams, events and the optimizer.

@@ -60,7 +60,8 @@ Status GradSpill::WriteBack(Open o) {
   return Status::Ok();
 }
 
-StatusOr<GradSpill::Open*> GradSpill::OpenPiece(uint32_t unit, size_t piece) {
+StatusOr<GradSpill::Open*> GradSpill::OpenPiece(uint32_t unit, size_t piece,
+                                                bool whole) {
   const size_t index = Index(unit, piece);
   for (Open& o : open_) {
     if (o.index == index) return &o;
@@ -78,9 +79,9 @@ StatusOr<GradSpill::Open*> GradSpill::OpenPiece(uint32_t unit, size_t piece) {
   STRATA_RETURN_IF_ERROR(WaitPending(index));
   STRATA_ASSIGN_OR_RETURN(StagingLease lease, pool_->Acquire());
   const uint64_t n = PieceElems(unit, piece);
-  if (written_[index]) {
+  if (written_[index] && !whole) {
     STRATA_RETURN_IF_ERROR(read_(unit, piece, lease.span().first(n * 4)));
-  } else {
+  } else if (!whole) {
     std::memset(lease.data(), 0, n * 4);
   }
   Open o;
@@ -97,14 +98,27 @@ Status GradSpill::Add(uint32_t unit, uint64_t elem, const float* vals,
   while (n > 0) {
     const size_t piece = elem / piece_elems_;
     const uint64_t at = elem - piece * piece_elems_;
-    const uint64_t cnt = std::min(n, piece_elems_ - at);
-    STRATA_ASSIGN_OR_RETURN(Open * o, OpenPiece(unit, piece));
+    const uint64_t len = PieceElems(unit, piece);
+    const uint64_t cnt = std::min(n, len - at);
+    // Overwritten whole, a piece needs neither its old bytes nor zeros.
+    const bool whole = overwrite && at == 0 && cnt == len;
+    STRATA_ASSIGN_OR_RETURN(Open * o, OpenPiece(unit, piece, whole));
     o->use = ++clock_;
     float* acc = reinterpret_cast<float*>(o->lease.data()) + at;
     if (overwrite) {
       std::memcpy(acc, vals, cnt * 4);
     } else {
       for (uint64_t i = 0; i < cnt; ++i) acc[i] += vals[i];
+    }
+    if (at + cnt == len) {
+      // Its last element is in: in backward's order the piece is done for
+      // this micro-batch, so its write starts now rather than when another
+      // piece pushes it out.
+      auto it = std::find_if(open_.begin(), open_.end(),
+                             [o](const Open& x) { return &x == o; });
+      Open done = std::move(*it);
+      open_.erase(it);
+      STRATA_RETURN_IF_ERROR(WriteBack(std::move(done)));
     }
     elem += cnt;
     vals += cnt;

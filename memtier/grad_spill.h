@@ -5,8 +5,10 @@
 // unit's elements, as the optimizer step reads it) rests in the swap space.
 // Hand-overs arrive as element ranges of one tensor; they are added into a
 // few *open* pieces held in host buffers of the spill's own small pool, and
-// a piece is written back when it is pushed out by another (least recently
-// used) or at the step's Flush. A piece written earlier in the same step is
+// a piece is written back as soon as its last element is added (backward
+// hands a tensor over front to back), when another pushes it out (least
+// recently used), or at the step's Flush. The pool's other buffers carry the
+// writes in flight. A piece written earlier in the same step is
 // read back before more is added to it; a piece not written yet in this
 // step starts from zeros, so the regions of tensors that got no gradient are
 // zero without any zero-filling I/O, and nothing is read at all when each
@@ -51,7 +53,8 @@ class GradSpill {
 
   // `unit_elems[u]` is unit u's element count; pieces are `piece_elems`
   // long (the last of a unit shorter). `pool` has at least open_pieces + 1
-  // buffers of piece_elems * 4 bytes and is used by nothing else.
+  // buffers of piece_elems * 4 bytes (the rest carry writes in flight) and
+  // is used by nothing else.
   GradSpill(std::vector<uint64_t> unit_elems, uint64_t piece_elems,
             StagingPool* pool, size_t open_pieces, ReadFn read, WriteFn write,
             StatsFn stats);
@@ -91,7 +94,9 @@ class GradSpill {
     return first_piece_[unit] + piece;
   }
   uint64_t PieceElems(uint32_t unit, size_t piece) const;
-  StatusOr<Open*> OpenPiece(uint32_t unit, size_t piece);
+  // `whole`: the caller overwrites every element, so nothing is read or
+  // zeroed.
+  StatusOr<Open*> OpenPiece(uint32_t unit, size_t piece, bool whole);
   // Records the stats of `o` and starts its write; the lease goes back to
   // the pool when the write ends.
   Status WriteBack(Open o);
