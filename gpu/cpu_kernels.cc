@@ -10,6 +10,11 @@
 #include "util/half.h"
 
 namespace strata::internal {
+
+// gpu/cpu_convert_avx2.cc, compiled with -mavx2 -mf16c; called only when the
+// CPU has both.
+void ConvertOnCpuAvx2(const ConvertArgs& args);
+
 namespace {
 
 float LoadElement(const void* base, size_t i, ElementType type) {
@@ -75,10 +80,20 @@ float BFloat16BitsToFloat(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 
-void ConvertOnCpu(const ConvertArgs& args) {
+void ConvertOnCpuReference(const ConvertArgs& args) {
   for (size_t i = 0; i < args.count; ++i) {
     const float v = LoadElement(args.src, i, args.src_type) * args.scale;
     StoreElement(args.dst, i, args.dst_type, v);
+  }
+}
+
+void ConvertOnCpu(const ConvertArgs& args) {
+  static const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (avx2) {
+    ConvertOnCpuAvx2(args);
+  } else {
+    ConvertOnCpuReference(args);
   }
 }
 
@@ -122,7 +137,7 @@ Status CheckGemmArgs(const GemmArgs& g) {
   return Status::Ok();
 }
 
-void GemmOnCpu(const GemmArgs& g) {
+void GemmOnCpuReference(const GemmArgs& g) {
   const bool ta = g.op_a == GemmOp::kTranspose;
   const bool tb = g.op_b == GemmOp::kTranspose;
   for (int64_t j = 0; j < g.n; ++j) {
