@@ -152,6 +152,24 @@ class DeviceConformanceTest : public ::testing::TestWithParam<std::string> {
     return q.ok() && *q;
   }
 
+  // Enqueues a copy host -> `d` -> host on `s`.
+  void CopyThrough(Stream& s, DeviceMemory& d, const std::byte* from,
+                   std::byte* to, size_t n) {
+    ASSERT_TRUE(
+        device_->CopyAsync(s, d.data(), from, n, CopyKind::kHostToDevice).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(s, to, d.data(), n, CopyKind::kDeviceToHost).ok());
+  }
+
+  // True when a host function enqueued on `other` runs to completion now,
+  // whatever holds other streams.
+  bool OtherStreamGoesOn(Stream& other) {
+    bool ran = false;
+    EXPECT_TRUE(device_->LaunchHostFunc(other, [&ran] { ran = true; }).ok());
+    EXPECT_TRUE(device_->SynchronizeStream(other).ok());
+    return ran;
+  }
+
   // A host event, or null after GTEST_SKIP when the backend has none (CUDA
   // without stream memory operations) and no GPU is required.
   std::unique_ptr<HostEvent> NewHostEvent() {
@@ -872,20 +890,12 @@ TEST_P(DeviceConformanceTest, HostEventHoldsAStreamUntilHostWorkIsDone) {
   std::memset(in.data(), 0, n);
   EXPECT_EQ(he->generation(), 0u);
   ASSERT_TRUE(device_->WaitHostEvent(s, *he, 1).ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, d.data(), in.data(), n, CopyKind::kHostToDevice)
-          .ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, out.data(), d.data(), n, CopyKind::kDeviceToHost)
-          .ok());
+  CopyThrough(s, d, in.data(), out.data(), n);
   auto done = NewEvent();
   ASSERT_TRUE(device_->RecordEvent(*done, s).ok());
   EXPECT_FALSE(Done(*done));
   // Other streams go on meanwhile.
-  bool ran = false;
-  ASSERT_TRUE(device_->LaunchHostFunc(other, [&ran] { ran = true; }).ok());
-  ASSERT_TRUE(device_->SynchronizeStream(other).ok());
-  EXPECT_TRUE(ran);
+  EXPECT_TRUE(OtherStreamGoesOn(other));
   EXPECT_FALSE(Done(*done));
   // Long host work (an optimizer step) on another thread, then the signal.
   std::thread worker([&] {
@@ -1023,12 +1033,7 @@ TEST_P(DeviceConformanceTest, HostWorkRunsInStreamOrder) {
   HostBuffer in = Pinned(n), mid = Pinned(n), out = Pinned(n);
   Fill(in.data(), n, 11);
   std::memset(mid.data(), 0, n);
-  ASSERT_TRUE(
-      device_->CopyAsync(s, d.data(), in.data(), n, CopyKind::kHostToDevice)
-          .ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, mid.data(), d.data(), n, CopyKind::kDeviceToHost)
-          .ok());
+  CopyThrough(s, d, in.data(), mid.data(), n);
   std::byte* m = mid.data();
   const Status st = device_->LaunchHostWork(s, [m, n] {
     for (size_t i = 0; i < n; ++i) m[i] = ~m[i];
@@ -1041,18 +1046,10 @@ TEST_P(DeviceConformanceTest, HostWorkRunsInStreamOrder) {
   std::promise<void> release;
   std::shared_future<void> hold = release.get_future().share();
   ASSERT_TRUE(device_->LaunchHostWork(s, [hold] { hold.wait(); }).ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, d.data(), mid.data(), n, CopyKind::kHostToDevice)
-          .ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, out.data(), d.data(), n, CopyKind::kDeviceToHost)
-          .ok());
+  CopyThrough(s, d, mid.data(), out.data(), n);
   auto done = NewEvent();
   ASSERT_TRUE(device_->RecordEvent(*done, s).ok());
-  bool ran = false;
-  ASSERT_TRUE(device_->LaunchHostFunc(other, [&ran] { ran = true; }).ok());
-  ASSERT_TRUE(device_->SynchronizeStream(other).ok());
-  EXPECT_TRUE(ran) << "another stream waited for host work";
+  EXPECT_TRUE(OtherStreamGoesOn(other)) << "another stream waited for it";
   EXPECT_FALSE(Done(*done)) << "work after host work did not wait for it";
   release.set_value();
   ASSERT_TRUE(device_->SynchronizeEvent(*done).ok());
