@@ -9,7 +9,9 @@
 //   - Host-emulated (NewHostEmulatedDevice): "device" memory is host memory
 //     under the same budget, every stream is an in-order executor thread,
 //     events behave as CUDA's, copies are memcpy optionally throttled to a
-//     link bandwidth and latency, so that overlap is observable anywhere.
+//     link bandwidth and latency, so that overlap is observable anywhere;
+//     GEMM runs on OpenBLAS and conversions on vector code, over
+//     DeviceOptions::host_compute_threads threads.
 //   - DeviceWrapper forwards every call; it is the base for test doubles.
 //
 // Device memory is stream-ordered (docs/gpu.md, Note [Stream-ordered reuse]):
@@ -444,7 +446,10 @@ struct DeviceOptions {
 // work on streams. Thread-safe: every method may be called from any thread.
 // Methods ending in Async only enqueue; their errors about arguments come
 // back at once, while a CUDA failure during execution may surface from a
-// later synchronization.
+// later synchronization. Host code joins a stream's order in three ways:
+// LaunchHostFunc for quick callbacks, LaunchHostWork for long CPU work (the
+// host-emulated device's own kernels, an optimizer step), and HostEvents for
+// work the host schedules itself.
 class STRATA_EXPORT Device {
  public:
   virtual ~Device();
