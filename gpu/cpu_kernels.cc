@@ -1,5 +1,7 @@
 #include "gpu/cpu_kernels.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -87,9 +89,18 @@ void ConvertOnCpuReference(const ConvertArgs& args) {
   }
 }
 
+namespace {
+// F16C is CPUID leaf 1, ECX bit 29 (clang before 15 rejects
+// __builtin_cpu_supports("f16c")); the avx2 check beside it establishes
+// that the OS saves the AVX state.
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+
 void ConvertOnCpu(const ConvertArgs& args) {
-  static const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && CpuHasF16c();
   if (avx2) {
     ConvertOnCpuAvx2(args);
   } else {
