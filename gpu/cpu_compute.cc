@@ -14,6 +14,7 @@
 #include <tbb/task_arena.h>
 
 #include "gpu/cpu_kernels.h"
+#include "util/tsan_annotations.h"
 
 namespace strata::internal {
 namespace {
@@ -43,6 +44,36 @@ float* Grow(std::vector<float>& v, size_t n) {
   return v.data();
 }
 
+// Addresses for the TSan annotations only (util/tsan_annotations.h): the
+// caller releases g_fork_sync before oneTBB hands out work and every piece
+// acquires it; every piece releases g_join_sync and the caller acquires it
+// after the join.
+char g_fork_sync = 0;
+char g_join_sync = 0;
+
+// One parallel call, type-erased: fn(begin, end) over pieces of [0, n).
+struct RangeJob {
+  const void* fn;
+  void (*call)(const void* fn, int64_t begin, int64_t end);
+};
+
+void RunRange(const RangeJob* job, int64_t begin, int64_t end) {
+  STRATA_TSAN_ACQUIRE(&g_fork_sync);
+  job->call(job->fn, begin, end);
+  STRATA_TSAN_RELEASE(&g_join_sync);
+}
+
+// The parallel_for body. oneTBB copies it into its tasks after the caller's
+// release, so reading its one field must stay uninstrumented; what RunRange
+// touches is ordered by the annotations.
+struct RangeBody {
+  const RangeJob* job;
+  __attribute__((no_sanitize_thread)) void operator()(
+      const tbb::blocked_range<int64_t>& r) const {
+    RunRange(job, r.begin(), r.end());
+  }
+};
+
 // A rows x cols matrix view: element (i, j) at data + (i + j * ld) * elem.
 struct Matrix {
   const void* data;
@@ -54,6 +85,32 @@ struct Matrix {
 
 struct CpuCompute::Impl {
   explicit Impl(int threads) : arena(threads) {}
+
+  // fn(begin, end) over [0, n) in pieces of `grain` indices, on the arena's
+  // threads, the caller's included; returns when all are done.
+  template <class Fn>
+  void ParallelFor(int64_t n, int64_t grain, const Fn& fn) {
+    RangeJob job{&fn, [](const void* f, int64_t begin, int64_t end) {
+                   (*static_cast<const Fn*>(f))(begin, end);
+                 }};
+    Execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
+                        RangeBody{&job}, tbb::simple_partitioner());
+    });
+  }
+
+  // fn() inside the arena. When no slot is free, oneTBB runs it on another
+  // thread of the arena, hence the annotations here too.
+  template <class Fn>
+  void Execute(const Fn& fn) {
+    STRATA_TSAN_RELEASE(&g_fork_sync);
+    arena.execute([&fn] {
+      STRATA_TSAN_ACQUIRE(&g_fork_sync);
+      fn();
+      STRATA_TSAN_RELEASE(&g_join_sync);
+    });
+    STRATA_TSAN_ACQUIRE(&g_join_sync);
+  }
 
   // For each column j of a rows x cols matrix, dst(:, j) = src(:, j)
   // converted, in chunks of about kConvertChunk elements.
@@ -86,13 +143,8 @@ struct CpuCompute::Impl {
     }
     const int64_t grain = std::max<int64_t>(
         1, static_cast<int64_t>(kConvertChunk) / std::max<int64_t>(rows, 1));
-    arena.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, cols, grain),
-                        [&](const tbb::blocked_range<int64_t>& r) {
-                          for (int64_t j = r.begin(); j < r.end(); ++j) {
-                            column(j);
-                          }
-                        });
+    ParallelFor(cols, grain, [&](int64_t first, int64_t last) {
+      for (int64_t j = first; j < last; ++j) column(j);
     });
   }
 
@@ -103,16 +155,17 @@ struct CpuCompute::Impl {
     }
     const size_t ss = ElementSize(args.src_type);
     const size_t ds = ElementSize(args.dst_type);
-    const size_t chunks = (args.count + kConvertChunk - 1) / kConvertChunk;
-    arena.execute([&] {
-      tbb::parallel_for(size_t{0}, chunks, [&](size_t c) {
-        ConvertArgs part = args;
-        const size_t first = c * kConvertChunk;
-        part.src = static_cast<const std::byte*>(args.src) + first * ss;
-        part.dst = static_cast<std::byte*>(args.dst) + first * ds;
-        part.count = std::min(kConvertChunk, args.count - first);
-        ConvertOnCpu(part);
-      });
+    const auto chunks =
+        static_cast<int64_t>((args.count + kConvertChunk - 1) / kConvertChunk);
+    ParallelFor(chunks, 1, [&](int64_t first_chunk, int64_t last_chunk) {
+      ConvertArgs part = args;
+      const size_t first = static_cast<size_t>(first_chunk) * kConvertChunk;
+      const size_t last =
+          std::min(args.count, static_cast<size_t>(last_chunk) * kConvertChunk);
+      part.src = static_cast<const std::byte*>(args.src) + first * ss;
+      part.dst = static_cast<std::byte*>(args.dst) + first * ds;
+      part.count = last - first;
+      ConvertOnCpu(part);
     });
   }
 
@@ -145,20 +198,13 @@ struct CpuCompute::Impl {
       return;
     }
     const int64_t panels = (dim + step - 1) / step;
-    arena.execute([&] {
-      tbb::parallel_for(
-          tbb::blocked_range<int64_t>(0, panels, 1),
-          [&](const tbb::blocked_range<int64_t>& r) {
-            for (int64_t p = r.begin(); p < r.end(); ++p) {
-              const int64_t lo = p * step, hi = std::min(dim, lo + step);
-              if (by_rows) {
-                call(lo, hi, 0, n);
-              } else {
-                call(0, m, lo, hi);
-              }
-            }
-          },
-          tbb::simple_partitioner());
+    ParallelFor(panels, 1, [&](int64_t first, int64_t last) {
+      const int64_t lo = first * step, hi = std::min(dim, last * step);
+      if (by_rows) {
+        call(lo, hi, 0, n);
+      } else {
+        call(0, m, lo, hi);
+      }
     });
   }
 
@@ -179,7 +225,7 @@ int CpuCompute::threads() const { return impl_->arena.max_concurrency(); }
 void CpuCompute::Convert(const ConvertArgs& args) { impl_->Convert(args); }
 
 void CpuCompute::Run(HostFunction& fn) {
-  impl_->arena.execute([&] { fn(); });
+  impl_->Execute([&fn] { fn(); });
 }
 
 void CpuCompute::Gemm(const GemmArgs& g) {
