@@ -86,8 +86,10 @@ struct Matrix {
 struct CpuCompute::Impl {
   explicit Impl(int threads) : arena(threads) {}
 
-  // fn(begin, end) over [0, n) in pieces of `grain` indices, on the arena's
-  // threads, the caller's included; returns when all are done.
+  // fn(begin, end) over [0, n), split evenly over the arena's threads (the
+  // caller's included) in pieces of at least `grain` indices; returns when
+  // all are done. The static partitioner is also the one whose oneTBB
+  // internals the tests' TSan suppressions cover.
   template <class Fn>
   void ParallelFor(int64_t n, int64_t grain, const Fn& fn) {
     RangeJob job{&fn, [](const void* f, int64_t begin, int64_t end) {
@@ -95,7 +97,7 @@ struct CpuCompute::Impl {
                  }};
     Execute([&] {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                        RangeBody{&job}, tbb::simple_partitioner());
+                        RangeBody{&job}, tbb::static_partitioner());
     });
   }
 
