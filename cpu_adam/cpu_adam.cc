@@ -33,6 +33,7 @@
 #include "cpu_adam/kernels.h"
 #include "strata/cpu_adam.h"
 #include "util/log.h"
+#include "util/tsan_annotations.h"
 
 // Note [TSan and oneTBB]: the distribution's libtbb is not built with
 // ThreadSanitizer, so TSan cannot see the happens-before edges of a fork and
@@ -41,16 +42,8 @@
 // itself: the caller releases g_fork_sync before handing out tiles and each
 // run of tiles acquires it; each run releases g_join_sync when done and the
 // caller acquires it after the join. Races in oneTBB's own inline code are
-// suppressed in tests/cpu_adam/tsan_suppressions.cc.
-#if defined(__SANITIZE_THREAD__)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-#define STRATA_TSAN_ACQUIRE(addr) __tsan_acquire(addr)
-#define STRATA_TSAN_RELEASE(addr) __tsan_release(addr)
-#else
-#define STRATA_TSAN_ACQUIRE(addr) static_cast<void>(addr)
-#define STRATA_TSAN_RELEASE(addr) static_cast<void>(addr)
-#endif
+// suppressed in tests/cpu_adam/tsan_suppressions.cc. The macros are
+// util/tsan_annotations.h.
 
 namespace strata {
 namespace cpu_adam {

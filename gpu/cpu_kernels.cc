@@ -1,5 +1,7 @@
 #include "gpu/cpu_kernels.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -10,6 +12,11 @@
 #include "util/half.h"
 
 namespace strata::internal {
+
+// gpu/cpu_convert_avx2.cc, compiled with -mavx2 -mf16c; called only when the
+// CPU has both.
+void ConvertOnCpuAvx2(const ConvertArgs& args);
+
 namespace {
 
 float LoadElement(const void* base, size_t i, ElementType type) {
@@ -75,10 +82,29 @@ float BFloat16BitsToFloat(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 
-void ConvertOnCpu(const ConvertArgs& args) {
+void ConvertOnCpuReference(const ConvertArgs& args) {
   for (size_t i = 0; i < args.count; ++i) {
     const float v = LoadElement(args.src, i, args.src_type) * args.scale;
     StoreElement(args.dst, i, args.dst_type, v);
+  }
+}
+
+namespace {
+// F16C is CPUID leaf 1, ECX bit 29 (clang before 15 rejects
+// __builtin_cpu_supports("f16c")); the avx2 check beside it establishes
+// that the OS saves the AVX state.
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+
+void ConvertOnCpu(const ConvertArgs& args) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && CpuHasF16c();
+  if (avx2) {
+    ConvertOnCpuAvx2(args);
+  } else {
+    ConvertOnCpuReference(args);
   }
 }
 
@@ -122,7 +148,7 @@ Status CheckGemmArgs(const GemmArgs& g) {
   return Status::Ok();
 }
 
-void GemmOnCpu(const GemmArgs& g) {
+void GemmOnCpuReference(const GemmArgs& g) {
   const bool ta = g.op_a == GemmOp::kTranspose;
   const bool tb = g.op_b == GemmOp::kTranspose;
   for (int64_t j = 0; j < g.n; ++j) {

@@ -1,7 +1,9 @@
-// Scalar CPU implementations of the device's numeric work: the host-emulated
-// backend runs them, and they are written for clarity, not speed (the
-// engine's fast CPU conversions belong to cpu_adam, which gpu/ does not
-// depend on).
+// CPU implementations of the device's numeric work. The scalar reference
+// versions (...Reference) are written for clarity and are what the tests
+// compare against; ConvertOnCpu is the vectorized one the host-emulated
+// device runs (gpu/cpu_compute.h adds threads and the BLAS GEMM). gpu/ does
+// not depend on cpu_adam, whose conversions follow x86's NaN and denormal
+// rules rather than CUDA's.
 //
 // Conversions round to nearest, ties to even, as cvt.rn in PTX and the
 // __float2half_rn / __float2bfloat16_rn intrinsics do: overflow gives +-inf,
@@ -22,12 +24,15 @@ float HalfBitsToFloat(uint16_t h);
 uint16_t FloatToBFloat16Bits(float f);
 float BFloat16BitsToFloat(uint16_t b);
 
-// The ConvertArgs contract on host memory.
+// The ConvertArgs contract on host memory, one element at a time.
+void ConvertOnCpuReference(const ConvertArgs& args);
+// The same, bit for bit, with the widest vector unit this CPU has (AVX2 and
+// F16C, else the reference). Single-threaded.
 void ConvertOnCpu(const ConvertArgs& args);
 
-// The GemmArgs contract on host memory: fp32 accumulation over k in order.
-// REQUIRES: arguments validated by CheckGemmArgs.
-void GemmOnCpu(const GemmArgs& args);
+// The GemmArgs contract on host memory: fp32 accumulation over k in order,
+// one element at a time. REQUIRES: arguments validated by CheckGemmArgs.
+void GemmOnCpuReference(const GemmArgs& args);
 
 // Shapes, leading dimensions and types of a GEMM; kInvalidArgument or
 // kNotSupported naming the first problem.

@@ -32,6 +32,7 @@
 #include "gpu/cuda_host_event.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/host_func.h"
+#include "gpu/host_work.h"
 #include "gpu/stream_ordered_pool.h"
 #include "strata/device.h"
 #include "util/log.h"
@@ -210,10 +211,11 @@ class CudaDevice final : public Device {
         wait_value32_(wait_value32),
         no_host_events_why_(std::move(no_host_events_why)) {}
 
-  // Tears down in order with this device current: the cuBLAS handle, then
-  // the pool (which waits for pending frees), then the arena, then the host
-  // event words.
+  // Tears down in order with this device current: the host-work worker
+  // (its events use the words), the cuBLAS handle, then the pool (which
+  // waits for pending frees), then the arena, then the host event words.
   ~CudaDevice() override {
+    host_work_.reset();
     ScopedCurrentDevice current(ordinal_);
     cublas_.reset();
     pool_.reset();
@@ -306,6 +308,13 @@ class CudaDevice final : public Device {
                    "cudaLaunchHostFunc"));
     owned.release();  // RunHostFunc owns it now
     return Status::Ok();
+  }
+  // A host function hands `fn` to a worker thread and the stream waits on a
+  // host event the worker signals (gpu/host_work.h): CUDA's callback thread
+  // never runs the long work.
+  Status LaunchHostWork(Stream& stream, HostFunction fn) override {
+    STRATA_RETURN_IF_ERROR(Mine(stream).status());
+    return host_work_->Launch(stream, std::move(fn));
   }
 
   StatusOr<std::unique_ptr<Stream>> WrapNativeStream(void* native,
@@ -566,6 +575,8 @@ class CudaDevice final : public Device {
   // Null when host events are not supported; the reason then.
   const internal::StreamWaitValue32Fn wait_value32_;
   const std::string no_host_events_why_;
+  // Stream-ordered host work; reset first by the destructor.
+  std::optional<internal::HostWorkRunner> host_work_{std::in_place, this};
   Mutex cublas_mu_;
   // Last member: destroyed first.
   internal::UniqueCublasHandle cublas_ STRATA_GUARDED_BY(cublas_mu_);

@@ -61,6 +61,10 @@ Status Device::GemmAsync(Stream&, const GemmArgs&) {
   return Status::NotSupported(name() + " has no GEMM");
 }
 
+Status Device::LaunchHostWork(Stream&, HostFunction) {
+  return Status::NotSupported(name() + " has no stream-ordered host work");
+}
+
 namespace {
 
 StatusOr<DeviceChoice> ChoiceFromEnvironment(DeviceChoice fallback) {

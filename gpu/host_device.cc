@@ -19,6 +19,9 @@
 //     lasts until its slot on the link ends, so overlap of copies with other
 //     work is observable. Copies from or to pageable memory return to the
 //     caller only when done, as CUDA's do.
+//   - Compute: GEMM (OpenBLAS), conversions (vector code) and
+//     LaunchHostWork run on the stream's executor inside one oneTBB arena of
+//     DeviceOptions::host_compute_threads (gpu/cpu_compute.h).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,6 +34,7 @@
 #include <thread>
 #include <utility>
 
+#include "gpu/cpu_compute.h"
 #include "gpu/cpu_kernels.h"
 #include "gpu/host_func.h"
 #include "gpu/host_signal.h"
@@ -44,8 +48,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Set on an executor thread while it runs a LaunchHostFunc function. Such a
-// function may not call the device (CUDA forbids it, see
+// Set on an executor thread while it runs a LaunchHostFunc or LaunchHostWork
+// function. Such a function may not call the device (CUDA forbids it, see
 // Device::LaunchHostFunc); the host-emulated device refuses the call, so that
 // code breaking the rule fails its tests here and not only on a GPU.
 thread_local bool t_in_host_func = false;
@@ -326,7 +330,8 @@ class HostEmulatedDevice final : public Device {
       : options_(options),
         region_(std::move(region)),
         pool_(this, region_.data(), region_.size(), "host-emulated device"),
-        pinned_(std::make_shared<PinnedRanges>()) {}
+        pinned_(std::make_shared<PinnedRanges>()),
+        compute_(options.host_compute_threads) {}
 
   DeviceKind kind() const override { return DeviceKind::kHostEmulated; }
   std::string name() const override {
@@ -426,6 +431,20 @@ class HostEmulatedDevice final : public Device {
     });
     return Status::Ok();
   }
+  Status LaunchHostWork(Stream& stream, HostFunction fn) override {
+    STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
+    if (!fn) return Status::InvalidArgument("LaunchHostWork: empty function");
+    // The executor is a host thread of this stream alone, so it may run
+    // long work itself; the arena bounds the threads `fn` fans out to.
+    s->executor().Enqueue([this, fn = std::move(fn)]() mutable {
+      t_in_host_func = true;
+      HostFunction body = [&fn] { internal::RunHostFunction(fn); };
+      compute_.Run(body);
+      fn = nullptr;
+      t_in_host_func = false;
+    });
+    return Status::Ok();
+  }
 
   StatusOr<DeviceMemory> Allocate(size_t bytes, Stream& stream) override {
     STRATA_RETURN_IF_ERROR(Mine(stream).status());
@@ -494,7 +513,7 @@ class HostEmulatedDevice final : public Device {
     STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     if (args.count == 0) return Status::Ok();
     STRATA_RETURN_IF_ERROR(pool_.CheckConvert(args));
-    s->executor().Enqueue([args] { internal::ConvertOnCpu(args); });
+    s->executor().Enqueue([this, args] { compute_.Convert(args); });
     return Status::Ok();
   }
 
@@ -502,7 +521,7 @@ class HostEmulatedDevice final : public Device {
     STRATA_ASSIGN_OR_RETURN(EmulatedStream * s, Mine(stream));
     STRATA_RETURN_IF_ERROR(pool_.CheckGemm(args));
     if (args.m == 0 || args.n == 0) return Status::Ok();
-    s->executor().Enqueue([args] { internal::GemmOnCpu(args); });
+    s->executor().Enqueue([this, args] { compute_.Gemm(args); });
     return Status::Ok();
   }
 
@@ -546,12 +565,20 @@ class HostEmulatedDevice final : public Device {
   internal::StreamOrderedPool pool_;
   std::shared_ptr<PinnedRanges> pinned_;
   ExecutorRegistry executors_;
+  // Used by tasks on the executors, which finish before the device goes.
+  internal::CpuCompute compute_;
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<Device>> NewHostEmulatedDevice(
     const DeviceOptions& options) {
+  if (options.host_compute_threads < 0) {
+    return Status::InvalidArgument(
+        "DeviceOptions::host_compute_threads is " +
+        std::to_string(options.host_compute_threads) +
+        "; expected 0 (all CPUs) or a positive thread count");
+  }
   const uint64_t budget = options.memory_budget_bytes != 0
                               ? options.memory_budget_bytes
                               : uint64_t{1} << 30;

@@ -9,6 +9,7 @@ build_pkgs=(
   cmake g++ make pkg-config git
   liburing-dev libaio-dev libtbb-dev libhwloc-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev
+  libopenblas-dev
   fio
 )
 test_pkgs=(

@@ -9,7 +9,9 @@
 //   - Host-emulated (NewHostEmulatedDevice): "device" memory is host memory
 //     under the same budget, every stream is an in-order executor thread,
 //     events behave as CUDA's, copies are memcpy optionally throttled to a
-//     link bandwidth and latency, so that overlap is observable anywhere.
+//     link bandwidth and latency, so that overlap is observable anywhere;
+//     GEMM runs on OpenBLAS and conversions on vector code, over
+//     DeviceOptions::host_compute_threads threads.
 //   - DeviceWrapper forwards every call; it is the base for test doubles.
 //
 // Device memory is stream-ordered (docs/gpu.md, Note [Stream-ordered reuse]):
@@ -431,13 +433,23 @@ struct DeviceOptions {
   uint64_t emulated_pageable_bytes_per_s = 0;
   // Fixed cost of each host<->device copy on the link, nanoseconds. Default 0.
   uint64_t emulated_copy_latency_ns = 0;
+  // Threads that the device's compute (GEMM, conversions, LaunchHostWork)
+  // may use at once, the stream's own thread included: a oneTBB arena of
+  // this concurrency, whose workers come from the process's one oneTBB pool
+  // (the CPU optimizer's too), so the two do not oversubscribe the cores.
+  // 0 = oneTBB's default, the CPUs in the process's affinity mask.
+  // Negative is kInvalidArgument.
+  int host_compute_threads = 0;
 };
 
 // A device: memory under a budget, pinned host memory, streams, events and
 // work on streams. Thread-safe: every method may be called from any thread.
 // Methods ending in Async only enqueue; their errors about arguments come
 // back at once, while a CUDA failure during execution may surface from a
-// later synchronization.
+// later synchronization. Host code joins a stream's order in three ways:
+// LaunchHostFunc for quick callbacks, LaunchHostWork for long CPU work (the
+// host-emulated device's own kernels, an optimizer step), and HostEvents for
+// work the host schedules itself.
 class STRATA_EXPORT Device {
  public:
   virtual ~Device();
@@ -476,8 +488,28 @@ class STRATA_EXPORT Device {
   //   - after a device error that ends the context, `fn` may never run.
   // An exception thrown by `fn` is logged and dropped. `fn` may be move-only
   // (a lambda that captures a std::promise); an empty one is
-  // kInvalidArgument. For long host work, use a HostEvent instead.
+  // kInvalidArgument. For long host work, use LaunchHostWork or a HostEvent.
   virtual Status LaunchHostFunc(Stream& stream, HostFunction fn) = 0;
+  // Runs `fn`, host work that may take long (a CPU kernel, an optimizer
+  // step), in stream order: it starts once the work enqueued on `stream`
+  // before it is done, and work enqueued after it waits until it returns.
+  // Unlike a host function, it does not run on a callback thread:
+  //   Host-emulated: on the stream's own thread, inside the device's compute
+  //   arena, so oneTBB algorithms in `fn` use up to
+  //   DeviceOptions::host_compute_threads threads. This is how CPU kernels
+  //   run on the host-emulated device, on its memory directly.
+  //   CUDA: on a worker thread the device owns. A host function only hands
+  //   `fn` to the worker, and the stream then waits on a HostEvent that the
+  //   worker signals when `fn` returns, so no CUDA callback thread ever
+  //   blocks. Host work of all streams runs on that one thread, in the order
+  //   the streams reach it.
+  // Otherwise LaunchHostFunc's rules hold: `fn` must not call this Device
+  // (the host-emulated device refuses it on the stream's thread), what it
+  // captures is destroyed on the thread that ran it and so must not hold the
+  // last reference to device objects, and an exception it throws is logged
+  // and dropped (the stream goes on). kInvalidArgument for an empty `fn`.
+  // Default: kNotSupported. CUDA: kNotSupported when NewHostEvent is.
+  virtual Status LaunchHostWork(Stream& stream, HostFunction fn);
 
   // ---- Native streams and events ----
   // A Stream that enqueues on `native`, a queue made outside this Device,
@@ -557,7 +589,9 @@ class STRATA_EXPORT Device {
                              size_t bytes) = 0;
   virtual Status ConvertAsync(Stream& stream, const ConvertArgs& args) = 0;
   // (Optional) Default: NotSupported. CUDA: cuBLAS, Unavailable when
-  // libcublas cannot be loaded. Host-emulated: a scalar loop.
+  // libcublas cannot be loaded. Host-emulated: OpenBLAS sgemm in panels over
+  // DeviceOptions::host_compute_threads threads; 16-bit A and B are widened
+  // to fp32 exactly first, a 16-bit C is computed in fp32 and rounded once.
   virtual Status GemmAsync(Stream& stream, const GemmArgs& args);
 
  protected:
@@ -596,6 +630,9 @@ class STRATA_EXPORT DeviceWrapper : public Device {
   }
   Status LaunchHostFunc(Stream& stream, HostFunction fn) override {
     return target_->LaunchHostFunc(stream, std::move(fn));
+  }
+  Status LaunchHostWork(Stream& stream, HostFunction fn) override {
+    return target_->LaunchHostWork(stream, std::move(fn));
   }
   StatusOr<std::unique_ptr<Stream>> WrapNativeStream(void* native,
                                                      StreamKind kind) override {

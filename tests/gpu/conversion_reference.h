@@ -5,8 +5,11 @@
 #ifndef STRATA_TESTS_GPU_CONVERSION_REFERENCE_H_
 #define STRATA_TESTS_GPU_CONVERSION_REFERENCE_H_
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <random>
+#include <vector>
 
 #include "strata/device.h"
 
@@ -70,6 +73,31 @@ inline uint16_t Round16(float x, const Format16& f) {
     return sign | static_cast<uint16_t>(up);
   }
   return sign | static_cast<uint16_t>((lo & 1) ? up : lo);  // tie: even
+}
+
+// Inputs that hit every rounding case: each 16-bit value, the midpoints
+// between neighbours (exact in fp32) and one fp32 ulp either side, the
+// overflow and underflow edges, and random bit patterns.
+inline std::vector<float> TrickyFloats(const Format16& f) {
+  std::vector<float> v = {0.0f,    -0.0f,         INFINITY,      -INFINITY,
+                          NAN,     65504.0f,      65519.99f,     65520.0f,
+                          1e-8f,   2.9802322e-8f, 5.9604645e-8f, 3.4028235e38f,
+                          1.0e-45f};
+  for (uint32_t p = 0; p < 0x7fff; ++p) {
+    const double a = Decode16(static_cast<uint16_t>(p), f);
+    const double b = Decode16(static_cast<uint16_t>(p + 1), f);
+    if (std::isnan(a) || std::isinf(b) || std::isnan(b)) continue;
+    const float mid = static_cast<float>((a + b) / 2);
+    for (float x : {static_cast<float>(a), mid, std::nextafter(mid, 0.0f),
+                    std::nextafter(mid, INFINITY)}) {
+      v.push_back(x);
+      v.push_back(-x);
+    }
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 100000; ++i)
+    v.push_back(std::bit_cast<float>(static_cast<uint32_t>(rng())));
+  return v;
 }
 
 }  // namespace strata::testing

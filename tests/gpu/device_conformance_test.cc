@@ -19,10 +19,12 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gpu/host_work.h"
 #include "strata/device.h"
 #include "tests/gpu/conversion_reference.h"
 
@@ -40,14 +42,33 @@ class OwningWrapper final : public DeviceWrapper {
   std::unique_ptr<Device> owned_;
 };
 
+// The host-emulated device with LaunchHostWork composed from host events,
+// host functions and a worker thread, as the CUDA backend does it
+// (gpu/host_work.h), so that composition is tested without a GPU.
+class ComposedHostWork final : public DeviceWrapper {
+ public:
+  explicit ComposedHostWork(std::unique_ptr<Device> target)
+      : DeviceWrapper(target.get()), owned_(std::move(target)), runner_(this) {}
+  Status LaunchHostWork(Stream& stream, HostFunction fn) override {
+    return runner_.Launch(stream, std::move(fn));
+  }
+
+ private:
+  std::unique_ptr<Device> owned_;
+  internal::HostWorkRunner runner_;  // last: stops before the device goes
+};
+
 StatusOr<std::unique_ptr<Device>> MakeDevice(const std::string& backend,
                                              uint64_t budget) {
   DeviceOptions o;
   o.memory_budget_bytes = budget;
   if (backend == "cuda") return NewCudaDevice(o);
-  if (backend == "host-wrapped") {
+  if (backend == "host-wrapped" || backend == "host-composed-work") {
     auto d = NewHostEmulatedDevice(o);
     if (!d.ok()) return d;
+    if (backend == "host-composed-work") {
+      return std::unique_ptr<Device>(new ComposedHostWork(std::move(*d)));
+    }
     return std::unique_ptr<Device>(new OwningWrapper(std::move(*d)));
   }
   if (backend == "host-throttled") {
@@ -129,6 +150,24 @@ class DeviceConformanceTest : public ::testing::TestWithParam<std::string> {
     auto q = device_->QueryEvent(e);
     EXPECT_TRUE(q.ok()) << q.status().ToString();
     return q.ok() && *q;
+  }
+
+  // Enqueues a copy host -> `d` -> host on `s`.
+  void CopyThrough(Stream& s, DeviceMemory& d, const std::byte* from,
+                   std::byte* to, size_t n) {
+    ASSERT_TRUE(
+        device_->CopyAsync(s, d.data(), from, n, CopyKind::kHostToDevice).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(s, to, d.data(), n, CopyKind::kDeviceToHost).ok());
+  }
+
+  // True when a host function enqueued on `other` runs to completion now,
+  // whatever holds other streams.
+  bool OtherStreamGoesOn(Stream& other) {
+    bool ran = false;
+    EXPECT_TRUE(device_->LaunchHostFunc(other, [&ran] { ran = true; }).ok());
+    EXPECT_TRUE(device_->SynchronizeStream(other).ok());
+    return ran;
   }
 
   // A host event, or null after GTEST_SKIP when the backend has none (CUDA
@@ -851,20 +890,12 @@ TEST_P(DeviceConformanceTest, HostEventHoldsAStreamUntilHostWorkIsDone) {
   std::memset(in.data(), 0, n);
   EXPECT_EQ(he->generation(), 0u);
   ASSERT_TRUE(device_->WaitHostEvent(s, *he, 1).ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, d.data(), in.data(), n, CopyKind::kHostToDevice)
-          .ok());
-  ASSERT_TRUE(
-      device_->CopyAsync(s, out.data(), d.data(), n, CopyKind::kDeviceToHost)
-          .ok());
+  CopyThrough(s, d, in.data(), out.data(), n);
   auto done = NewEvent();
   ASSERT_TRUE(device_->RecordEvent(*done, s).ok());
   EXPECT_FALSE(Done(*done));
   // Other streams go on meanwhile.
-  bool ran = false;
-  ASSERT_TRUE(device_->LaunchHostFunc(other, [&ran] { ran = true; }).ok());
-  ASSERT_TRUE(device_->SynchronizeStream(other).ok());
-  EXPECT_TRUE(ran);
+  EXPECT_TRUE(OtherStreamGoesOn(other));
   EXPECT_FALSE(Done(*done));
   // Long host work (an optimizer step) on another thread, then the signal.
   std::thread worker([&] {
@@ -980,6 +1011,82 @@ TEST_P(DeviceConformanceTest, HostFunctionsMayBeMoveOnly) {
   ASSERT_TRUE(device_->SynchronizeStream(s).ok());
 }
 
+// ---- Stream-ordered host work
+// -----------------------------------------------------
+
+// True, after GTEST_SKIP, when the backend has no host work (CUDA without
+// host events) and no GPU is required.
+bool SkipWithoutHostWork(const Status& st) {
+  if (st.code() != StatusCode::kNotSupported || CudaRequired()) return false;
+  [&] { GTEST_SKIP() << st.ToString(); }();
+  return true;
+}
+
+// Host work between copies: it sees what the copies before it wrote, the
+// copies after it see what it wrote, it may run long (here: until the test
+// lets it finish) while other streams go on.
+TEST_P(DeviceConformanceTest, HostWorkRunsInStreamOrder) {
+  Stream& s = NewStream();
+  Stream& other = NewStream();
+  const size_t n = 1 << 16;
+  DeviceMemory d = Alloc(n, s);
+  HostBuffer in = Pinned(n), mid = Pinned(n), out = Pinned(n);
+  Fill(in.data(), n, 11);
+  std::memset(mid.data(), 0, n);
+  CopyThrough(s, d, in.data(), mid.data(), n);
+  std::byte* m = mid.data();
+  const Status st = device_->LaunchHostWork(s, [m, n] {
+    for (size_t i = 0; i < n; ++i) m[i] = ~m[i];
+  });
+  if (SkipWithoutHostWork(st)) {
+    ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+    return;
+  }
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::promise<void> release;
+  std::shared_future<void> hold = release.get_future().share();
+  ASSERT_TRUE(device_->LaunchHostWork(s, [hold] { hold.wait(); }).ok());
+  CopyThrough(s, d, mid.data(), out.data(), n);
+  auto done = NewEvent();
+  ASSERT_TRUE(device_->RecordEvent(*done, s).ok());
+  EXPECT_TRUE(OtherStreamGoesOn(other)) << "another stream waited for it";
+  EXPECT_FALSE(Done(*done)) << "work after host work did not wait for it";
+  release.set_value();
+  ASSERT_TRUE(device_->SynchronizeEvent(*done).ok());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(out.data()[i], ~in.data()[i]) << "byte " << i;
+  }
+}
+
+TEST_P(DeviceConformanceTest, HostWorkKeepsOrderAndSurvivesThrows) {
+  Stream& s = NewStream();
+  std::vector<int> order;  // written by the host work only, read after sync
+  std::promise<int> promise;
+  std::future<int> result = promise.get_future();
+  Status st =
+      device_->LaunchHostWork(s, [promise = std::move(promise),
+                                  value = std::make_unique<int>(42)]() mutable {
+        promise.set_value(*value);
+      });
+  if (SkipWithoutHostWork(st)) return;
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int i = 0; i < 20; ++i) {
+    if (i == 10) {
+      ASSERT_TRUE(
+          device_->LaunchHostWork(s, [] { throw std::runtime_error("boom"); })
+              .ok());
+    }
+    ASSERT_TRUE(
+        device_->LaunchHostWork(s, [&order, i] { order.push_back(i); }).ok());
+  }
+  EXPECT_EQ(device_->LaunchHostWork(s, HostFunction()).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(device_->SynchronizeStream(s).ok());
+  EXPECT_EQ(result.get(), 42);
+  ASSERT_EQ(order.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(order[i], i);
+}
+
 // ---- TryAllocate
 // ----------------------------------------------------------------
 
@@ -1031,7 +1138,8 @@ std::string HostParamName(const ::testing::TestParamInfo<std::string>& p) {
 }
 INSTANTIATE_TEST_SUITE_P(Host, DeviceConformanceTest,
                          ::testing::Values("host", "host-throttled",
-                                           "host-wrapped"),
+                                           "host-wrapped",
+                                           "host-composed-work"),
                          HostParamName);
 #endif
 

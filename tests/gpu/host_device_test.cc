@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include <tbb/task_arena.h>
+
 #include "strata/device.h"
 #include "util/host_alloc_faults.h"
 
@@ -255,6 +257,49 @@ TEST(HostFuncRulesTest, AThrowingHostFunctionDoesNotStopTheStream) {
   ASSERT_TRUE((*d)->LaunchHostFunc(**s, [&] { ran = true; }).ok());
   ASSERT_TRUE((*d)->SynchronizeStream(**s).ok());
   EXPECT_TRUE(ran);
+}
+
+// LaunchHostWork runs on the stream's thread under the same rule as a host
+// function (no device calls), inside the device's compute arena.
+TEST(HostWorkTest, RunsInTheComputeArenaAndRefusesDeviceCalls) {
+  DeviceOptions o;
+  o.memory_budget_bytes = 1 << 20;
+  o.host_compute_threads = 3;
+  auto d = NewHostEmulatedDevice(o);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  Device* device = d->get();
+  auto s = device->NewStream({});
+  auto other = device->NewStream({});
+  ASSERT_TRUE(s.ok() && other.ok());
+  Stream* other_stream = other->get();
+  int concurrency = 0;
+  Status inside;
+  ASSERT_TRUE(device
+                  ->LaunchHostWork(
+                      **s,
+                      [&] {
+                        concurrency = tbb::this_task_arena::max_concurrency();
+                        inside = device->SynchronizeStream(*other_stream);
+                      })
+                  .ok());
+  ASSERT_TRUE(device->SynchronizeStream(**s).ok());
+  EXPECT_EQ(concurrency, 3);
+  EXPECT_EQ(inside.code(), StatusCode::kFailedPrecondition)
+      << inside.ToString();
+  // The flag does not outlive the work: a host function after it may not
+  // call the device either, but a later ordinary call works.
+  EXPECT_TRUE(device->SynchronizeStream(**other).ok());
+}
+
+TEST(HostWorkTest, ComputeThreadsOptionIsChecked) {
+  DeviceOptions o;
+  o.host_compute_threads = -1;
+  auto d = NewHostEmulatedDevice(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("host_compute_threads"),
+            std::string::npos)
+      << d.status().ToString();
 }
 
 // docs/reliability.md row 9 on the device layer: the host-emulated device's
