@@ -86,6 +86,46 @@ struct Avx2 {
     return _mm256_or_ps(pos, neg);
   }
 
+  using I = __m256i;
+  static I ISet(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  static I IBits(F x) { return _mm256_castps_si256(x); }
+  static F FBits(I x) { return _mm256_castsi256_ps(x); }
+  static I IAdd(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I ISub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I IAnd(I a, I b) { return _mm256_and_si256(a, b); }
+  static I IOr(I a, I b) { return _mm256_or_si256(a, b); }
+  template <int k>
+  static I ISrl(I a) {
+    return _mm256_srli_epi32(a, k);
+  }
+  template <int k>
+  static I ISll(I a) {
+    return _mm256_slli_epi32(a, k);
+  }
+  static I IMin(I a, I b) { return _mm256_min_epi32(a, b); }
+  static I IMax(I a, I b) { return _mm256_max_epi32(a, b); }
+  static I IZeroIfZero(I c, I t) {
+    return _mm256_andnot_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
+                               t);
+  }
+  static uint32_t IMaxAll(I a) {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(a),
+                              _mm256_extracti128_si256(a, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+  }
+  static I LoadU8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  // REQUIRES: every lane of c in [0, 255].
+  static void StoreU8(uint8_t* p, I c) {
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c),
+                                       _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
+
   static D DZero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
   static D SqAcc(D acc, F x) {
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
