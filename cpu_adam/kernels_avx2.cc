@@ -146,14 +146,127 @@ struct Avx2 {
   static bool BadAny(Bad bad) { return !_mm256_testz_si256(bad, bad); }
 };
 
+// Two AVX2 registers per operation (16 lanes): the update's loops run half
+// as many iterations with two independent dependency chains through the
+// divisions and square roots, and 16 bf16 lanes are packed with one
+// pack/permute pair into one 32-byte (or non-temporal) store instead of two
+// half-width ones. Lane for lane the same operations as Avx2, so the
+// results are the same bits.
+struct Avx2x2 {
+  struct F {
+    __m256 lo, hi;
+  };
+  struct I {
+    __m256i lo, hi;
+  };
+  static constexpr size_t kN = 16;
+
+  template <class Op>
+  static F Map(F a, F b, Op op) {
+    return {op(a.lo, b.lo), op(a.hi, b.hi)};
+  }
+  template <class Op>
+  static I IMap(I a, I b, Op op) {
+    return {op(a.lo, b.lo), op(a.hi, b.hi)};
+  }
+
+  static F Set(float x) { return {Avx2::Set(x), Avx2::Set(x)}; }
+  template <class T>
+  static F Load(const T* p) {
+    return {Avx2::Load(p), Avx2::Load(p + 8)};
+  }
+  static F Load(const Bf16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    // Lanes 0-7 from the low 128 bits, 8-15 from the high, each widened
+    // by putting the 16 bits on top of a zero low half.
+    const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+    const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+  }
+  static void Store(float* p, F x) {
+    Avx2::Store(p, x.lo);
+    Avx2::Store(p + 8, x.hi);
+  }
+  static __m256i PackF16(F x) {
+    return _mm256_set_m128i(ToF16(x.hi), ToF16(x.lo));
+  }
+  static __m256i PackBf16(F x) {
+    return _mm256_set_m128i(ToBf16(x.hi), ToBf16(x.lo));
+  }
+  static void Store(F16* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), PackF16(x));
+  }
+  static void Store(Bf16* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), PackBf16(x));
+  }
+  // REQUIRES: p is 32-byte aligned (StreamHead).
+  static void Stream(F16* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), PackF16(x));
+  }
+  static void Stream(Bf16* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), PackBf16(x));
+  }
+  static void Fence() { _mm_sfence(); }
+  static F Add(F a, F b) { return Map(a, b, Avx2::Add); }
+  static F Mul(F a, F b) { return Map(a, b, Avx2::Mul); }
+  static F Div(F a, F b) { return Map(a, b, Avx2::Div); }
+  static F Sqrt(F a) { return {Avx2::Sqrt(a.lo), Avx2::Sqrt(a.hi)}; }
+  static F Fma(F a, F b, F c) {
+    return {Avx2::Fma(a.lo, b.lo, c.lo), Avx2::Fma(a.hi, b.hi, c.hi)};
+  }
+  static F Sign(F a) { return {Avx2::Sign(a.lo), Avx2::Sign(a.hi)}; }
+
+  static I ISet(uint32_t x) { return {Avx2::ISet(x), Avx2::ISet(x)}; }
+  static I IBits(F x) { return {Avx2::IBits(x.lo), Avx2::IBits(x.hi)}; }
+  static F FBits(I x) { return {Avx2::FBits(x.lo), Avx2::FBits(x.hi)}; }
+  static I IAdd(I a, I b) { return IMap(a, b, Avx2::IAdd); }
+  static I ISub(I a, I b) { return IMap(a, b, Avx2::ISub); }
+  static I IAnd(I a, I b) { return IMap(a, b, Avx2::IAnd); }
+  static I IOr(I a, I b) { return IMap(a, b, Avx2::IOr); }
+  template <int k>
+  static I ISrl(I a) {
+    return {Avx2::ISrl<k>(a.lo), Avx2::ISrl<k>(a.hi)};
+  }
+  template <int k>
+  static I ISll(I a) {
+    return {Avx2::ISll<k>(a.lo), Avx2::ISll<k>(a.hi)};
+  }
+  static I IMin(I a, I b) { return IMap(a, b, Avx2::IMin); }
+  static I IMax(I a, I b) { return IMap(a, b, Avx2::IMax); }
+  static I IZeroIfZero(I c, I t) {
+    return {Avx2::IZeroIfZero(c.lo, t.lo), Avx2::IZeroIfZero(c.hi, t.hi)};
+  }
+  static uint32_t IMaxAll(I a) { return Avx2::IMaxAll(Avx2::IMax(a.lo, a.hi)); }
+  static I LoadU8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepu8_epi32(b),
+            _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))};
+  }
+  // REQUIRES: every lane of c in [0, 255].
+  static void StoreU8(uint8_t* p, I c) {
+    // packus works within 128-bit halves: [lo0-3 hi0-3 | lo4-7 hi4-7] as
+    // 16-bit, then bytes; a dword permute puts the four groups in order.
+    const __m256i w = _mm256_packus_epi32(c.lo, c.hi);
+    const __m256i b = _mm256_packus_epi16(w, w);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(
+        b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_castsi256_si128(ordered));
+  }
+};
+
 }  // namespace
 }  // namespace strata::cpu_adam::avx2
 
 namespace strata::cpu_adam {
 
 const KernelTable& Avx2Kernels() {
-  static const KernelTable table =
-      avx2::MakeTable<avx2::Avx2>(CpuKernelVariant::kAvx2);
+  // The update and conversions 16 lanes wide; the gradient statistics 8
+  // wide (their double accumulators are already two registers).
+  static const KernelTable table{
+      CpuKernelVariant::kAvx2, &avx2::Step<avx2::Avx2x2>,
+      &avx2::GradStats<avx2::Avx2>, &avx2::Convert<avx2::Avx2x2>};
   return table;
 }
 
