@@ -37,6 +37,13 @@
 #include "cpu_adam/kernels.h"
 #include "util/half.h"
 
+// The per-vector helpers are forced inline: a call would pass a register
+// pair (Avx2x2's F) through memory, and GCC's size heuristics leave some of
+// them out of line otherwise (measured: a quarter of a bf16-moment update).
+#ifndef STRATA_CPU_ADAM_INLINE
+#define STRATA_CPU_ADAM_INLINE [[gnu::always_inline]] inline
+#endif
+
 namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA {
 
 // Element tags for 16-bit arrays. Never dereferenced as structs: loads and
@@ -201,7 +208,8 @@ struct Consts {
 
 // The updated weights at i, and their working copy if there is one.
 template <class V, class W, bool kStream>
-inline void StoreMaster(float* master, W* w, size_t i, typename V::F x) {
+STRATA_CPU_ADAM_INLINE void StoreMaster(float* master, W* w, size_t i,
+                                        typename V::F x) {
   V::Store(master + i, x);
   if constexpr (!std::is_same_v<W, NoWork>) {
     if constexpr (kStream) {
@@ -222,8 +230,9 @@ inline void StoreMaster(float* master, W* w, size_t i, typename V::F x) {
 //   Lion:    u = sign(fma(g, 1 - b1, m * b1));  p = p * (1 - lr * wd);
 //            p = fma(u, -lr, p);  m = fma(g, 1 - b2, m * b2)
 template <class V, CpuOptimizerAlgo A, class G, class M, class W, bool kStream>
-inline void UpdateAt(const Consts<V>& c, float* master, const G* grad, M* m,
-                     M* v, W* w, size_t i) {
+STRATA_CPU_ADAM_INLINE void UpdateAt(const Consts<V>& c, float* master,
+                                     const G* grad, M* m, M* v, W* w,
+                                     size_t i) {
   using F = typename V::F;
   const F g0 = V::Mul(V::Load(grad + i), c.gscale);
   F x = V::Load(master + i);
@@ -331,7 +340,7 @@ constexpr float kM8Top = 1.875f;
 constexpr float kR8Top = 1.9375f;
 
 template <class V>
-inline typename V::F DecodeM8(typename V::I c) {
+STRATA_CPU_ADAM_INLINE typename V::F DecodeM8(typename V::I c) {
   const typename V::I mag = V::IAnd(c, V::ISet(0x7f));
   const typename V::I bits =
       V::IZeroIfZero(mag, V::template ISll<20>(V::IAdd(mag, V::ISet(kM8Bias))));
@@ -340,14 +349,14 @@ inline typename V::F DecodeM8(typename V::I c) {
 }
 
 template <class V>
-inline typename V::F DecodeR8(typename V::I c) {
+STRATA_CPU_ADAM_INLINE typename V::F DecodeR8(typename V::I c) {
   return V::FBits(
       V::IZeroIfZero(c, V::template ISll<19>(V::IAdd(c, V::ISet(kR8Bias)))));
 }
 
 // y = m / s_m.
 template <class V>
-inline typename V::I EncodeM8(typename V::F y) {
+STRATA_CPU_ADAM_INLINE typename V::I EncodeM8(typename V::F y) {
   using I = typename V::I;
   const I u = V::IBits(y);
   const I a = V::IAnd(u, V::ISet(0x7fffffffu));
@@ -359,7 +368,8 @@ inline typename V::I EncodeM8(typename V::F y) {
 
 // y = r / s_r; r >= 0 (or NaN).
 template <class V>
-inline typename V::I EncodeR8(typename V::F y, typename V::F r) {
+STRATA_CPU_ADAM_INLINE typename V::I EncodeR8(typename V::F y,
+                                              typename V::F r) {
   using I = typename V::I;
   const I u = V::IBits(y);
   const I odd = V::IAnd(V::template ISrl<19>(u), V::ISet(1));
@@ -380,9 +390,11 @@ struct Block8Acc {
 // order of UpdateAt, but 1 / sqrt(bc2) multiplied, not divided), store the
 // weights and the new fp32 moments into the block scratch.
 template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
-inline void Update8At(const Consts<V>& c, const StepArrays& a, const G* grad,
-                      const uint8_t* mc, const uint8_t* rc, W* w, float* mbuf,
-                      float* rbuf, size_t i, size_t j, Block8Acc<V>& acc) {
+STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
+                                      const G* grad, const uint8_t* mc,
+                                      const uint8_t* rc, W* w, float* mbuf,
+                                      float* rbuf, size_t i, size_t j,
+                                      Block8Acc<V>& acc) {
   using F = typename V::F;
   const typename V::I abs = V::ISet(0x7fffffffu);
   const F g0 = V::Mul(V::Load(grad + i), c.gscale);
