@@ -7,8 +7,10 @@
 // fp16/bf16 working copy of the updated weights into a caller buffer (e.g. a
 // pinned staging buffer on its way to the GPU). Gradient unscaling
 // (1/loss_scale) and a clip coefficient are applied in the same pass.
-// ComputeGradStats() is the separate read-only pass that gives the squared
-// norm (for clipping) and detects inf/nan (for loss-scale overflow).
+// The moments may be fp32, bf16, or 8-bit block-quantized (kBlock8: about
+// 2 bytes per parameter for both, dequantized and requantized in the same
+// pass). ComputeGradStats() is the separate read-only pass that gives the
+// squared norm (for clipping) and detects inf/nan (for loss-scale overflow).
 //
 // Overflow contract: Step() returns a CpuStepResult with applied == false,
 // and writes nothing at all, when the scaled gradient holds an inf or nan.
@@ -46,6 +48,8 @@ enum class CpuDType : uint8_t {
   // Optimizer state only (moment_dtype): 8-bit codes, one per element, with
   // one fp32 scale per block of kCpuBlock8Elems elements, in one flat array
   // of CpuStateBytes(kBlock8, n) bytes (docs/cpu_adam.md, "8-bit states").
+  // Its update is not torch's operation order (it multiplies by
+  // 1/sqrt(bias_correction2)), but every variant still matches scalar.
   kBlock8,
 };
 
