@@ -2,15 +2,17 @@
 // machine's bound measured in the same run.
 //
 // For each thread count T and moment dtype, each repetition times
-//   bound  a streaming kernel over the same arrays with the same access
-//          pattern as the optimizer (bench/bound.h), always with the widest
-//          ISA the CPU reports, on T threads split as a Step splits;
+//   bounds two streaming kernels over the same arrays, the same bytes and
+//          store kinds as the optimizer and no arithmetic (bench/bound.h):
+//          "fused" (all arrays in one pass, as a Step) and "stream" (one
+//          STREAM-style loop per array), always with the widest ISA the CPU
+//          reports, on T threads split as a Step splits;
 //   step   one CpuOptimizer::Step per variant over all N parameters;
 // and the best repetition of each is kept (other jobs share the machine;
 // the best run is the one least disturbed). ratio_to_bound =
-// time(bound) / time(step). The separate gradient-statistics pass (squared
-// norm + inf/nan) is timed too. When a python3 with torch is found, the
-// same N parameters go through torch.optim.Adam for its figure.
+// time(faster bound) / time(step). The separate gradient-statistics pass
+// (squared norm + inf/nan) is timed too. When a python3 with torch is found,
+// the same N parameters go through torch.optim.Adam for its figure.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -91,9 +93,12 @@ struct AdamConfig {
   std::string json;
 
   size_t grad_bytes() const { return grad == CpuDType::kFloat32 ? 4 : 2; }
-  // Bytes of all arrays: master, grad, fp32 and bf16 moments, working copy.
+  // Bytes of all arrays: master, grad, the moments of each dtype asked
+  // for, working copy.
   uint64_t array_bytes() const {
-    return n * (4 + grad_bytes() + 4 + 4 + 2 + 2 + (has_working ? 2 : 0));
+    uint64_t b = n * (4 + grad_bytes() + (has_working ? 2 : 0));
+    for (CpuDType m : moments) b += 2 * CpuStateBytes(m, n);
+    return b;
   }
 };
 
@@ -113,7 +118,8 @@ void AddOptions(CLI::App& app, AdamFlags& f) {
                  "1..all CPUs)");
   app.add_option("--variants", f.variants,
                  "scalar,avx2,avx512,avx512bf16 (default: all supported)");
-  app.add_option("--moments", f.moments, "moment dtypes: fp32,bf16");
+  app.add_option("--moments", f.moments,
+                 "moment dtypes: fp32,bf16,int8 (int8: 8-bit block states)");
   app.add_option("--optimizer", f.optimizer, "adam, adamw, adagrad or lion");
   app.add_option("--working", f.working, "working copy: bf16, fp16 or none");
   app.add_option("--grad", f.grad, "gradient dtype: fp32, fp16 or bf16");
@@ -126,7 +132,14 @@ void AddOptions(CLI::App& app, AdamFlags& f) {
 CpuDType DTypeOf(const std::string& s) {
   return s == "fp32"   ? CpuDType::kFloat32
          : s == "fp16" ? CpuDType::kFloat16
+         : s == "int8" ? CpuDType::kBlock8
                        : CpuDType::kBFloat16;
+}
+
+const char* MomentName(CpuDType m) {
+  return m == CpuDType::kFloat32  ? "fp32"
+         : m == CpuDType::kBlock8 ? "int8"
+                                  : "bf16";
 }
 
 StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
@@ -173,7 +186,7 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
   }
   STRATA_ASSIGN_OR_RETURN(
       auto moments,
-      ParseChoiceListOption("--moments", f.moments, {"fp32", "bf16"}));
+      ParseChoiceListOption("--moments", f.moments, {"fp32", "bf16", "int8"}));
   for (const auto& m : moments) cfg.moments.push_back(DTypeOf(m));
   STRATA_ASSIGN_OR_RETURN(
       cfg.algo_name, ParseChoiceOption("--optimizer", f.optimizer,
@@ -182,6 +195,12 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
              : cfg.algo_name == "adamw"   ? CpuOptimizerAlgo::kAdamW
              : cfg.algo_name == "adagrad" ? CpuOptimizerAlgo::kAdagrad
                                           : CpuOptimizerAlgo::kLion;
+  if (cfg.algo == CpuOptimizerAlgo::kAdagrad &&
+      std::find(cfg.moments.begin(), cfg.moments.end(), CpuDType::kBlock8) !=
+          cfg.moments.end()) {
+    return Status::InvalidArgument(
+        "--moments: int8 states are for --optimizer adam, adamw or lion");
+  }
   STRATA_ASSIGN_OR_RETURN(
       cfg.working_name,
       ParseChoiceOption("--working", f.working, {"bf16", "fp16", "none"}));
@@ -224,7 +243,7 @@ Status CheckAdam(const AdamConfig& cfg, JsonOutput* json) {
 // ---- Run -------------------------------------------------------------------
 
 struct Arrays {
-  HostBuffer master, grad, m32, v32, m16, v16, working;
+  HostBuffer master, grad, m32, v32, m16, v16, m8, v8, working;
 };
 
 StatusOr<HostBuffer> Alloc(size_t bytes) {
@@ -247,11 +266,20 @@ void Fill(HostBuffer& b, uint32_t bits, size_t elem_size) {
 StatusOr<Arrays> MakeArrays(const AdamConfig& cfg) {
   const uint64_t n = cfg.n;
   const size_t gsize = cfg.grad_bytes();
+  auto state = [&](CpuDType m) -> uint64_t {
+    const bool asked = std::find(cfg.moments.begin(), cfg.moments.end(), m) !=
+                       cfg.moments.end();
+    return asked ? CpuStateBytes(m, n) : 0;
+  };
   Arrays a;
   for (auto [buf, bytes] :
        {std::pair{&a.master, n * 4}, std::pair{&a.grad, n * gsize},
-        std::pair{&a.m32, n * 4}, std::pair{&a.v32, n * 4},
-        std::pair{&a.m16, n * 2}, std::pair{&a.v16, n * 2},
+        std::pair{&a.m32, state(CpuDType::kFloat32)},
+        std::pair{&a.v32, state(CpuDType::kFloat32)},
+        std::pair{&a.m16, state(CpuDType::kBFloat16)},
+        std::pair{&a.v16, state(CpuDType::kBFloat16)},
+        std::pair{&a.m8, state(CpuDType::kBlock8)},
+        std::pair{&a.v8, state(CpuDType::kBlock8)},
         std::pair{&a.working, cfg.has_working ? n * 2 : 0}}) {
     STRATA_ASSIGN_OR_RETURN(*buf, Alloc(bytes));
   }
@@ -264,11 +292,36 @@ StatusOr<Arrays> MakeArrays(const AdamConfig& cfg) {
   Fill(a.v32, 0, 4);
   Fill(a.m16, 0, 2);
   Fill(a.v16, 0, 2);
+  Fill(a.m8, 0, 4);
+  Fill(a.v8, 0, 4);
   if (cfg.has_working) Fill(a.working, 0, 2);
   return a;
 }
 
-// One thread count: every variant and moment dtype, beside the bound and
+// The streams of one Step over `t`: what the bound kernels move.
+BoundArrays BoundOf(const AdamConfig& cfg, const CpuOptimizerTensors& t) {
+  const bool uses_m = cfg.algo != CpuOptimizerAlgo::kAdagrad;
+  const bool uses_v = cfg.algo != CpuOptimizerAlgo::kLion;
+  BoundArrays b;
+  b.Add(t.master, 4, BoundAccess::kUpdate);
+  b.Add(const_cast<void*>(t.grad), static_cast<int>(cfg.grad_bytes()),
+        BoundAccess::kRead);
+  const bool q8 = t.moment_dtype == CpuDType::kBlock8;
+  const int msize = t.moment_dtype == CpuDType::kFloat32 ? 4 : q8 ? 1 : 2;
+  for (auto [use, arr] :
+       {std::pair{uses_m, t.exp_avg}, std::pair{uses_v, t.exp_avg_sq}}) {
+    if (!use) continue;
+    b.Add(arr, msize, BoundAccess::kUpdate);
+    if (q8) {  // the per-block scales after the codes
+      b.Add(static_cast<char*>(arr) + (t.n + 3) / 4 * 4, 4,
+            BoundAccess::kUpdate, kCpuBlock8Elems);
+    }
+  }
+  if (t.working != nullptr) b.Add(t.working, 2, BoundAccess::kStreamWrite);
+  return b;
+}
+
+// One thread count: every variant and moment dtype, beside the bounds and
 // the gradient statistics. Appends rows; *fp32_rate gets the best
 // variant's params/s with fp32 moments.
 Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
@@ -276,8 +329,6 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
                       double* fp32_rate) {
   const uint64_t n = cfg.n;
   const size_t gsize = cfg.grad_bytes();
-  const bool uses_m = cfg.algo != CpuOptimizerAlgo::kAdagrad;
-  const bool uses_v = cfg.algo != CpuOptimizerAlgo::kLion;
   std::vector<std::unique_ptr<CpuOptimizer>> opts;
   for (CpuKernelVariant v : cfg.variants) {
     CpuOptimizerOptions o;
@@ -291,72 +342,71 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
   STRATA_ASSIGN_OR_RETURN(auto stats_opt, DefaultOptimizer(t));
   const int threads = stats_opt->threads();  // what ran, 0 resolved
   *ran_threads = threads;
-  // The bound: the widest ISA, whatever variant the optimizer is forced to.
+  // The bounds: the widest ISA, whatever variant the optimizer is forced
+  // to; the default tile is a whole number of kBlock8 blocks, so int8 steps
+  // split the same way.
   BoundRunner bound(BestBoundIsa(), threads, stats_opt->options().tile_elems);
   const std::string bound_isa(BoundIsaName(bound.isa()));
   for (CpuDType mom : cfg.moments) {
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
     progress.Step("threads " + std::to_string(threads));
-    const bool m16 = mom == CpuDType::kBFloat16;
-    const size_t msize = m16 ? 2 : 4;
     CpuOptimizerTensors tensors;
     tensors.n = n;
     tensors.master = reinterpret_cast<float*>(a.master.data());
     tensors.grad = a.grad.data();
     tensors.grad_dtype = cfg.grad;
-    tensors.exp_avg = (m16 ? a.m16 : a.m32).data();
-    tensors.exp_avg_sq = (m16 ? a.v16 : a.v32).data();
+    tensors.exp_avg = (mom == CpuDType::kFloat32  ? a.m32
+                       : mom == CpuDType::kBlock8 ? a.m8
+                                                  : a.m16)
+                          .data();
+    tensors.exp_avg_sq = (mom == CpuDType::kFloat32  ? a.v32
+                          : mom == CpuDType::kBlock8 ? a.v8
+                                                     : a.v16)
+                             .data();
     tensors.moment_dtype = mom;
     tensors.working = cfg.has_working ? a.working.data() : nullptr;
     if (cfg.has_working) tensors.working_dtype = cfg.working;
-    const BoundArrays ba{tensors.master,
-                         tensors.grad,
-                         tensors.exp_avg,
-                         tensors.exp_avg_sq,
-                         reinterpret_cast<uint16_t*>(tensors.working),
-                         static_cast<int>(gsize),
-                         static_cast<int>(msize)};
+    const BoundArrays ba = BoundOf(cfg, tensors);
     // Bytes one parameter moves: master read+write, grad read, each used
-    // moment read+write, working copy written.
-    const double bytes_per_param = 8.0 + gsize + (uses_m ? 2.0 * msize : 0) +
-                                   (uses_v ? 2.0 * msize : 0) +
-                                   (cfg.has_working ? 2.0 : 0);
-    const double bound_bytes_per_param =
-        8.0 + gsize + 4.0 * msize + (cfg.has_working ? 2.0 : 0);
+    // moment read+write (scales included), working copy written. The
+    // bounds move exactly these.
+    const double bytes_per_param = ba.BytesPerElem();
     CpuStepArgs args;
     args.lr = 1e-5;
     args.check_overflow = false;  // the fused pass alone; stats timed apart
     std::vector<double> best(cfg.variants.size(), 1e30);
-    double best_bound = 1e30, best_stats = 1e30;
+    double best_fused = 1e30, best_stream = 1e30, best_stats = 1e30;
     for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
       STRATA_RETURN_IF_ERROR(CheckInterrupted());
-      auto t0 = Clock::now();
-      bound.Run(ba, n);
-      auto t1 = Clock::now();
-      if (r > 0) best_bound = std::min(best_bound, Seconds(t0, t1));
+      for (BoundKernel k : {BoundKernel::kFused, BoundKernel::kStream}) {
+        const auto t0 = Clock::now();
+        bound.Run(k, ba, n);
+        const auto t1 = Clock::now();
+        double& b = k == BoundKernel::kFused ? best_fused : best_stream;
+        if (r > 0) b = std::min(b, Seconds(t0, t1));
+      }
       for (size_t k = 0; k < cfg.variants.size(); ++k) {
         args.step = ++*step;
-        t0 = Clock::now();
+        const auto t0 = Clock::now();
         auto res = opts[k]->Step(tensors, args);
-        t1 = Clock::now();
+        const auto t1 = Clock::now();
         if (!res.ok()) return res.status();
         if (!res->applied) return Status::Internal("adam: a step was skipped");
         if (r > 0) best[k] = std::min(best[k], Seconds(t0, t1));
       }
-      t0 = Clock::now();
+      const auto t0 = Clock::now();
       auto stats = stats_opt->ComputeGradStats(tensors.grad, cfg.grad, n, 1.0);
-      t1 = Clock::now();
+      const auto t1 = Clock::now();
       if (!stats.ok()) return stats.status();
       if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
     }
-    const double bound_gbps = n * bound_bytes_per_param / best_bound / 1e9;
-    const char* mom_name = m16 ? "bf16" : "fp32";
+    const double best_bound = std::min(best_fused, best_stream);
+    const double gb = n * bytes_per_param / 1e9;
+    const double bound_gbps = gb / best_bound;
+    const char* mom_name = MomentName(mom);
     for (size_t k = 0; k < cfg.variants.size(); ++k) {
       const double pps = n / best[k];
       const double gbps = pps * bytes_per_param / 1e9;
-      // The bound kernel streams both moments: it is the bound of Adam
-      // and AdamW only.
-      const bool bounded = uses_m && uses_v;
       const double ratio = best_bound / best[k];
       nlohmann::json row = {
           {"optimizer", cfg.algo_name},
@@ -367,16 +417,21 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
           {"grad_dtype", cfg.grad_name},
           {"working_dtype", cfg.working_name},
           {"bytes_per_param", bytes_per_param},
+          {"state_bytes_per_param",
+           2.0 * static_cast<double>(CpuStateBytes(mom, n)) / n},
           {"seconds", best[k]},
           {"params_per_s", pps},
           {"gbps", gbps},
           {"bound_gbps", bound_gbps},
+          {"bound_fused_gbps", gb / best_fused},
+          {"bound_stream_gbps", gb / best_stream},
+          {"bound_kernel", best_fused <= best_stream ? "fused" : "stream"},
           {"bound_isa", bound_isa},
           {"bound_seconds", best_bound},
-          {"ratio_to_bound", bounded ? nlohmann::json(ratio) : nullptr}};
+          {"ratio_to_bound", ratio}};
       if (cfg.variants[k] == BestCpuKernelVariant()) {
-        if (!m16) *fp32_rate = pps;
-        if (m16 && *fp32_rate > 0) {
+        if (mom == CpuDType::kFloat32) *fp32_rate = pps;
+        if (mom != CpuDType::kFloat32 && *fp32_rate > 0) {
           row["speedup_vs_fp32_moments"] = pps / *fp32_rate;
         }
       }
@@ -384,7 +439,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       out.table.AddRow({cfg.algo_name, row["variant"],
                         std::to_string(opts[k]->threads()), mom_name,
                         Fixed(pps / 1e9, 3), Fixed(gbps, 1),
-                        Fixed(bound_gbps, 1), bounded ? Fixed(ratio, 3) : "-"});
+                        Fixed(bound_gbps, 1), Fixed(ratio, 3)});
     }
     const double stats_gbps = n * gsize / best_stats / 1e9;
     const std::string stats_variant(CpuKernelVariantName(stats_opt->variant()));
@@ -490,9 +545,7 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
   nlohmann::json variants = nlohmann::json::array();
   for (auto v : cfg.variants) variants.push_back(CpuKernelVariantName(v));
   nlohmann::json moments = nlohmann::json::array();
-  for (auto m : cfg.moments) {
-    moments.push_back(m == CpuDType::kFloat32 ? "fp32" : "bf16");
-  }
+  for (auto m : cfg.moments) moments.push_back(MomentName(m));
   return {{"params", cfg.n},
           {"threads", cfg.threads},
           {"variants", variants},

@@ -10,9 +10,27 @@
 namespace strata::bench {
 
 // Defined in bound_<isa>.cc, each compiled with its ISA's flags.
-void BoundScalar(const BoundArrays& a, size_t begin, size_t end);
-void BoundAvx2(const BoundArrays& a, size_t begin, size_t end);
-void BoundAvx512(const BoundArrays& a, size_t begin, size_t end);
+void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end);
+void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end);
+void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end);
+void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end);
+void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end);
+void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end);
+
+double BoundArrays::BytesPerElem() const {
+  double bytes = 0;
+  for (int s = 0; s < count; ++s) {
+    const BoundStream& st = streams[s];
+    const double b =
+        static_cast<double>(st.elem_bytes) / static_cast<double>(st.per_elems);
+    bytes += st.access == BoundAccess::kUpdate ? 2 * b : b;
+  }
+  return bytes;
+}
+
+std::string_view BoundKernelName(BoundKernel k) {
+  return k == BoundKernel::kFused ? "fused" : "stream";
+}
 
 std::string_view BoundIsaName(BoundIsa isa) {
   switch (isa) {
@@ -38,17 +56,21 @@ BoundIsa BestBoundIsa() {
   return BoundIsa::kScalar;
 }
 
-void RunBoundRange(BoundIsa isa, const BoundArrays& a, size_t begin,
-                   size_t end) {
+void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
+                   size_t begin, size_t end) {
+  const bool fused = kernel == BoundKernel::kFused;
   switch (isa) {
     case BoundIsa::kAvx512:
-      return BoundAvx512(a, begin, end);
+      return fused ? BoundAvx512Fused(a, begin, end)
+                   : BoundAvx512Stream(a, begin, end);
     case BoundIsa::kAvx2:
-      return BoundAvx2(a, begin, end);
+      return fused ? BoundAvx2Fused(a, begin, end)
+                   : BoundAvx2Stream(a, begin, end);
     case BoundIsa::kScalar:
       break;
   }
-  BoundScalar(a, begin, end);
+  return fused ? BoundScalarFused(a, begin, end)
+               : BoundScalarStream(a, begin, end);
 }
 
 struct BoundRunner::Arena {
@@ -63,7 +85,7 @@ BoundRunner::BoundRunner(BoundIsa isa, int threads, size_t tile_elems)
 
 BoundRunner::~BoundRunner() = default;
 
-void BoundRunner::Run(const BoundArrays& a, size_t n) {
+void BoundRunner::Run(BoundKernel kernel, const BoundArrays& a, size_t n) {
   const size_t tiles = (n + tile_ - 1) / tile_;
   const BoundIsa isa = isa_;
   const size_t tile = tile_;
@@ -72,7 +94,8 @@ void BoundRunner::Run(const BoundArrays& a, size_t n) {
         tbb::blocked_range<size_t>(0, tiles, 1),
         [&](const tbb::blocked_range<size_t>& r) {
           for (size_t t = r.begin(); t != r.end(); ++t) {
-            RunBoundRange(isa, a, t * tile, std::min(n, (t + 1) * tile));
+            RunBoundRange(isa, kernel, a, t * tile,
+                          std::min(n, (t + 1) * tile));
           }
         },
         tbb::static_partitioner());

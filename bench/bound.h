@@ -1,10 +1,23 @@
-// The streaming bound of `strata-bench adam`: a kernel that moves the same
-// bytes as one optimizer step, the same way (master, grad, m, v read; master,
-// m, v written in place; the 16-bit working copy written once with
-// non-temporal stores), with trivial integer arithmetic in place of the
-// update, so its time is the memory system's. It is built per ISA with that
-// ISA's flags (bound_<isa>.cc) and always runs the best one the CPU reports,
-// whatever variant the optimizer beside it is forced to.
+// The streaming bounds of `strata-bench adam`: kernels that move exactly the
+// bytes of one optimizer step, with the same store kinds, and do no
+// arithmetic at all, so their time is the memory system's.
+//
+// A pass is described as a list of streams, each an array the step touches:
+// read only (the gradient), updated in place (master weights, moment codes,
+// per-block scales: loaded and stored back unchanged), or written only with
+// non-temporal stores (the 16-bit working copy). Two kernels run over it:
+//
+//   fused   every stream advanced together, one 64-element chunk at a time,
+//           as the optimizer's single pass does;
+//   stream  STREAM-style: within each tile, one plain loop per stream (one
+//           read-modify-write loop per updated array), so at most one array
+//           is in flight at a time.
+//
+// Both run on the optimizer's threading: the same tile size, one oneTBB
+// arena of the same thread count, tiles handed out by a static partitioner
+// (each thread one contiguous run of tiles). The kernels are built per ISA
+// with that ISA's flags (bound_<isa>.cc); the widest one the CPU reports
+// runs, whatever variant the optimizer beside it is forced to.
 #ifndef STRATA_BENCH_BOUND_H_
 #define STRATA_BENCH_BOUND_H_
 
@@ -15,17 +28,40 @@
 
 namespace strata::bench {
 
-// The arrays of one pass; element sizes as in a Step: grad_bytes and
-// moment_bytes are 4 or 2; working may be null.
-struct BoundArrays {
-  float* master;
-  const void* grad;
-  void* m;
-  void* v;
-  uint16_t* working;
-  int grad_bytes;
-  int moment_bytes;
+enum class BoundAccess : uint8_t {
+  kRead,         // loaded only
+  kUpdate,       // loaded and stored back in place (regular stores)
+  kStreamWrite,  // stored only, non-temporal where the address allows
 };
+
+// One array of a pass: element i occupies bytes [i * elem_bytes, (i + 1) *
+// elem_bytes) of `data`, or, with per_elems > 1, one item of elem_bytes
+// covers per_elems elements (a per-block scale: item i / per_elems).
+struct BoundStream {
+  void* data = nullptr;
+  int elem_bytes = 4;  // 1, 2 or 4
+  BoundAccess access = BoundAccess::kRead;
+  size_t per_elems = 1;  // 1, or a block size (a multiple of 64)
+};
+
+inline constexpr int kMaxBoundStreams = 10;
+
+struct BoundArrays {
+  BoundStream streams[kMaxBoundStreams];
+  int count = 0;
+
+  void Add(void* data, int elem_bytes, BoundAccess access,
+           size_t per_elems = 1) {
+    streams[count++] = BoundStream{data, elem_bytes, access, per_elems};
+  }
+  // Bytes one element moves (reads plus writes), as the byte counts of a
+  // step are given.
+  double BytesPerElem() const;
+};
+
+enum class BoundKernel { kFused, kStream };
+
+std::string_view BoundKernelName(BoundKernel k);
 
 enum class BoundIsa { kScalar, kAvx2, kAvx512 };
 
@@ -34,10 +70,13 @@ std::string_view BoundIsaName(BoundIsa isa);
 // The widest ISA this CPU reports (CPUID), kScalar off x86.
 BoundIsa BestBoundIsa();
 
-// Runs elements [begin, end) of the pass with `isa`'s kernel. REQUIRES: the
-// CPU supports `isa`. Non-temporal stores are fenced before return.
-void RunBoundRange(BoundIsa isa, const BoundArrays& a, size_t begin,
-                   size_t end);
+// Runs elements [begin, end) of the pass with `isa`'s `kernel`. REQUIRES:
+// the CPU supports `isa`; begin is a multiple of every per_elems (a tile
+// start). Non-temporal stores are fenced before return. Memory is left as
+// it was (updates store back what they loaded; stream writes store bytes of
+// another stream's same chunk).
+void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
+                   size_t begin, size_t end);
 
 // Runs whole passes on `threads` worker threads of its own oneTBB arena,
 // split into tiles of `tile_elems` handed out statically (each thread one
@@ -50,7 +89,7 @@ class BoundRunner {
   BoundRunner(const BoundRunner&) = delete;
   BoundRunner& operator=(const BoundRunner&) = delete;
 
-  void Run(const BoundArrays& a, size_t n);
+  void Run(BoundKernel kernel, const BoundArrays& a, size_t n);
   BoundIsa isa() const { return isa_; }
 
  private:

@@ -1,4 +1,6 @@
-// The scalar bound: the reference, and the kernel off x86.
+// The scalar bound: 8-byte words; the kernel off x86.
+#include <cstring>
+
 #define STRATA_BENCH_BOUND_ISA scalar
 #include "bench/bound_impl.h"
 
@@ -7,19 +9,29 @@ namespace scalar {
 namespace {
 
 struct Scalar {
-  static constexpr size_t kN = 1;
-  static void Fence() {}
-  template <int kGradBytes, int kMomentBytes, bool kWork, bool kStream>
-  static void BoundAt(const BoundArrays& a, size_t i) {
-    BoundAtScalar<kGradBytes, kMomentBytes, kWork>(a, i);
+  using R = uint64_t;
+  static constexpr size_t kVec = 8;
+  static R Zero() { return 0; }
+  static R Load(const void* p) {
+    R r;
+    std::memcpy(&r, p, sizeof(r));
+    return r;
   }
+  static void Store(void* p, R r) { std::memcpy(p, &r, sizeof(r)); }
+  static void StreamStore(void* p, R r) { Store(p, r); }
+  static void Keep(R& r) { asm volatile("" : "+r"(r)); }
+  static void Use(R r) { asm volatile("" : : "r"(r)); }
+  static void Fence() {}
 };
 
 }  // namespace
 }  // namespace scalar
 
-void BoundScalar(const BoundArrays& a, size_t begin, size_t end) {
-  scalar::Bound<scalar::Scalar>(a, begin, end);
+void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end) {
+  scalar::Fused<scalar::Scalar>(a, begin, end);
+}
+void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end) {
+  scalar::Stream<scalar::Scalar>(a, begin, end);
 }
 
 }  // namespace strata::bench

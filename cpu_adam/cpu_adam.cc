@@ -48,7 +48,18 @@
 namespace strata {
 namespace cpu_adam {
 
-size_t DTypeSize(CpuDType t) { return t == CpuDType::kFloat32 ? 4 : 2; }
+size_t DTypeSize(CpuDType t) {
+  switch (t) {
+    case CpuDType::kFloat32:
+      return 4;
+    case CpuDType::kFloat16:
+    case CpuDType::kBFloat16:
+      return 2;
+    case CpuDType::kBlock8:
+      break;
+  }
+  return 1;
+}
 
 const KernelTable& KernelsFor(CpuKernelVariant v) {
   switch (v) {
@@ -205,10 +216,15 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       GradStats stats = GradStatsOf(t.grad, t.grad_dtype, t.n, p.gscale);
       if (!stats.finite) return result;  // nothing written
     }
-    const cpu_adam::StepArrays arrays{t.master, t.grad, t.exp_avg, t.exp_avg_sq,
-                                      t.working};
+    const cpu_adam::StepArrays arrays{t.n,       t.master,     t.grad,
+                                      t.exp_avg, t.exp_avg_sq, t.working};
     const auto step = kernels_->step;
-    ParallelTiles(t.n,
+    // kBlock8 blocks must not straddle tiles: a tile owns its blocks' scales.
+    const size_t tile =
+        t.moment_dtype == CpuDType::kBlock8
+            ? (tile_ + kCpuBlock8Elems - 1) / kCpuBlock8Elems * kCpuBlock8Elems
+            : tile_;
+    ParallelTiles(t.n, tile,
                   [&](size_t, size_t b, size_t e) { step(p, arrays, b, e); });
     result.applied = true;
     return result;
@@ -218,6 +234,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
                                        size_t n, double scale) override {
     if (n > 0 && grad == nullptr) {
       return Status::InvalidArgument("ComputeGradStats: null gradient");
+    }
+    if (dtype == CpuDType::kBlock8) {
+      return Status::InvalidArgument(
+          "ComputeGradStats: the gradient is kFloat32, kFloat16 or kBFloat16");
     }
     if (!IsAligned(grad, cpu_adam::DTypeSize(dtype))) {
       return Status::InvalidArgument("ComputeGradStats: misaligned gradient");
@@ -233,7 +253,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     if (ptr == nullptr || elem_size == 0) {
       return Status::InvalidArgument("PlaceOnNumaNodes: null or empty array");
     }
-    const std::vector<size_t> cuts = NodeCuts(n);
+    const std::vector<size_t> cuts = NodeCuts(n, tile_);
     char* base = static_cast<char*>(ptr);
     for (size_t k = 0; k < arenas_.size(); ++k) {
       hwloc_obj_t node = hwloc_get_obj_by_type(topology_, HWLOC_OBJ_NUMANODE,
@@ -286,14 +306,28 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     }
     if (t.moment_dtype == CpuDType::kFloat16) {
       return Status::InvalidArgument(
-          "Step: moments are kFloat32 or kBFloat16 (fp16 lacks the range for "
-          "the second moment)");
+          "Step: moments are kFloat32, kBFloat16 or kBlock8 (fp16 lacks the "
+          "range for the second moment)");
     }
-    if (t.working != nullptr && t.working_dtype == CpuDType::kFloat32) {
+    if (t.moment_dtype == CpuDType::kBlock8 &&
+        algo == CpuOptimizerAlgo::kAdagrad) {
+      return Status::InvalidArgument(
+          "Step: kBlock8 states are for Adam, AdamW and Lion (Adagrad's sum "
+          "of squares only grows; keep it kFloat32 or kBFloat16)");
+    }
+    if (t.grad_dtype == CpuDType::kBlock8) {
+      return Status::InvalidArgument(
+          "Step: the gradient is kFloat32, kFloat16 or kBFloat16");
+    }
+    if (t.working != nullptr && (t.working_dtype == CpuDType::kFloat32 ||
+                                 t.working_dtype == CpuDType::kBlock8)) {
       return Status::InvalidArgument(
           "Step: the working copy is kFloat16 or kBFloat16");
     }
-    const size_t msize = cpu_adam::DTypeSize(t.moment_dtype);
+    // kBlock8: codes, then fp32 scales at a 4-byte offset of the start.
+    const size_t msize = t.moment_dtype == CpuDType::kBlock8
+                             ? 4
+                             : cpu_adam::DTypeSize(t.moment_dtype);
     if (!IsAligned(t.master, 4) ||
         !IsAligned(t.grad, cpu_adam::DTypeSize(t.grad_dtype)) ||
         !IsAligned(t.exp_avg, msize) || !IsAligned(t.exp_avg_sq, msize) ||
@@ -324,6 +358,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.decay = static_cast<float>(1.0 - args.lr * o.weight_decay);
     p.use_decay = p.decay != 1.0f;
     p.bc2_sqrt = 1.0f;
+    p.inv_bc2_sqrt = 1.0f;
     switch (o.algo) {
       case CpuOptimizerAlgo::kAdam:
       case CpuOptimizerAlgo::kAdamW: {
@@ -335,6 +370,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
         }
         p.neg_step = static_cast<float>(-(args.lr / bc1));
         p.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+        p.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
         break;
       }
       case CpuOptimizerAlgo::kAdagrad:
@@ -351,7 +387,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     partial_sum_.assign(tiles, 0.0);
     partial_finite_.assign(tiles, 1);
     const auto stats = kernels_->grad_stats;
-    ParallelTiles(n, [&](size_t tile, size_t b, size_t e) {
+    ParallelTiles(n, tile_, [&](size_t tile, size_t b, size_t e) {
       bool finite = true;
       stats(grad, dtype, b, e, scale, &partial_sum_[tile], &finite);
       partial_finite_[tile] = finite ? 1 : 0;
@@ -365,37 +401,38 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   }
 
   // Element boundaries between node arenas: proportional to their threads,
-  // rounded to whole tiles.
-  std::vector<size_t> NodeCuts(size_t n) const {
+  // rounded to whole tiles of `tile` elements.
+  std::vector<size_t> NodeCuts(size_t n, size_t tile) const {
     std::vector<size_t> cuts(arenas_.size() + 1, 0);
-    const size_t tiles = (n + tile_ - 1) / tile_;
+    const size_t tiles = (n + tile - 1) / tile;
     int before = 0;
     for (size_t k = 0; k < arenas_.size(); ++k) {
       before += arenas_[k]->threads;
       const size_t t =
           tiles * static_cast<size_t>(before) / static_cast<size_t>(threads_);
-      cuts[k + 1] = std::min(n, t * tile_);
+      cuts[k + 1] = std::min(n, t * tile);
     }
     cuts.back() = n;
     return cuts;
   }
 
-  // Calls fn(tile_index, begin, end) for every tile of [0, n) on the
-  // arenas' threads and returns when all are done. The arena execute/wait
-  // returns after every task's writes are visible to the caller.
+  // Calls fn(tile_index, begin, end) for every tile of `tile` elements of
+  // [0, n) on the arenas' threads and returns when all are done. The arena
+  // execute/wait returns after every task's writes are visible to the
+  // caller.
   template <class Fn>
-  void ParallelTiles(size_t n, const Fn& fn) {
-    const std::vector<size_t> cuts = NodeCuts(n);
+  void ParallelTiles(size_t n, size_t tile, const Fn& fn) {
+    const std::vector<size_t> cuts = NodeCuts(n, tile);
     TileJob job;
     job.fn = &fn;
-    job.call = [](const void* f, size_t tile, size_t b, size_t e) {
-      (*static_cast<const Fn*>(f))(tile, b, e);
+    job.call = [](const void* f, size_t index, size_t b, size_t e) {
+      (*static_cast<const Fn*>(f))(index, b, e);
     };
     job.n = n;
-    job.tile = tile_;
+    job.tile = tile;
     auto run_part = [&](size_t k) {
-      const size_t first = cuts[k] / tile_;
-      const size_t last = (cuts[k + 1] + tile_ - 1) / tile_;
+      const size_t first = cuts[k] / tile;
+      const size_t last = (cuts[k + 1] + tile - 1) / tile;
       tbb::parallel_for(tbb::blocked_range<size_t>(first, last, 1),
                         TileBody{&job}, tbb::static_partitioner());
     };
@@ -525,8 +562,19 @@ StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(
   return std::unique_ptr<CpuOptimizer>(std::move(opt));
 }
 
+size_t CpuStateBytes(CpuDType dtype, size_t n) {
+  if (dtype != CpuDType::kBlock8) return n * cpu_adam::DTypeSize(dtype);
+  const size_t blocks = (n + kCpuBlock8Elems - 1) / kCpuBlock8Elems;
+  return cpu_adam::Block8ScaleOffset(n) + blocks * sizeof(float);
+}
+
 Status ConvertCpuArray(const void* src, CpuDType src_dtype, void* dst,
                        CpuDType dst_dtype, size_t n, CpuKernelVariant variant) {
+  if (src_dtype == CpuDType::kBlock8 || dst_dtype == CpuDType::kBlock8) {
+    return Status::InvalidArgument(
+        "ConvertCpuArray: kBlock8 is a state format, not an element type "
+        "(accepted: kFloat32, kFloat16, kBFloat16)");
+  }
   if (n == 0) return Status::Ok();
   if (src == nullptr || dst == nullptr) {
     return Status::InvalidArgument("ConvertCpuArray: null array");

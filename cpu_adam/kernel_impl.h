@@ -19,7 +19,11 @@
 // for float, F16 and Bf16 arrays, Stream (non-temporal store of a 16-bit
 // array), Fence, Add, Mul, Div, Sqrt, Fma(a, b, c) = a * b + c, Sign, and
 // for the gradient statistics D, DZero, SqAcc, DSum, Bad, BadZero, BadOr,
-// BadAny.
+// BadAny; for the 8-bit states an integer lane type I with ISet, IBits,
+// FBits, IAdd, ISub, IAnd, IOr, ISrl<k>, ISll<k> (logical), IMin, IMax
+// (signed), IZeroIfZero(c, t) = c == 0 ? 0 : t, IMaxAll (the largest lane,
+// signed), LoadU8 (kN bytes, zero-extended) and StoreU8 (the low byte of
+// each lane).
 #ifndef STRATA_CPU_ADAM_ISA
 #error "define STRATA_CPU_ADAM_ISA before including cpu_adam/kernel_impl.h"
 #endif
@@ -32,6 +36,13 @@
 
 #include "cpu_adam/kernels.h"
 #include "util/half.h"
+
+// The per-vector helpers are forced inline: a call would pass a register
+// pair (Avx2x2's F) through memory, and GCC's size heuristics leave some of
+// them out of line otherwise (measured: a quarter of a bf16-moment update).
+#ifndef STRATA_CPU_ADAM_INLINE
+#define STRATA_CPU_ADAM_INLINE [[gnu::always_inline]] inline
+#endif
 
 namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA {
 
@@ -128,6 +139,35 @@ struct Scalar {
   static F Fma(F a, F b, F c) { return std::fma(a, b, c); }
   static F Sign(F a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
 
+  // Integer lanes of the 8-bit state codecs (wrapping uint32 arithmetic,
+  // logical shifts, signed min/max).
+  using I = uint32_t;
+  static I ISet(uint32_t x) { return x; }
+  static I IBits(F x) { return FloatBits(x); }
+  static F FBits(I x) { return BitsFloat(x); }
+  static I IAdd(I a, I b) { return a + b; }
+  static I ISub(I a, I b) { return a - b; }
+  static I IAnd(I a, I b) { return a & b; }
+  static I IOr(I a, I b) { return a | b; }
+  template <int k>
+  static I ISrl(I a) {
+    return a >> k;
+  }
+  template <int k>
+  static I ISll(I a) {
+    return a << k;
+  }
+  static I IMin(I a, I b) {
+    return static_cast<int32_t>(a) < static_cast<int32_t>(b) ? a : b;
+  }
+  static I IMax(I a, I b) {
+    return static_cast<int32_t>(a) > static_cast<int32_t>(b) ? a : b;
+  }
+  static I IZeroIfZero(I c, I t) { return c == 0 ? 0 : t; }
+  static uint32_t IMaxAll(I a) { return a; }
+  static I LoadU8(const uint8_t* p) { return *p; }
+  static void StoreU8(uint8_t* p, I c) { *p = static_cast<uint8_t>(c); }
+
   static D DZero() { return 0.0; }
   static D SqAcc(D acc, F x) {
     const double d = x;
@@ -158,11 +198,27 @@ struct Consts {
         decay(V::Set(p.decay)),
         neg_step(V::Set(p.neg_step)),
         bc2_sqrt(V::Set(p.bc2_sqrt)),
+        inv_bc2_sqrt(V::Set(p.inv_bc2_sqrt)),
         use_l2(p.use_l2),
         use_decay(p.use_decay) {}
-  F gscale, beta1, beta2, omb1, omb2, eps, l2, decay, neg_step, bc2_sqrt;
+  F gscale, beta1, beta2, omb1, omb2, eps, l2, decay, neg_step, bc2_sqrt,
+      inv_bc2_sqrt;
   bool use_l2, use_decay;
 };
+
+// The updated weights at i, and their working copy if there is one.
+template <class V, class W, bool kStream>
+STRATA_CPU_ADAM_INLINE void StoreMaster(float* master, W* w, size_t i,
+                                        typename V::F x) {
+  V::Store(master + i, x);
+  if constexpr (!std::is_same_v<W, NoWork>) {
+    if constexpr (kStream) {
+      V::Stream(w + i, x);
+    } else {
+      V::Store(w + i, x);
+    }
+  }
+}
 
 // Updates the V::kN elements at i. Operation order mirrors torch 1.13's
 // _single_tensor_adam / adamw / adagrad and the reference Lion:
@@ -174,8 +230,9 @@ struct Consts {
 //   Lion:    u = sign(fma(g, 1 - b1, m * b1));  p = p * (1 - lr * wd);
 //            p = fma(u, -lr, p);  m = fma(g, 1 - b2, m * b2)
 template <class V, CpuOptimizerAlgo A, class G, class M, class W, bool kStream>
-inline void UpdateAt(const Consts<V>& c, float* master, const G* grad, M* m,
-                     M* v, W* w, size_t i) {
+STRATA_CPU_ADAM_INLINE void UpdateAt(const Consts<V>& c, float* master,
+                                     const G* grad, M* m, M* v, W* w,
+                                     size_t i) {
   using F = typename V::F;
   const F g0 = V::Mul(V::Load(grad + i), c.gscale);
   F x = V::Load(master + i);
@@ -209,14 +266,7 @@ inline void UpdateAt(const Consts<V>& c, float* master, const G* grad, M* m,
     x = V::Fma(u, c.neg_step, x);
     V::Store(m + i, V::Fma(g0, c.omb2, V::Mul(m0, c.beta2)));
   }
-  V::Store(master + i, x);
-  if constexpr (!std::is_same_v<W, NoWork>) {
-    if constexpr (kStream) {
-      V::Stream(w + i, x);
-    } else {
-      V::Store(w + i, x);
-    }
-  }
+  StoreMaster<V, W, kStream>(master, w, i, x);
 }
 
 // Elements before the first one whose 16-bit working-copy address is
@@ -266,6 +316,202 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
   }
 }
 
+// ---- 8-bit block states ----------------------------------------------------
+//
+// Note [8-bit states]: each block of kCpuBlock8Elems elements has one fp32
+// scale per moment, and each element one byte per moment:
+//   m: sign and a 7-bit E4M3 float of |m| / s_m, s_m = absmax(m) / 1.875
+//      (the largest code, 1.875, is the block's absmax exactly);
+//   v: stored as r = sqrt(v), an unsigned 8-bit E4M4 float of r / s_r,
+//      s_r = absmax(r) / 1.9375, and never rounded to code 0 unless r is 0
+//      (a zero denominator would turn a tiny first moment into a huge step).
+// Code 0 is zero; no subnormals. Relative error of a code: at most 2^-4 (m)
+// and 2^-5 (r) of the value, for values down to 2^-15 of the block's
+// absmax (below that m flushes to zero, r to the smallest code). The codecs
+// are integer arithmetic on the fp32 bits (round to nearest even on the
+// dropped mantissa bits), the same on every variant. The update reads the
+// old codes, computes the new moments in fp32 (the weights use them
+// unrounded), keeps them in a per-block scratch, takes their absmax, and
+// then writes the new codes and scales: one pass over memory, two over a
+// block in cache.
+constexpr uint32_t kM8Bias = (127 - 15) << 3;  // exponent 2^-15 -> code 1
+constexpr uint32_t kR8Bias = (127 - 15) << 4;
+constexpr float kM8Top = 1.875f;
+constexpr float kR8Top = 1.9375f;
+
+template <class V>
+STRATA_CPU_ADAM_INLINE typename V::F DecodeM8(typename V::I c) {
+  const typename V::I mag = V::IAnd(c, V::ISet(0x7f));
+  const typename V::I bits =
+      V::IZeroIfZero(mag, V::template ISll<20>(V::IAdd(mag, V::ISet(kM8Bias))));
+  return V::FBits(
+      V::IOr(bits, V::template ISll<24>(V::IAnd(c, V::ISet(0x80)))));
+}
+
+template <class V>
+STRATA_CPU_ADAM_INLINE typename V::F DecodeR8(typename V::I c) {
+  return V::FBits(
+      V::IZeroIfZero(c, V::template ISll<19>(V::IAdd(c, V::ISet(kR8Bias)))));
+}
+
+// y = m / s_m.
+template <class V>
+STRATA_CPU_ADAM_INLINE typename V::I EncodeM8(typename V::F y) {
+  using I = typename V::I;
+  const I u = V::IBits(y);
+  const I a = V::IAnd(u, V::ISet(0x7fffffffu));
+  const I odd = V::IAnd(V::template ISrl<20>(a), V::ISet(1));
+  I r = V::template ISrl<20>(V::IAdd(a, V::IAdd(odd, V::ISet(0x7ffff))));
+  r = V::IMin(V::IMax(V::ISub(r, V::ISet(kM8Bias)), V::ISet(0)), V::ISet(127));
+  return V::IOr(r, V::IAnd(V::template ISrl<24>(u), V::ISet(0x80)));
+}
+
+// y = r / s_r; r >= 0 (or NaN).
+template <class V>
+STRATA_CPU_ADAM_INLINE typename V::I EncodeR8(typename V::F y,
+                                              typename V::F r) {
+  using I = typename V::I;
+  const I u = V::IBits(y);
+  const I odd = V::IAnd(V::template ISrl<19>(u), V::ISet(1));
+  I c = V::template ISrl<19>(V::IAdd(u, V::IAdd(odd, V::ISet(0x3ffff))));
+  c = V::IMin(V::IMax(V::ISub(c, V::ISet(kR8Bias)), V::ISet(0)), V::ISet(255));
+  return V::IMax(c, V::IMin(V::IBits(r), V::ISet(1)));
+}
+
+// Per-block state of one Step8 block: the old scales broadcast, and the
+// running absmax (as fp32 bits) of the new moments.
+template <class V>
+struct Block8Acc {
+  typename V::F sm, sr;
+  typename V::I amax_m, amax_r;
+};
+
+// The V::kN elements at i of a block starting at b: dequantize, update (the
+// order of UpdateAt, but 1 / sqrt(bc2) multiplied, not divided), store the
+// weights and the new fp32 moments into the block scratch.
+template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
+STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
+                                      const G* grad, const uint8_t* mc,
+                                      const uint8_t* rc, W* w, float* mbuf,
+                                      float* rbuf, size_t i, size_t j,
+                                      Block8Acc<V>& acc) {
+  using F = typename V::F;
+  const typename V::I abs = V::ISet(0x7fffffffu);
+  const F g0 = V::Mul(V::Load(grad + i), c.gscale);
+  F x = V::Load(a.master + i);
+  const F m0 = V::Mul(DecodeM8<V>(V::LoadU8(mc + i)), acc.sm);
+  F mm;
+  if constexpr (A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW) {
+    F g = g0;
+    if constexpr (A == CpuOptimizerAlgo::kAdam) {
+      if (c.use_l2) g = V::Fma(x, c.l2, g);
+    }
+    const F r0 = V::Mul(DecodeR8<V>(V::LoadU8(rc + i)), acc.sr);
+    mm = V::Fma(g, c.omb1, V::Mul(m0, c.beta1));
+    const F vv =
+        V::Add(V::Mul(V::Mul(r0, r0), c.beta2), V::Mul(V::Mul(c.omb2, g), g));
+    const F rr = V::Sqrt(vv);
+    const F denom = V::Add(V::Mul(rr, c.inv_bc2_sqrt), c.eps);
+    if constexpr (A == CpuOptimizerAlgo::kAdamW) {
+      if (c.use_decay) x = V::Mul(x, c.decay);
+    }
+    x = V::Add(x, V::Div(V::Mul(c.neg_step, mm), denom));
+    V::Store(rbuf + j, rr);
+    acc.amax_r = V::IMax(acc.amax_r, V::IAnd(V::IBits(rr), abs));
+  } else {
+    static_assert(A == CpuOptimizerAlgo::kLion);
+    const F u = V::Sign(V::Fma(g0, c.omb1, V::Mul(m0, c.beta1)));
+    if (c.use_decay) x = V::Mul(x, c.decay);
+    x = V::Fma(u, c.neg_step, x);
+    mm = V::Fma(g0, c.omb2, V::Mul(m0, c.beta2));
+  }
+  V::Store(mbuf + j, mm);
+  acc.amax_m = V::IMax(acc.amax_m, V::IAnd(V::IBits(mm), abs));
+  StoreMaster<V, W, kStream>(a.master, w, i, x);
+}
+
+// The scale of a block whose new moments have absmax `bits`, and its
+// inverse (0 for an all-zero or non-finite block).
+inline float Block8Scale(uint32_t bits, float top, float* inv) {
+  const float s = BitsFloat(bits) / top;
+  *inv = s > 0.0f && s < INFINITY ? 1.0f / s : 0.0f;
+  return s;
+}
+
+template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
+void Step8Block(const StepParams& p, const StepArrays& a, size_t b, size_t e,
+                float* mbuf, float* rbuf) {
+  constexpr bool kAdam =
+      A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW;
+  const Consts<V> cv(p);
+  const Consts<Scalar> cs(p);
+  const G* grad = static_cast<const G*>(a.grad);
+  W* w = static_cast<W*>(a.working);
+  uint8_t* mc = static_cast<uint8_t*>(a.m);
+  uint8_t* rc = static_cast<uint8_t*>(a.v);
+  float* ms = reinterpret_cast<float*>(mc + Block8ScaleOffset(a.n));
+  float* rs =
+      kAdam ? reinterpret_cast<float*>(rc + Block8ScaleOffset(a.n)) : nullptr;
+  const size_t blk = b / kCpuBlock8Elems;
+  const float sm = ms[blk];
+  const float sr = kAdam ? rs[blk] : 0.0f;
+  Block8Acc<V> acc{V::Set(sm), V::Set(sr), V::ISet(0), V::ISet(0)};
+  Block8Acc<Scalar> sacc{sm, sr, 0, 0};
+  size_t i = b;
+  for (; i + V::kN <= e; i += V::kN) {
+    Update8At<V, A, G, W, kStream>(cv, a, grad, mc, rc, w, mbuf, rbuf, i, i - b,
+                                   acc);
+  }
+  for (; i < e; ++i) {
+    Update8At<Scalar, A, G, W, false>(cs, a, grad, mc, rc, w, mbuf, rbuf, i,
+                                      i - b, sacc);
+  }
+  float inv_m = 0.0f, inv_r = 0.0f;
+  ms[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_m), sacc.amax_m), kM8Top,
+                        &inv_m);
+  if constexpr (kAdam) {
+    rs[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_r), sacc.amax_r), kR8Top,
+                          &inv_r);
+  }
+  const typename V::F vinv_m = V::Set(inv_m), vinv_r = V::Set(inv_r);
+  for (i = b; i + V::kN <= e; i += V::kN) {
+    V::StoreU8(mc + i, EncodeM8<V>(V::Mul(V::Load(mbuf + (i - b)), vinv_m)));
+    if constexpr (kAdam) {
+      const typename V::F r = V::Load(rbuf + (i - b));
+      V::StoreU8(rc + i, EncodeR8<V>(V::Mul(r, vinv_r), r));
+    }
+  }
+  for (; i < e; ++i) {
+    Scalar::StoreU8(mc + i, EncodeM8<Scalar>(mbuf[i - b] * inv_m));
+    if constexpr (kAdam) {
+      const float r = rbuf[i - b];
+      Scalar::StoreU8(rc + i, EncodeR8<Scalar>(r * inv_r, r));
+    }
+  }
+}
+
+template <class V, CpuOptimizerAlgo A, class G, class W>
+void Step8Range(const StepParams& p, const StepArrays& a, size_t begin,
+                size_t end) {
+  alignas(64) float mbuf[kCpuBlock8Elems];
+  alignas(64) float rbuf[kCpuBlock8Elems];
+  // Blocks start at multiples of kCpuBlock8Elems, so the working copy is
+  // aligned for V's non-temporal stores at every block start or at none.
+  bool stream = false;
+  if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
+    stream = StreamHead<V>(static_cast<W*>(a.working) + begin) == 0;
+  }
+  for (size_t b = begin; b < end; b += kCpuBlock8Elems) {
+    const size_t e = std::min(end, b + kCpuBlock8Elems);
+    if (stream) {
+      Step8Block<V, A, G, W, true>(p, a, b, e, mbuf, rbuf);
+    } else {
+      Step8Block<V, A, G, W, false>(p, a, b, e, mbuf, rbuf);
+    }
+  }
+  if (stream) V::Fence();  // see KernelTable::step
+}
+
 template <class V, CpuOptimizerAlgo A, class G, class M>
 void StepW(const StepParams& p, const StepArrays& a, size_t b, size_t e) {
   if (!p.has_working) {
@@ -279,6 +525,15 @@ void StepW(const StepParams& p, const StepArrays& a, size_t b, size_t e) {
 
 template <class V, CpuOptimizerAlgo A, class G>
 void StepM(const StepParams& p, const StepArrays& a, size_t b, size_t e) {
+  if constexpr (A != CpuOptimizerAlgo::kAdagrad) {
+    if (p.moment_dtype == CpuDType::kBlock8) {
+      if (!p.has_working) return Step8Range<V, A, G, NoWork>(p, a, b, e);
+      if (p.working_dtype == CpuDType::kFloat16) {
+        return Step8Range<V, A, G, F16>(p, a, b, e);
+      }
+      return Step8Range<V, A, G, Bf16>(p, a, b, e);
+    }
+  }
   if (p.moment_dtype == CpuDType::kBFloat16) {
     StepW<V, A, G, Bf16>(p, a, b, e);
   } else {
@@ -295,6 +550,8 @@ void StepG(const StepParams& p, const StepArrays& a, size_t b, size_t e) {
       return StepM<V, A, F16>(p, a, b, e);
     case CpuDType::kBFloat16:
       return StepM<V, A, Bf16>(p, a, b, e);
+    case CpuDType::kBlock8:  // state only; the driver refuses it here
+      return;
   }
 }
 
@@ -350,6 +607,8 @@ void GradStats(const void* g, CpuDType dtype, size_t begin, size_t end,
     case CpuDType::kBFloat16:
       return GradStatsT<V>(static_cast<const Bf16*>(g), begin, end, scale,
                            sum_sq, finite);
+    case CpuDType::kBlock8:  // state only; the driver refuses it here
+      return;
   }
 }
 
@@ -371,6 +630,8 @@ void ConvertTo(const S* src, void* dst, CpuDType dst_dtype, size_t n) {
       return ConvertT<V>(src, static_cast<F16*>(dst), n);
     case CpuDType::kBFloat16:
       return ConvertT<V>(src, static_cast<Bf16*>(dst), n);
+    case CpuDType::kBlock8:  // state only; the driver refuses it here
+      return;
   }
 }
 
@@ -384,6 +645,8 @@ void Convert(const void* src, CpuDType src_dtype, void* dst, CpuDType dst_dtype,
       return ConvertTo<V>(static_cast<const F16*>(src), dst, dst_dtype, n);
     case CpuDType::kBFloat16:
       return ConvertTo<V>(static_cast<const Bf16*>(src), dst, dst_dtype, n);
+    case CpuDType::kBlock8:  // state only; the driver refuses it here
+      return;
   }
 }
 

@@ -98,6 +98,38 @@ struct Avx512 {
     return _mm512_mask_mov_ps(r, neg, _mm512_set1_ps(-1.0f));
   }
 
+  using I = __m512i;
+  static I ISet(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static I IBits(F x) { return _mm512_castps_si512(x); }
+  static F FBits(I x) { return _mm512_castsi512_ps(x); }
+  static I IAdd(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I ISub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I IAnd(I a, I b) { return _mm512_and_si512(a, b); }
+  static I IOr(I a, I b) { return _mm512_or_si512(a, b); }
+  template <int k>
+  static I ISrl(I a) {
+    return _mm512_srli_epi32(a, k);
+  }
+  template <int k>
+  static I ISll(I a) {
+    return _mm512_slli_epi32(a, k);
+  }
+  static I IMin(I a, I b) { return _mm512_min_epi32(a, b); }
+  static I IMax(I a, I b) { return _mm512_max_epi32(a, b); }
+  static I IZeroIfZero(I c, I t) {
+    return _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, c), t);
+  }
+  static uint32_t IMaxAll(I a) {
+    return static_cast<uint32_t>(_mm512_reduce_max_epi32(a));
+  }
+  static I LoadU8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void StoreU8(uint8_t* p, I c) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));
+  }
+
   static D DZero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
   static D SqAcc(D acc, F x) {
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));

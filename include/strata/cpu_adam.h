@@ -7,8 +7,10 @@
 // fp16/bf16 working copy of the updated weights into a caller buffer (e.g. a
 // pinned staging buffer on its way to the GPU). Gradient unscaling
 // (1/loss_scale) and a clip coefficient are applied in the same pass.
-// ComputeGradStats() is the separate read-only pass that gives the squared
-// norm (for clipping) and detects inf/nan (for loss-scale overflow).
+// The moments may be fp32, bf16, or 8-bit block-quantized (kBlock8: about
+// 2 bytes per parameter for both, dequantized and requantized in the same
+// pass). ComputeGradStats() is the separate read-only pass that gives the
+// squared norm (for clipping) and detects inf/nan (for loss-scale overflow).
 //
 // Overflow contract: Step() returns a CpuStepResult with applied == false,
 // and writes nothing at all, when the scaled gradient holds an inf or nan.
@@ -43,7 +45,22 @@ enum class CpuDType : uint8_t {
   kFloat32,
   kFloat16,   // IEEE binary16
   kBFloat16,  // the upper 16 bits of a binary32
+  // Optimizer state only (moment_dtype): 8-bit codes, one per element, with
+  // one fp32 scale per block of kCpuBlock8Elems elements, in one flat array
+  // of CpuStateBytes(kBlock8, n) bytes (docs/cpu_adam.md, "8-bit states").
+  // Its update is not torch's operation order (it multiplies by
+  // 1/sqrt(bias_correction2)), but every variant still matches scalar.
+  kBlock8,
 };
+
+// Elements per scale of a kBlock8 state array.
+inline constexpr size_t kCpuBlock8Elems = 2048;
+
+// Bytes of one optimizer-state array of n elements: n * 4 (kFloat32),
+// n * 2 (kFloat16, kBFloat16); for kBlock8 the n codes, padded to a multiple
+// of 4 bytes, then ceil(n / kCpuBlock8Elems) fp32 scales. All zero bytes is
+// the zero state.
+STRATA_EXPORT size_t CpuStateBytes(CpuDType dtype, size_t n);
 
 enum class CpuOptimizerAlgo : uint8_t {
   kAdam,     // torch.optim.Adam: L2 weight decay added to the gradient
@@ -109,10 +126,12 @@ struct CpuOptimizerTensors {
   // Adam/AdamW: first and second moment. Adagrad: exp_avg_sq is the sum of
   // squares, exp_avg unused (may be null). Lion: exp_avg, exp_avg_sq unused.
   // Zero-initialized by the caller before step 1 (Adagrad: its initial
-  // accumulator value).
+  // accumulator value). Each holds CpuStateBytes(moment_dtype, n) bytes.
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
-  CpuDType moment_dtype = CpuDType::kFloat32;  // kFloat32 or kBFloat16
+  // kFloat32, kBFloat16, or kBlock8 (Adam, AdamW and Lion only; 4-byte
+  // aligned arrays).
+  CpuDType moment_dtype = CpuDType::kFloat32;
   // Optional working copy of the updated master (null: not written),
   // written with round-to-nearest-even. Written with non-temporal stores:
   // it is write-only here and read next by another device (DMA).
