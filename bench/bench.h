@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench/parse.h"
+#include "strata/io_engine.h"
 #include "strata/status.h"
 #include "util/unique_handle.h"
 
@@ -68,6 +69,25 @@ int UsageError(std::string_view command, const Status& status);
 int Fail(std::string_view command, const Status& status);
 
 class RunGuard;
+
+// The swap-space I/O options of the commands that drive the engine's NVMe
+// path (step, tiers): --engine, --queue-depth and --block-size, as given and
+// as checked.
+struct SwapIoFlags {
+  std::string engine = "auto";
+  std::string queue_depth = "32";
+  std::string block_size = "1M";
+};
+struct SwapIoConfig {
+  IoBackend engine = IoBackend::kAuto;
+  uint32_t queue_depth = 32;
+  uint64_t block_size = 1 << 20;
+};
+void AddSwapIoOptions(CLI::App& app, SwapIoFlags& f);
+// Each value checked, the option named in the message: the engine one of
+// auto, uring, aio, psync; the queue depth 1..1024; the block size a multiple
+// of 4 KiB in 64 KiB..64 MiB.
+StatusOr<SwapIoConfig> ParseSwapIoFlags(const SwapIoFlags& f);
 
 // The one shape of every command, with its exit statuses: parses argv into
 // the flags `app` binds (--help: 0, CLI11 errors: 2), then `parse` (a

@@ -613,4 +613,35 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
+void AddSwapIoOptions(CLI::App& app, SwapIoFlags& f) {
+  app.add_option("--engine", f.engine, "I/O engine: auto, uring, aio, psync")
+      ->capture_default_str();
+  app.add_option("--queue-depth", f.queue_depth,
+                 "I/O requests in flight, 1..1024")
+      ->capture_default_str();
+  app.add_option("--block-size", f.block_size,
+                 "swap block and largest I/O, a multiple of 4 KiB, 64K..64M")
+      ->capture_default_str();
+}
+
+StatusOr<SwapIoConfig> ParseSwapIoFlags(const SwapIoFlags& f) {
+  SwapIoConfig c;
+  STRATA_ASSIGN_OR_RETURN(std::string engine,
+                          ParseChoiceOption("--engine", f.engine,
+                                            {"auto", "uring", "aio", "psync"}));
+  STRATA_ASSIGN_OR_RETURN(c.engine, ParseIoBackend(engine));
+  STRATA_ASSIGN_OR_RETURN(
+      int64_t qd, ParseIntOption("--queue-depth", f.queue_depth, 1, 1024));
+  c.queue_depth = static_cast<uint32_t>(qd);
+  STRATA_ASSIGN_OR_RETURN(
+      c.block_size,
+      ParseSizeOption("--block-size", f.block_size, 64 << 10, 64 << 20));
+  if (c.block_size % 4096 != 0) {
+    return Status::InvalidArgument(
+        "--block-size: " + std::to_string(c.block_size) +
+        " bytes is not a multiple of 4 KiB");
+  }
+  return c;
+}
+
 }  // namespace strata::bench

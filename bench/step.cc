@@ -48,9 +48,7 @@ struct StepFlags {
   std::string params = "1G";
   std::string cases = "nvme,host";
   std::string dir = ".";
-  std::string engine = "auto";
-  std::string queue_depth = "32";
-  std::string block_size = "1M";
+  SwapIoFlags io;
   std::string threads = "0";
   std::string reps = "2";
   std::string json;
@@ -78,11 +76,7 @@ void AddOptions(CLI::App& app, StepFlags& f) {
   app.add_option("--cases", f.cases,
                  "where master and moments rest: nvme,host (default both)");
   app.add_option("--dir", f.dir, "directory for the NVMe tier (default .)");
-  app.add_option("--engine", f.engine, "I/O engine: auto, uring, aio, psync");
-  app.add_option("--queue-depth", f.queue_depth,
-                 "I/O requests in flight, 1..1024 (default 32)");
-  app.add_option("--block-size", f.block_size,
-                 "swap block and I/O size, 64K..64M (default 1M)");
+  AddSwapIoOptions(app, f.io);
   app.add_option("--threads", f.threads,
                  "optimizer threads, 0 = all CPUs (default 0)");
   app.add_option("--reps", f.reps, "timed steps, 1..100; the best is kept");
@@ -96,21 +90,10 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
   STRATA_ASSIGN_OR_RETURN(
       c.cases, ParseChoiceListOption("--cases", f.cases, {"nvme", "host"}));
   c.dir = f.dir;
-  STRATA_ASSIGN_OR_RETURN(std::string engine,
-                          ParseChoiceOption("--engine", f.engine,
-                                            {"auto", "uring", "aio", "psync"}));
-  STRATA_ASSIGN_OR_RETURN(c.engine, ParseIoBackend(engine));
-  STRATA_ASSIGN_OR_RETURN(
-      int64_t qd, ParseIntOption("--queue-depth", f.queue_depth, 1, 1024));
-  c.queue_depth = static_cast<uint32_t>(qd);
-  STRATA_ASSIGN_OR_RETURN(
-      c.block_size,
-      ParseSizeOption("--block-size", f.block_size, 64 << 10, 64 << 20));
-  if (c.block_size % 4096 != 0) {
-    return Status::InvalidArgument(
-        "--block-size: " + std::to_string(c.block_size) +
-        " is not a multiple of 4096");
-  }
+  STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
+  c.engine = io.engine;
+  c.queue_depth = io.queue_depth;
+  c.block_size = io.block_size;
   STRATA_ASSIGN_OR_RETURN(int64_t threads,
                           ParseIntOption("--threads", f.threads, 0, 4096));
   c.threads = static_cast<int>(threads);

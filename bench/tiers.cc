@@ -90,9 +90,7 @@ struct TiersFlags {
   std::string size = "1G";
   std::string dir = ".";
   std::string device = "auto";
-  std::string engine = "auto";
-  std::string queue_depth = "32";
-  std::string block_size = "1M";
+  SwapIoFlags io;
   std::string budget = "auto";
   std::string reps = "3";
   std::string json;
@@ -138,14 +136,7 @@ void AddOptions(CLI::App& app, TiersFlags& f) {
                  "auto (GPU when one works), cuda or host; auto defers to "
                  "STRATA_DEVICE")
       ->capture_default_str();
-  app.add_option("--engine", f.engine, "I/O engine: auto, uring, aio, psync")
-      ->capture_default_str();
-  app.add_option("--queue-depth", f.queue_depth,
-                 "I/O requests in flight, 1..1024")
-      ->capture_default_str();
-  app.add_option("--block-size", f.block_size,
-                 "swap block and largest I/O, a multiple of 4 KiB, 64K..64M")
-      ->capture_default_str();
+  AddSwapIoOptions(app, f.io);
   app.add_option("--budget", f.budget,
                  "the engine's device budget: auto, or bytes from two tensors "
                  "up to below --size")
@@ -216,21 +207,10 @@ StatusOr<TiersConfig> ParseTiers(const TiersFlags& f) {
   STRATA_ASSIGN_OR_RETURN(
       c.device,
       ParseChoiceOption("--device", f.device, {"auto", "cuda", "host"}));
-  STRATA_ASSIGN_OR_RETURN(std::string engine,
-                          ParseChoiceOption("--engine", f.engine,
-                                            {"auto", "uring", "aio", "psync"}));
-  STRATA_ASSIGN_OR_RETURN(c.engine, ParseIoBackend(engine));
-  STRATA_ASSIGN_OR_RETURN(
-      int64_t qd, ParseIntOption("--queue-depth", f.queue_depth, 1, 1024));
-  c.queue_depth = static_cast<uint32_t>(qd);
-  STRATA_ASSIGN_OR_RETURN(
-      c.block_size,
-      ParseSizeOption("--block-size", f.block_size, 64 << 10, 64 << 20));
-  if (c.block_size % 4096 != 0) {
-    return Status::InvalidArgument(
-        "--block-size: " + std::to_string(c.block_size) +
-        " bytes is not a multiple of 4 KiB");
-  }
+  STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
+  c.engine = io.engine;
+  c.queue_depth = io.queue_depth;
+  c.block_size = io.block_size;
   c.shape = ShapeFor(c.size);
   STRATA_RETURN_IF_ERROR(ParseBudget(f, c));
   STRATA_ASSIGN_OR_RETURN(int64_t reps,
