@@ -56,12 +56,16 @@ mkdir -p "$prefix"
 for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix" || exit 2; done
 # The packages' .pc files say prefix=/usr; point them at the private prefix.
 for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc \
+  "$prefix"/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig/*.pc \
   "$prefix"/usr/share/pkgconfig/*.pc; do
   sed -i -E "s#^([A-Za-z_]+)=/usr#\1=$prefix/usr#" "$pc"
 done
 libdir="$prefix/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$prefix/usr/share/pkgconfig"
+# OpenBLAS lives in its own directory (Debian selects it by alternatives,
+# which unpacking does not run).
+blasdir="$libdir/openblas-pthread"
+export LD_LIBRARY_PATH="$libdir:$blasdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$blasdir/pkgconfig:$prefix/usr/share/pkgconfig"
 pkgconfig="$(command -v pkg-config || echo "$prefix/usr/bin/pkgconf")"
 # nvcc and compute-sanitizer, where the toolkit is not on PATH.
 [[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"

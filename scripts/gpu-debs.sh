@@ -24,6 +24,8 @@ packages=(
   libcli11-dev
   googletest libgtest-dev libgmock-dev
   libseccomp2 libseccomp-dev
+  libopenblas0 libopenblas0-pthread libopenblas-dev libopenblas-pthread-dev
+  libgfortran5 libquadmath0
   pkgconf pkgconf-bin libpkgconf3
 )
 
