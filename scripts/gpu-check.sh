@@ -17,7 +17,7 @@ out="$(mkdir -p "${1:-gpu-check-out}" && cd "${1:-gpu-check-out}" && pwd)"
 debs="${STRATA_DEBS:-.gpu-debs}"
 prefix="${STRATA_PREFIX:-/tmp/strata-prefix}"
 build="${STRATA_GPU_BUILD:-build-gpu}"
-steps="${STRATA_GPU_STEPS:-machine build gpu sanitizer copy tests adam io}"
+steps="${STRATA_GPU_STEPS:-machine build gpu sanitizer copy tests adam io tiers step}"
 jobs="$(nproc)"
 worst=0
 summary="$out/summary.txt"
@@ -132,5 +132,11 @@ want copy && step copy "$bench" copy --device cuda --json "$out/copy.json"
 want adam && step adam "$bench" adam --json "$out/adam.json"
 want io && step io "$bench" io --dir "/tmp/strata-bench-io" --size 4G \
   --json "$out/io.json"
+# The engine's hops and end-to-end moves on the GPU, and its optimizer step.
+mkdir -p /tmp/strata-bench-tiers /tmp/strata-bench-step
+want tiers && step tiers "$bench" tiers --device cuda --size 4G \
+  --dir "/tmp/strata-bench-tiers" --json "$out/tiers.json"
+want step && step step "$bench" step --params 512M --reps 1 \
+  --dir "/tmp/strata-bench-step" --json "$out/step.json"
 note "done; worst rc=$worst; logs in $out"
 exit $worst
