@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "bench/parse.h"
+#include "strata/device.h"
 #include "strata/io_engine.h"
 #include "strata/status.h"
 #include "util/unique_handle.h"
@@ -56,6 +58,19 @@ const std::vector<Command>& Commands();
 
 // ---- Exit statuses
 // -----------------------------------------------------------
+
+// Seconds from `since` to now, on the steady clock every command times with.
+inline double SecondsSince(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
+      .count();
+}
+
+// --device of the commands that use a device: auto (a GPU when one works,
+// deferring to STRATA_DEVICE), cuda or host. Parse checks the value and
+// names the option; DeviceChoiceOf maps a checked value.
+void AddDeviceOption(CLI::App& app, std::string& device);
+StatusOr<std::string> ParseDeviceOption(const std::string& device);
+DeviceChoice DeviceChoiceOf(const std::string& device);
 
 // Parses argv with `app`. nullopt: go on. Otherwise the exit status to
 // return: 0 after --help, 2 after a parse error (CLI11's message printed).

@@ -644,4 +644,21 @@ StatusOr<SwapIoConfig> ParseSwapIoFlags(const SwapIoFlags& f) {
   return c;
 }
 
+void AddDeviceOption(CLI::App& app, std::string& device) {
+  app.add_option("--device", device,
+                 "auto (GPU when one works), cuda or host; auto defers to "
+                 "STRATA_DEVICE")
+      ->capture_default_str();
+}
+
+StatusOr<std::string> ParseDeviceOption(const std::string& device) {
+  return ParseChoiceOption("--device", device, {"auto", "cuda", "host"});
+}
+
+DeviceChoice DeviceChoiceOf(const std::string& device) {
+  if (device == "cuda") return DeviceChoice::kCuda;
+  if (device == "host") return DeviceChoice::kHostEmulated;
+  return DeviceChoice::kAuto;
+}
+
 }  // namespace strata::bench

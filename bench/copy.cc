@@ -83,10 +83,6 @@ struct Result {
   double baseline_gbps = 0;  // 0 = not measured
 };
 
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
 class CopyBench {
  public:
   CopyBench(Device& device, int cuda_ordinal, Stream& up, Stream& down)
@@ -124,8 +120,8 @@ class CopyBench {
     for (int i = 0; i < cfg.latency_samples; ++i) {
       const auto t = Clock::now();
       STRATA_RETURN_IF_ERROR(Run(b, dir, bytes, 1));
-      lat.push_back(Seconds(t) * 1e6);
-      if (Seconds(t) * (i + 1) > cfg.min_time_s) break;
+      lat.push_back(SecondsSince(t) * 1e6);
+      if (SecondsSince(t) * (i + 1) > cfg.min_time_s) break;
     }
     const double one_s = Percentile(lat, 50) / 1e6;
     r.p50_us = Percentile(lat, 50);
@@ -134,7 +130,7 @@ class CopyBench {
         std::clamp(cfg.min_time_s / std::max(one_s, 1e-7), 3.0, 100000.0));
     const auto t = Clock::now();
     STRATA_RETURN_IF_ERROR(Run(b, dir, bytes, r.iterations));
-    r.seconds = Seconds(t);
+    r.seconds = SecondsSince(t);
     r.gbps = static_cast<double>(moved) * r.iterations / r.seconds / 1e9;
     if (device_.kind() == DeviceKind::kCuda) {
       std::vector<RawCopy> copies;
@@ -239,10 +235,7 @@ nlohmann::json CheckTargets(const std::vector<Result>& results, bool emulated) {
 // ---- Parse -----------------------------------------------------------------
 
 void AddOptions(CLI::App& app, CopyFlags& f) {
-  app.add_option("--device", f.device,
-                 "auto (GPU when one works), cuda or host; auto defers to "
-                 "STRATA_DEVICE")
-      ->capture_default_str();
+  AddDeviceOption(app, f.device);
   app.add_option("--sizes", f.sizes,
                  "bytes per copy, comma-separated, 1 B..1T (K/M/G/T suffixes)")
       ->capture_default_str();
@@ -271,9 +264,7 @@ void AddOptions(CLI::App& app, CopyFlags& f) {
 
 StatusOr<Config> ParseCopy(const CopyFlags& f) {
   Config cfg;
-  STRATA_ASSIGN_OR_RETURN(
-      cfg.device,
-      ParseChoiceOption("--device", f.device, {"auto", "cuda", "host"}));
+  STRATA_ASSIGN_OR_RETURN(cfg.device, ParseDeviceOption(f.device));
   STRATA_ASSIGN_OR_RETURN(cfg.sizes,
                           ParseSizeListOption("--sizes", f.sizes, 1, kMaxCopy));
   STRATA_ASSIGN_OR_RETURN(cfg.directions,
@@ -317,9 +308,7 @@ StatusOr<CopyPrepared> CheckCopy(const Config& cfg) {
   }
   const uint64_t max_size = cfg.max_size();
   DeviceOptions& opts = p.options;
-  opts.choice = cfg.device == "cuda"   ? DeviceChoice::kCuda
-                : cfg.device == "host" ? DeviceChoice::kHostEmulated
-                                       : DeviceChoice::kAuto;
+  opts.choice = DeviceChoiceOf(cfg.device);
   // Room for the two device buffers and no more, on either backend: CUDA's
   // default (all free memory but a reserve) would starve anything else on the
   // GPU for no gain.

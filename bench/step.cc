@@ -40,10 +40,6 @@ constexpr const char* kScratchName = "strata-bench-step-io.dat";
 constexpr uint64_t kMaxParams = uint64_t{1} << 40;
 constexpr uint64_t kTensorElems = uint64_t{16} << 20;  // 64 MiB of fp32
 
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 struct StepFlags {
   std::string params = "1G";
   std::string cases = "nvme,host";
@@ -178,7 +174,7 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
       t.working = w.data() + b * 2;
       STRATA_RETURN_IF_ERROR(opt->Step(t, a).status());
     }
-    if (r > 0) best = std::min(best, Since(t0));
+    if (r > 0) best = std::min(best, SecondsSince(t0));
   }
   return static_cast<double>(n) / best;
 }
@@ -257,7 +253,7 @@ StatusOr<double> MixedPass(IoEngine& engine, FileId file, const StepConfig& c,
       }
     }
   }
-  return Since(t0);
+  return SecondsSince(t0);
 }
 
 // ---- The step -------------------------------------------------------------
@@ -316,7 +312,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
     a.lr = 1e-4;
     const auto t0 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(StepResult sr, engine->Step(a));
-    const double s = Since(t0);
+    const double s = SecondsSince(t0);
     if (!sr.applied) return Status::Internal("step: the step was skipped");
     if (rep > 0) r.step_s = std::min(r.step_s, s);
     if (rep == 0) {

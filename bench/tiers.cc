@@ -78,10 +78,6 @@ constexpr uint32_t kGradBuffers = 3;
 constexpr uint64_t kEngineHostPerByte = 6;
 constexpr uint64_t kSlack = uint64_t{64} << 20;
 
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // ---- Parse -----------------------------------------------------------------
@@ -132,10 +128,7 @@ void AddOptions(CLI::App& app, TiersFlags& f) {
       ->capture_default_str();
   app.add_option("--dir", f.dir, "directory for the NVMe tier")
       ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "auto (GPU when one works), cuda or host; auto defers to "
-                 "STRATA_DEVICE")
-      ->capture_default_str();
+  AddDeviceOption(app, f.device);
   AddSwapIoOptions(app, f.io);
   app.add_option("--budget", f.budget,
                  "the engine's device budget: auto, or bytes from two tensors "
@@ -204,9 +197,7 @@ StatusOr<TiersConfig> ParseTiers(const TiersFlags& f) {
   }
   c.dir = f.dir;
   if (c.dir.empty()) return Status::InvalidArgument("--dir: empty path");
-  STRATA_ASSIGN_OR_RETURN(
-      c.device,
-      ParseChoiceOption("--device", f.device, {"auto", "cuda", "host"}));
+  STRATA_ASSIGN_OR_RETURN(c.device, ParseDeviceOption(f.device));
   STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
   c.engine = io.engine;
   c.queue_depth = io.queue_depth;
@@ -232,9 +223,7 @@ uint64_t SwapBytes(const TiersConfig& c, uint64_t scale = 1) {
 
 DeviceOptions DeviceOptionsFor(const TiersConfig& c) {
   DeviceOptions o;
-  o.choice = c.device == "cuda"   ? DeviceChoice::kCuda
-             : c.device == "host" ? DeviceChoice::kHostEmulated
-                                  : DeviceChoice::kAuto;
+  o.choice = DeviceChoiceOf(c.device);
   // The engine's arena, the hops' device pieces, two fp32 gradients.
   o.memory_budget_bytes =
       c.shape.budget + (kStagingCount + 4) * c.shape.tensor_bytes + kSlack;
@@ -435,7 +424,7 @@ StatusOr<double> NvmePass(HopRig& rig, bool write) {
     }
   }
   STRATA_RETURN_IF_ERROR(slots.Drain());
-  return Since(t0);
+  return SecondsSince(t0);
 }
 
 // Every piece copied once between a slot's pinned buffer and its device
@@ -453,7 +442,7 @@ StatusOr<double> CopyPass(HopRig& rig, CopyKind kind) {
                                                  rig.pieces[i].bytes(), kind));
   }
   STRATA_RETURN_IF_ERROR(rig.device->SynchronizeStream(*rig.stream));
-  return Since(t0);
+  return SecondsSince(t0);
 }
 
 // ---- Run: the engine -------------------------------------------------------
@@ -539,7 +528,7 @@ StatusOr<PassStats> FetchPass(EngineRig& rig) {
   }
   STRATA_RETURN_IF_ERROR(rig.device->SynchronizeStream(*rig.compute));
   PassStats p;
-  p.seconds = Since(t0);
+  p.seconds = SecondsSince(t0);
   const EngineStats after = rig.engine->stats();
   p.nvme_read_bytes = after.nvme_read_bytes - before.nvme_read_bytes;
   p.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
@@ -577,7 +566,7 @@ StatusOr<double> UntilWritten(Engine& engine, uint64_t base, uint64_t target,
     const bool ended = step.wait_for(std::chrono::microseconds(200)) ==
                        std::future_status::ready;
     const uint64_t written = engine.stats().nvme_write_bytes - base;
-    if (written >= target) return Since(t0);
+    if (written >= target) return SecondsSince(t0);
     if (ended) {
       STRATA_RETURN_IF_ERROR(CheckSkipped(step.get()));
       return Status::Internal("tiers: the write-back wrote " +
