@@ -114,8 +114,7 @@ Status GradSpill::Add(uint32_t unit, uint64_t elem, const float* vals,
       // Its last element is in: in backward's order the piece is done for
       // this micro-batch, so its write starts now rather than when another
       // piece pushes it out.
-      auto it = std::find_if(open_.begin(), open_.end(),
-                             [o](const Open& x) { return &x == o; });
+      auto it = open_.begin() + (o - open_.data());
       Open done = std::move(*it);
       open_.erase(it);
       STRATA_RETURN_IF_ERROR(WriteBack(std::move(done)));
