@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,24 +17,13 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "tests/memtier/engine_test_util.h"
+#include "tests/swap/test_util.h"
 
 namespace strata {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/strata-engine-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 using testing::HostDevice;
+using testing::ScratchDir;
 
 constexpr int kWidth = 128;  // 16 Ki elements per layer: one unit each
 constexpr int kLayers = 20;
@@ -274,7 +262,7 @@ TEST(EngineTest, OffloadingChangesNothing) {
     for (Residence grads : {Residence::kHost, Residence::kNvme}) {
       SCOPED_TRACE(std::string(IoBackendName(backend)) + ", grads on " +
                    std::string(ResidenceName(grads)));
-      TempDir dir;
+      ScratchDir dir;
       EngineOptions off = BaseOptions();
       off.params = Residence::kNvme;
       off.optimizer_states = Residence::kNvme;
@@ -304,7 +292,7 @@ TEST(EngineTest, OffloadingChangesNothing) {
     ExpectBitIdentical(base, Train(host));
     // Gradients alone on NVMe, and one micro-batch a step (each piece is
     // written once and never read back before the step).
-    TempDir dir;
+    ScratchDir dir;
     host.grads = Residence::kNvme;
     host.nvme_paths = {dir.path()};
     ExpectBitIdentical(base, Train(host));
@@ -340,7 +328,7 @@ class CountingDevice : public DeviceWrapper {
 };
 
 TEST(EngineTest, AfterTheFirstStepNothingIsAllocated) {
-  TempDir dir;
+  ScratchDir dir;
   auto dev = HostDevice();
   CountingDevice counting(dev.get());
   EngineOptions o = BaseOptions();
@@ -431,7 +419,7 @@ TEST_F(EngineFixture, EvictsUnderPressureAndRefusesWhenPinsFillTheBudget) {
 }
 
 TEST_F(EngineFixture, PrefetchGoesOnAfterAnOrderChange) {
-  TempDir dir;
+  ScratchDir dir;
   EngineOptions o = BaseOptions();
   o.params = Residence::kNvme;
   o.nvme_paths = {dir.path()};
