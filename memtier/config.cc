@@ -221,6 +221,7 @@ void CheckSizes(const EngineOptions& o, Checker& c) {
   c.Size("max_reuse_distance_bytes", o.max_reuse_distance_bytes, 0, kMaxBytes,
          1, false);
   c.Size("sub_group_bytes", o.sub_group_bytes, 1, kMaxBytes, 1, false);
+  c.Size("step_overlap_bytes", o.step_overlap_bytes, 0, kMaxBytes, 1, false);
   c.Count("io.queue_depth", o.io.queue_depth, 1, 32768);
   c.Count("io.threads", o.io.threads, 0, 4096);
   c.Count("io.max_retries", o.io.max_retries, 0, 1000);
@@ -1434,6 +1435,7 @@ void ReadStrata(Ctx& ctx, const Field& f, EngineOptions* o) {
        {"max_reuse_distance_bytes", "max_reuse_distance_bytes",
         &o->max_reuse_distance_bytes},
        {"sub_group_bytes", "sub_group_bytes", &o->sub_group_bytes},
+       {"step_overlap_bytes", "step_overlap_bytes", &o->step_overlap_bytes},
        {"io_block_bytes", "io_block_bytes", &o->io_block_bytes}},
       ReadU64);
   ReadInto<uint32_t>(

@@ -104,9 +104,17 @@ EngineImpl::~EngineImpl() {
   // fetches run and submit their reads). Then the engine's NVMe operations
   // are waited for: their callbacks use the units, the staging buffers and
   // the streams, and a failed read resubmits through swap_, which must stay
-  // set until the last callback has returned. Then the swap space.
+  // set until the last callback has returned. Then the swap space. The
+  // accumulator posts to the stepper, whose queued updates then return at
+  // once.
+  {
+    MutexLock l(&mu_);
+    early_armed_ = false;
+  }
+  cv_.SignalAll();
   mover_.reset();
   accumulator_.reset();
+  stepper_.reset();
   {
     MutexLock l(&io_mu_);
     while (io_inflight_ > 0) io_cv_.Wait(&io_mu_);
@@ -197,6 +205,10 @@ Status EngineImpl::Start() {
     MutexLock l(&mu_);
     trace_ = std::make_unique<FetchTrace>(units_.size());
     grad_count_.assign(specs_.size(), 0);
+    last_handed_.assign(specs_.size(), 0);
+    last_chunks_.assign(specs_.size(), 0);
+    unit_waiting_.assign(layout_->num_units(), 0);
+    early_state_.assign(layout_->num_units(), 0);
   }
 
   uint64_t max_unit_elems = 0;
@@ -247,6 +259,7 @@ Status EngineImpl::Start() {
   STRATA_ASSIGN_OR_RETURN(d2h_stream_, device_->NewStream({StreamKind::kCopy}));
   STRATA_ASSIGN_OR_RETURN(release_stream_, device_->NewStream({}));
   STRATA_ASSIGN_OR_RETURN(producer_event_, device_->NewEvent());
+  STRATA_ASSIGN_OR_RETURN(released_, device_->NewEvent());
   for (UnitState& s : units_) {
     STRATA_ASSIGN_OR_RETURN(s.ready, device_->NewEvent());
     STRATA_ASSIGN_OR_RETURN(s.use_done, device_->NewEvent());
@@ -367,8 +380,18 @@ Status EngineImpl::Start() {
     STRATA_ASSIGN_OR_RETURN(swap_, SwapSpace::Open(so));
   }
 
+  // Note [Updates during backward]: the undo buffer (not page-locked: only
+  // the CPU touches it). Gradients on NVMe are read by the step itself.
+  if (options_.step_overlap_bytes > 0 && !nvme_grads) {
+    HostBufferOptions ho;
+    ho.pin = false;
+    STRATA_ASSIGN_OR_RETURN(
+        undo_, HostBuffer::Allocate(options_.step_overlap_bytes, ho));
+  }
+
   mover_ = std::make_unique<Worker>();
   accumulator_ = std::make_unique<Worker>();
+  stepper_ = std::make_unique<Worker>();
   scratch_.resize(std::min<uint64_t>(piece_elems_, 1u << 16));
 
   // Every piece of every nvme role gets its slots once, here, and is
@@ -754,6 +777,12 @@ StatusOr<ParamPin> EngineImpl::Fetch(TensorId id) {
     MutexLock l(&mu_);
     while (stepping_) step_cv_.Wait(&mu_);
     STRATA_RETURN_IF_ERROR(FailedLocked("Fetch"));  // by the Step waited for
+    if (early_armed_ && last_handed_[id]) {
+      return Status::FailedPrecondition(
+          "engine: Fetch(" + specs_[id].name +
+          ") after its last gradient before Step was handed over (BeginStep): "
+          "its update may have begun");
+    }
     ++stats_.fetches;
     if (!trace_->OnFetch(u)) stats_.order_changes = trace_->order_changes();
   }
@@ -856,6 +885,14 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
     // Rechecked after every wait: another thread may have fetched `u`.
     for (;;) {
       while (s.allocating) cv_.Wait(&mu_);
+      // Being updated, or updated, during backward (Note [Updates during
+      // backward]): Fetch refused the unit's tensors already.
+      if (early_state_[u] != 0) {
+        return prefetch ? Status::Ok()
+                        : Status::FailedPrecondition(
+                              "engine: unit " + std::to_string(u) +
+                              " is being updated (BeginStep)");
+      }
       // A failed arrival is dropped once unpinned (FinishArrival, Unpin);
       // while pins hold it, fetching it again gets its error, not its bytes.
       if (s.resident && !s.arriving && !s.arrival.ok()) return s.arrival;
@@ -1209,11 +1246,24 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
                                    std::to_string(n) + " elements of " +
                                    std::string(ElementTypeName(dtype)));
   }
-  bool first;
+  const uint64_t per = staging_->buffer_bytes() / esize;
+  bool first, last = false;
   {
     MutexLock l(&mu_);
     while (stepping_) step_cv_.Wait(&mu_);
     STRATA_RETURN_IF_ERROR(FailedLocked("AddGrad"));  // by the Step waited for
+    if (early_armed_) {
+      // Note [Updates during backward]: this is the tensor's last hand-over.
+      if (last_handed_[id]) {
+        return Status::FailedPrecondition(
+            "engine: AddGrad(" + specs_[id].name +
+            "): its last gradient before Step was handed over already "
+            "(BeginStep); sum a tensor's gradients before handing them over");
+      }
+      last_handed_[id] = 1;
+      last_chunks_[id] = static_cast<uint32_t>((n + per - 1) / per);
+      last = true;
+    }
     // The first hand-over of a step overwrites the accumulator; later ones
     // add to it. Jobs run in order, so the first one's land first.
     first = grad_count_[id]++ == 0;
@@ -1229,7 +1279,6 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     }
   }
   if (owned != nullptr) owned->RecordUse(*d2h_stream_);
-  const uint64_t per = staging_->buffer_bytes() / esize;
   Status st;
   for (uint64_t b = 0; st.ok() && b < n; b += per) {
     const uint64_t cnt = std::min(per, n - b);
@@ -1250,8 +1299,8 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     }
     auto shared = std::make_shared<StagingLease>(std::move(lease).value());
     accumulator_->Post(
-        Priority::kUrgent, [this, id, b, cnt, dtype, first, shared] {
-          Accumulate(id, b, cnt, dtype, first, std::move(*shared));
+        Priority::kUrgent, [this, id, b, cnt, dtype, first, last, shared] {
+          Accumulate(id, b, cnt, dtype, first, last, std::move(*shared));
         });
   }
   {
@@ -1266,7 +1315,8 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
 // On the accumulator: waits for the copy into `lease`, then adds it (as fp32)
 // into the tensor's accumulator, or overwrites it on the first micro-batch.
 void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
-                            ElementType dtype, bool first, StagingLease lease) {
+                            ElementType dtype, bool first, bool last,
+                            StagingLease lease) {
   Status st = lease.WaitDone();
   const TensorPlace& t = layout_->tensor(id);
   float* acc =
@@ -1294,9 +1344,24 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
     }
   }
   lease.Reset();
+  bool ready = false;
   {
     MutexLock l(&mu_);
     if (!st.ok() && grad_error_.ok()) grad_error_ = st;
+    // The unit's last gradients are all in: it may be updated now.
+    if (last && early_armed_ && --last_chunks_[id] == 0) {
+      ready =
+          --unit_waiting_[t.unit] == 0 && grad_error_.ok() && !undo_.empty();
+    }
+  }
+  // Posted before the hand-over counts as done, so that a Step, which waits
+  // for the hand-overs and then drains the stepper, finds it queued.
+  if (ready) {
+    const uint32_t u = t.unit;
+    stepper_->Post(Priority::kUrgent, [this, u] { EarlyUpdate(u); });
+  }
+  {
+    MutexLock l(&mu_);
     --grads_pending_;
   }
   grads_cv_.SignalAll();
@@ -1312,19 +1377,32 @@ Status EngineImpl::WaitGrads() {
 
 // ---- The optimizer step -----------------------------------------------------
 
-StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
+Status EngineImpl::CheckStepArgs(const StepArgs& args, const char* what) {
   if (!(args.loss_scale > 0) || !std::isfinite(args.loss_scale) ||
-      !(args.lr >= 0) || !(args.max_grad_norm >= 0)) {
+      !(args.lr >= 0) || !std::isfinite(args.lr) ||
+      !(args.max_grad_norm >= 0) || !std::isfinite(args.max_grad_norm)) {
     return Status::InvalidArgument(
-        "engine: Step needs loss_scale > 0 and finite, lr >= 0, "
-        "max_grad_norm >= 0");
+        std::string("engine: ") + what +
+        " needs loss_scale > 0, lr >= 0 and max_grad_norm >= 0, all finite");
   }
+  return Status::Ok();
+}
+
+StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
+  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, "Step"));
   {
     MutexLock l(&mu_);
     if (!started_)
       return Status::FailedPrecondition("engine: Step before Start");
     if (stepping_) return Status::FailedPrecondition("engine: Step is running");
     STRATA_RETURN_IF_ERROR(FailedLocked("Step"));
+    if (early_armed_ && (args.lr != early_args_.lr ||
+                         args.loss_scale != early_args_.loss_scale ||
+                         args.max_grad_norm != early_args_.max_grad_norm)) {
+      return Status::InvalidArgument(
+          "engine: Step's lr, loss_scale and max_grad_norm differ from the "
+          "BeginStep before it, whose updates may have begun");
+    }
     for (const UnitState& s : units_) {
       if (s.pins > 0) {
         return Status::FailedPrecondition(
@@ -1336,10 +1414,14 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
   }
   const auto t0 = Clock::now();
   StatusOr<StepResult> r = RunStep(args);
-  // The accumulator is idle (hand-overs wait for stepping_).
+  // The accumulator is idle (hand-overs wait for stepping_), and so is the
+  // stepper (RunStep drained it).
   if (grad_spill_) grad_spill_->EndStep();
+  early_pieces_.clear();
+  undo_used_ = 0;
   {
     MutexLock l(&mu_);
+    EndEarlyLocked();
     stepping_ = false;
     stats_.step_seconds =
         std::chrono::duration<double>(Clock::now() - t0).count();
@@ -1363,8 +1445,23 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
 }
 
 StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
-  // Everything handed over is in the accumulators; every fetch has landed.
-  STRATA_RETURN_IF_ERROR(WaitGrads());
+  // Everything handed over is in the accumulators, and every update it
+  // started during backward has run (Note [Updates during backward]).
+  Status grads = WaitGrads();
+  DrainStepper();
+  std::vector<uint32_t> rest;  // units not updated during backward
+  {
+    MutexLock l(&mu_);
+    if (grads.ok()) grads = early_error_;
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      if (early_state_[u] != kEarlyUpdated) rest.push_back(u);
+    }
+  }
+  if (!grads.ok()) {
+    STRATA_RETURN_IF_ERROR(UndoEarly());
+    return grads;
+  }
+  // Every fetch has landed.
   STRATA_RETURN_IF_ERROR(RunOnMover([] { return Status::Ok(); }));
   {
     // Fetches the mover started may still be reading: the step rewrites
@@ -1394,7 +1491,7 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   }
   // Note [Step pipeline]: the first pieces' reads go out now.
   if (grad_spill_) STRATA_RETURN_IF_ERROR(FlushGrads());
-  std::unique_ptr<StepReads> reads = NewStepReads();
+  std::unique_ptr<StepReads> reads = NewStepReads(rest, SIZE_MAX);
   STRATA_RETURN_IF_ERROR(StartReads(*reads, /*wait=*/false));
   // Global norm and overflow, over the unscaled gradient.
   STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats());
@@ -1402,6 +1499,8 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   StepResult result;
   result.grad_norm = std::sqrt(g.sum_sq) * inv_scale;
   if (!g.finite || !std::isfinite(result.grad_norm)) {
+    reads.reset();  // its reads end before the undo takes buffers
+    STRATA_RETURN_IF_ERROR(UndoEarly());
     result.applied = false;
     MutexLock l(&mu_);
     result.step = steps_;
@@ -1423,7 +1522,9 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   sa.inv_loss_scale = inv_scale;
   sa.clip_coef = clip;
   sa.check_overflow = false;  // checked above over the same gradient
-  if (Status st = UpdateAll(*reads, sa); !st.ok()) {
+  Status st = AfterConsumers();
+  if (st.ok()) st = UpdateAll(*reads, sa);
+  if (!st.ok()) {
     MutexLock l(&mu_);
     failed_ = st;  // Note [Engine failures]
     return st;
@@ -1503,20 +1604,25 @@ struct EngineImpl::StepReads {
   }
 };
 
-std::unique_ptr<EngineImpl::StepReads> EngineImpl::NewStepReads() {
+size_t EngineImpl::StepBuffersPerPiece() const {
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  return (nvme_states ? 3 : 0) + (options_.params != Residence::kHost ? 1 : 0) +
+         (grad_spill_ ? 1 : 0);
+}
+
+std::unique_ptr<EngineImpl::StepReads> EngineImpl::NewStepReads(
+    const std::vector<uint32_t>& units, size_t max_depth) {
   auto r = std::make_unique<StepReads>();
-  for (uint32_t u = 0; u < units_.size(); ++u) {
+  for (uint32_t u : units) {
     for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
       r->order.emplace_back(u, p);
     }
   }
-  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
-  r->per_piece = (nvme_states ? 3 : 0) +
-                 (options_.params != Residence::kHost ? 1 : 0) +
-                 (grad_spill_ ? 1 : 0);
+  r->per_piece = StepBuffersPerPiece();
   r->depth = r->per_piece == 0
                  ? 2
                  : std::max<size_t>(1, staging_->count() / r->per_piece);
+  r->depth = std::min(r->depth, std::max<size_t>(1, max_depth));
   return r;
 }
 
@@ -1578,7 +1684,8 @@ Status EngineImpl::StartReads(StepReads& r, bool wait) {
   return Status::Ok();
 }
 
-Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa) {
+Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa,
+                             std::vector<EarlyPiece>* undo) {
   std::vector<std::future<Status>> writes;
   Status first_error;
   while (first_error.ok()) {
@@ -1587,7 +1694,7 @@ Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa) {
     std::unique_ptr<StepPiece> cur = std::move(r.ahead.front());
     r.ahead.pop_front();
     first_error = cur->read.get();
-    if (first_error.ok()) first_error = UpdatePiece(*cur, sa, &writes);
+    if (first_error.ok()) first_error = UpdatePiece(*cur, sa, &writes, undo);
   }
   for (auto& w : writes) {
     Status st = w.get();
@@ -1601,7 +1708,8 @@ Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa) {
 }
 
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
-                               std::vector<std::future<Status>>* writes) {
+                               std::vector<std::future<Status>>* writes,
+                               std::vector<EarlyPiece>* undo) {
   const uint32_t u = piece.unit;
   UnitState& s = units_[u];
   const bool nvme_states = options_.optimizer_states == Residence::kNvme;
@@ -1624,6 +1732,20 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   t.working = options_.params == Residence::kHost
                   ? static_cast<void*>(HostAt(kParam, u, piece.begin))
                   : static_cast<void*>(piece.working.data());
+  if (undo != nullptr) {
+    EarlyPiece e;
+    e.unit = u;
+    e.index = piece.index;
+    e.begin = piece.begin;
+    e.n = piece.n;
+    e.undo_offset = undo_used_;
+    std::byte* d = undo_.data() + undo_used_;
+    std::memcpy(d, t.master, t.n * 4);
+    std::memcpy(d + t.n * 4, t.exp_avg, t.n * 4);
+    std::memcpy(d + t.n * 8, t.exp_avg_sq, t.n * 4);
+    undo_used_ += t.n * 12;
+    undo->push_back(e);
+  }
   STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
   if (!r.applied)
     return Status::Internal("engine: update refused a checked gradient");
@@ -1669,6 +1791,212 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
                     [group](Status st) { group->Finish(st); });
   }
   return Status::Ok();
+}
+
+// ---- Updates during backward ------------------------------------------------
+
+// Note [Updates during backward]
+// After BeginStep, each tensor's next hand-over is its last before Step. The
+// accumulator counts them per unit; once a unit's last gradients are all
+// added, it posts the unit to the stepper (a Worker), which updates it as
+// Step would, piece by piece through the same pipeline, while the trainer's
+// backward goes on: on a GPU machine the CPU's update overlaps the GPU's
+// backward. Step then updates only the units the stepper did not.
+//
+// What makes it safe:
+// - Nothing else touches the unit meanwhile. Fetch refuses a tensor whose
+//   last gradient was handed over; prefetch skips a unit being updated; the
+//   stepper waits for the unit's pins to drop and its arrivals to land, and
+//   for in-flight copies of host parameters to end; a device-resident copy
+//   is rewritten on the copy stream after the trainer's uses (the release
+//   stream's). Stale cached device copies are dropped by Step, as always.
+// - Bit-identical results: a piece is updated by the same call with the same
+//   arguments (the step number is the next one's), and Step's norm and
+//   overflow check still read every gradient in the same order.
+// - Undo: a gradient that is not finite may arrive after some units were
+//   updated, and then the whole step must be skipped. So before a piece is
+//   updated early its master and moments are copied into the undo buffer
+//   (step_overlap_bytes, allocated at Start; a unit that no longer fits is
+//   left to Step); undoing puts them back where they rest and rewrites the
+//   working copy from the old master (the working copy is always the
+//   master's rounding). An error during an early update is undone the same
+//   way, and the step fails cleanly. The stepper stops updating once it has
+//   seen a gradient that is not finite.
+// - Clipping scales every update by the whole gradient's norm, known only
+//   at the end, so BeginStep refuses max_grad_norm > 0. Gradients resting on
+//   NVMe are read by the step itself (GradSpill's open pieces belong to the
+//   accumulator), so with grads on NVMe nothing is updated early.
+
+Status EngineImpl::BeginStep(const StepArgs& args) {
+  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, "BeginStep"));
+  if (args.max_grad_norm > 0) {
+    return Status::InvalidArgument(
+        "engine: BeginStep needs max_grad_norm 0: clipping scales every "
+        "update by the norm of the whole gradient, known only once the last "
+        "gradient is in (clip with Step alone)");
+  }
+  MutexLock l(&mu_);
+  if (!started_) {
+    return Status::FailedPrecondition("engine: BeginStep before Start");
+  }
+  while (stepping_) step_cv_.Wait(&mu_);
+  STRATA_RETURN_IF_ERROR(FailedLocked("BeginStep"));
+  if (early_armed_) {
+    return Status::FailedPrecondition(
+        "engine: BeginStep called twice before a Step");
+  }
+  early_armed_ = true;
+  early_args_ = args;
+  std::fill(last_handed_.begin(), last_handed_.end(), 0);
+  std::fill(last_chunks_.begin(), last_chunks_.end(), 0);
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    unit_waiting_[u] = static_cast<uint32_t>(layout_->unit(u).tensors.size());
+  }
+  std::fill(early_state_.begin(), early_state_.end(), kEarlyNone);
+  early_overflow_ = false;
+  early_error_ = Status::Ok();
+  return Status::Ok();
+}
+
+void EngineImpl::EndEarlyLocked() {
+  early_armed_ = false;
+  std::fill(early_state_.begin(), early_state_.end(), kEarlyNone);
+  early_overflow_ = false;
+  early_error_ = Status::Ok();
+}
+
+void EngineImpl::DrainStepper() {
+  std::promise<void> drained;
+  std::future<void> f = drained.get_future();
+  stepper_->Post(Priority::kBackground, [&drained] { drained.set_value(); });
+  f.wait();
+}
+
+Status EngineImpl::AfterConsumers() {
+  if (options_.params != Residence::kDevice) return Status::Ok();
+  MutexLock l(&mu_);  // as Unpin, which enqueues on the release stream
+  STRATA_RETURN_IF_ERROR(device_->RecordEvent(*released_, *release_stream_));
+  return device_->WaitEvent(*copy_stream_, *released_);
+}
+
+// On the stepper.
+void EngineImpl::EarlyUpdate(uint32_t u) {
+  const uint64_t need = units_[u].elems * 12;
+  CpuStepArgs sa;
+  {
+    MutexLock l(&mu_);
+    UnitState& s = units_[u];
+    // Waits for the trainer's pins (Step, which drains the stepper, starts
+    // only once every pin is dropped) and for arrivals in flight.
+    while (early_armed_ && (s.pins > 0 || s.arriving || s.allocating)) {
+      cv_.Wait(&mu_);
+    }
+    if (!early_armed_ || early_overflow_ || !early_error_.ok() ||
+        undo_used_ + need > undo_.size()) {
+      return;  // Step updates it
+    }
+    early_state_[u] = kEarlyUpdating;
+    sa.step = steps_ + 1;
+    sa.lr = early_args_.lr;
+    sa.inv_loss_scale = 1.0 / early_args_.loss_scale;
+    sa.clip_coef = 1.0;
+    sa.check_overflow = false;  // checked below, and again by Step
+  }
+  bool finite = true;
+  Status st = EarlyUpdatePieces(u, sa, &finite);
+  {
+    MutexLock l(&mu_);
+    if (!st.ok()) {
+      if (early_error_.ok()) early_error_ = st;
+    } else if (!finite) {
+      early_overflow_ = true;
+      early_state_[u] = kEarlyNone;
+    } else {
+      early_state_[u] = kEarlyUpdated;
+      ++stats_.early_units;
+    }
+  }
+}
+
+Status EngineImpl::EarlyUpdatePieces(uint32_t u, const CpuStepArgs& sa,
+                                     bool* finite) {
+  for (uint64_t b = 0; b < units_[u].elems; b += piece_elems_) {
+    STRATA_ASSIGN_OR_RETURN(
+        GradStats g, optimizer_->ComputeGradStats(
+                         HostAt(kGrad, u, b), CpuDType::kFloat32,
+                         std::min(piece_elems_, units_[u].elems - b), 1.0));
+    if (!g.finite) {
+      *finite = false;
+      return Status::Ok();
+    }
+  }
+  if (options_.params == Residence::kHost) {
+    // Fetches of other units may still be copying these parameters.
+    STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+  }
+  STRATA_RETURN_IF_ERROR(AfterConsumers());
+  // Half the staging buffers at most, so that fetches still find some.
+  const size_t half =
+      staging_->count() / 2 / std::max<size_t>(1, StepBuffersPerPiece());
+  std::unique_ptr<StepReads> reads = NewStepReads({u}, half);
+  return UpdateAll(*reads, sa, &early_pieces_);
+}
+
+Status EngineImpl::UndoEarly() {
+  if (early_pieces_.empty()) return Status::Ok();
+  const bool nvme_states = options_.optimizer_states == Residence::kNvme;
+  Status st;
+  std::vector<uint32_t> units;
+  for (const EarlyPiece& e : early_pieces_) {
+    if (!st.ok()) break;
+    UnitState& s = units_[e.unit];
+    const std::byte* saved = undo_.data() + e.undo_offset;
+    for (int k = 0; st.ok() && k < 3; ++k) {
+      const int role = kMaster + k;
+      const std::byte* src = saved + k * e.n * 4;
+      if (!nvme_states) {
+        std::memcpy(HostAt(role, e.unit, e.begin), src, e.n * 4);
+        continue;
+      }
+      StatusOr<StagingLease> lease = staging_->Acquire();
+      st = lease.status();
+      if (!st.ok()) break;
+      std::memcpy(lease->data(), src, e.n * 4);
+      st = WritePiece(e.unit, role, e.index, lease->span());
+    }
+    if (!st.ok()) break;
+    // The working copy is the old master's rounding.
+    const CpuDType wt = ToCpu(s.dtype);
+    const size_t esize = ElementSize(s.dtype);
+    if (options_.params == Residence::kHost) {
+      st = ConvertCpuArray(saved, CpuDType::kFloat32,
+                           HostAt(kParam, e.unit, e.begin), wt, e.n);
+    } else {
+      StatusOr<StagingLease> lease = staging_->Acquire();
+      st = lease.status();
+      if (st.ok()) {
+        st = ConvertCpuArray(saved, CpuDType::kFloat32, lease->data(), wt, e.n);
+      }
+      if (st.ok() && options_.params == Residence::kNvme) {
+        st = WritePiece(e.unit, kParam, e.index, lease->span());
+      } else if (st.ok()) {
+        st = device_->CopyAsync(*copy_stream_, DevAt(s, e.begin * esize),
+                                lease->data(), e.n * esize,
+                                CopyKind::kHostToDevice);
+        if (st.ok()) st = lease->RecordDone(*copy_stream_);
+      }
+    }
+    if (units.empty() || units.back() != e.unit) units.push_back(e.unit);
+  }
+  if (st.ok() && options_.params == Residence::kDevice) {
+    st = device_->SynchronizeStream(*copy_stream_);
+  }
+  early_pieces_.clear();
+  undo_used_ = 0;
+  MutexLock l(&mu_);
+  stats_.early_undone += units.size();
+  if (!st.ok()) failed_ = st;  // Note [Engine failures]
+  return st;
 }
 
 // ---- Stats
@@ -1792,6 +2120,8 @@ std::string EngineStatsJson(const EngineStats& s) {
                       {"order_changes", s.order_changes},
                       {"steps", s.steps},
                       {"skipped_steps", s.skipped_steps},
+                      {"early_units", s.early_units},
+                      {"early_undone", s.early_undone},
                       {"step_seconds", s.step_seconds},
                       {"hot_path_allocations", s.hot_path_allocations},
                       {"fragmentation", s.fragmentation},

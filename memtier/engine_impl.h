@@ -26,6 +26,10 @@ namespace strata::memtier {
 // The roles of a unit, in the order of EngineImpl's per-role arrays.
 enum : int { kParam = 0, kGrad, kMaster, kExpAvg, kExpAvgSq, kRoles };
 
+// Where a unit stands in an update during backward (EngineImpl's
+// early_state_).
+enum : uint8_t { kEarlyNone = 0, kEarlyUpdating, kEarlyUpdated };
+
 // Counts asynchronous operations down; the last Finish runs `done` with the
 // first error. Thread-safe.
 class Countdown {
@@ -129,6 +133,7 @@ class EngineImpl final : public Engine {
   Status AddGrad(TensorId id, DeviceMemory grad, ElementType dtype,
                  Stream& producer) override;
   Status WaitGrads() override;
+  Status BeginStep(const StepArgs& args) override;
   StatusOr<StepResult> Step(const StepArgs& args) override;
   EngineStats stats() const override;
   const TensorSpec& spec(TensorId id) const override { return specs_[id]; }
@@ -141,6 +146,14 @@ class EngineImpl final : public Engine {
  private:
   struct StepPiece;
   struct StepReads;
+  // Note [Updates during backward] (engine.cc): where the pre-update states
+  // of a piece updated early are kept.
+  struct EarlyPiece {
+    uint32_t unit = 0;
+    size_t index = 0;
+    uint64_t begin = 0, n = 0;
+    uint64_t undo_offset = 0;  // bytes into undo_: master, exp_avg, exp_avg_sq
+  };
 
   Residence RoleResidence(int role) const;
   size_t ElemBytes(int role, const UnitState& s) const;
@@ -213,7 +226,22 @@ class EngineImpl final : public Engine {
   Status AddGradImpl(TensorId id, const void* grad, size_t avail,
                      ElementType dtype, Stream& producer, DeviceMemory* owned);
   void Accumulate(TensorId id, uint64_t begin, uint64_t n, ElementType dtype,
-                  bool first, StagingLease lease);
+                  bool first, bool last, StagingLease lease);
+
+  // Note [Updates during backward] (engine.cc).
+  static Status CheckStepArgs(const StepArgs& args, const char* what);
+  void EarlyUpdate(uint32_t unit);
+  Status EarlyUpdatePieces(uint32_t unit, const CpuStepArgs& args,
+                           bool* finite);
+  // Runs the stepper's queued jobs and waits for them.
+  void DrainStepper();
+  // Puts back the states and working copies of the pieces updated early.
+  Status UndoEarly();
+  void EndEarlyLocked() STRATA_REQUIRES(mu_);
+  // Orders the copy stream after the trainer's uses of the parameters so far
+  // (the release stream waits for them: Note [Consumer streams]), before a
+  // step rewrites parameters resting on the device.
+  Status AfterConsumers() STRATA_EXCLUDES(mu_);
 
   StatusOr<StepResult> RunStep(const StepArgs& args);
   // Note [Gradients on NVMe]: the open pieces written back, on the
@@ -223,13 +251,21 @@ class EngineImpl final : public Engine {
   // piece, in piece order, wherever the gradients rest (after FlushGrads).
   StatusOr<GradStats> GradientStats();
   // Note [Step pipeline] (engine.cc).
-  std::unique_ptr<StepReads> NewStepReads();
+  // Staging buffers one piece of the step holds.
+  size_t StepBuffersPerPiece() const;
+  // The pieces of `units` in order; at most `max_depth` read ahead.
+  std::unique_ptr<StepReads> NewStepReads(const std::vector<uint32_t>& units,
+                                          size_t max_depth);
   // Starts the reads of the next pieces, as many as the buffers free now
   // allow (with `wait`, waits for buffers when none is started).
   Status StartReads(StepReads& reads, bool wait);
-  Status UpdateAll(StepReads& reads, const CpuStepArgs& args);
+  Status UpdateAll(StepReads& reads, const CpuStepArgs& args,
+                   std::vector<EarlyPiece>* undo = nullptr);
+  // With `undo`, the piece's states before the update are saved there first
+  // (Note [Updates during backward]).
   Status UpdatePiece(StepPiece& piece, const CpuStepArgs& args,
-                     std::vector<std::future<Status>>* writes);
+                     std::vector<std::future<Status>>* writes,
+                     std::vector<EarlyPiece>* undo);
   void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
 
   const EngineOptions options_;
@@ -257,6 +293,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<SwapSpace> swap_;      // touched by the mover only
   std::vector<float> scratch_;           // the accumulator's conversions
   std::unique_ptr<Event> producer_event_;
+  std::unique_ptr<Event> released_;  // the release stream's work so far
   std::atomic<bool> started_{false};
 
   mutable Mutex mu_;
@@ -283,6 +320,22 @@ class EngineImpl final : public Engine {
   // A Step that failed part-way (Note [Engine failures]); OK otherwise.
   Status failed_ STRATA_GUARDED_BY(mu_);
 
+  // Note [Updates during backward] (engine.cc).
+  bool early_armed_ STRATA_GUARDED_BY(mu_) = false;
+  StepArgs early_args_ STRATA_GUARDED_BY(mu_);
+  // Per tensor: its last gradient was handed over; its copies not yet added.
+  std::vector<uint8_t> last_handed_ STRATA_GUARDED_BY(mu_);
+  std::vector<uint32_t> last_chunks_ STRATA_GUARDED_BY(mu_);
+  // Per unit: tensors whose last gradient is not added yet; kEarly* state.
+  std::vector<uint32_t> unit_waiting_ STRATA_GUARDED_BY(mu_);
+  std::vector<uint8_t> early_state_ STRATA_GUARDED_BY(mu_);
+  bool early_overflow_ STRATA_GUARDED_BY(mu_) = false;
+  Status early_error_ STRATA_GUARDED_BY(mu_);
+  // The stepper's, read by Step once it has drained the stepper.
+  HostBuffer undo_;
+  uint64_t undo_used_ = 0;
+  std::vector<EarlyPiece> early_pieces_;
+
   // NVMe operations submitted and whose `done` has not returned yet: the
   // destructor waits for none before it destroys the swap space.
   Mutex io_mu_;
@@ -292,6 +345,8 @@ class EngineImpl final : public Engine {
   // Last: their jobs use everything above. Reset first in the destructor.
   std::unique_ptr<Worker> mover_;        // all NVMe I/O
   std::unique_ptr<Worker> accumulator_;  // gradient accumulation
+  // Updates during backward; posted to by the accumulator.
+  std::unique_ptr<Worker> stepper_;
 };
 
 }  // namespace strata::memtier

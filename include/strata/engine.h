@@ -130,6 +130,9 @@ struct EngineStats {
   double stall_seconds = 0;
   uint64_t evictions = 0, order_changes = 0;
   uint64_t steps = 0, skipped_steps = 0;
+  // Units updated while backward still ran (BeginStep), and of those the
+  // ones undone because a later gradient was not finite.
+  uint64_t early_units = 0, early_undone = 0;
   double step_seconds = 0;  // of the last Step
   // Memory obtained from the system (host or device) after the first step:
   // the hot path should never allocate.
@@ -182,6 +185,21 @@ class STRATA_EXPORT Engine {
                          Stream& producer) = 0;
   // Blocks until every gradient handed over has been accumulated.
   virtual Status WaitGrads() = 0;
+
+  // Optional, before the backward of the step's last micro-batch: the next
+  // gradient handed over for each tensor is its last before Step(args). The
+  // engine may then update a unit (master, moments, working copy) as soon as
+  // the last gradients of all its tensors are in, while the trainer's
+  // backward still runs, for up to EngineOptions::step_overlap_bytes of
+  // optimizer state; Step(args) updates the rest. A non-finite gradient
+  // found later undoes those updates, so the result is bit-identical to a
+  // Step without BeginStep (docs/memtier.md, "Updates during backward").
+  // Needs args.max_grad_norm == 0 (clipping needs the norm of the whole
+  // gradient first); Step must get the same args. Until Step returns, a
+  // tensor whose last gradient was handed over may be neither fetched nor
+  // given another gradient (kFailedPrecondition): a tensor used twice in
+  // one backward (tied weights) sums its gradients before handing them over.
+  virtual Status BeginStep(const StepArgs& args) = 0;
 
   // The optimizer over every partition: unscale, overflow check, clip,
   // update, and the new working copy sent to where parameters rest. Waits

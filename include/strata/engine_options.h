@@ -139,6 +139,13 @@ struct EngineOptions {
   // parameters per sub-group. 1 .. 1 PiB. Default 2,000,000,000 (1e9
   // elements).
   uint64_t sub_group_bytes = 2'000'000'000;
+  // Bytes of fp32 optimizer state (master and two moments: 12 per element)
+  // that may be updated while backward still runs, after Engine::BeginStep.
+  // Their values before the update are kept in a host buffer of this size,
+  // allocated at start, so that a non-finite gradient found later can undo
+  // them. 0 = off (BeginStep is accepted; Step does all the work). At most
+  // 1 PiB. Default 0.
+  uint64_t step_overlap_bytes = 0;
 
   // ---- NVMe I/O ----
   IoEngineOptions io;  // backend, queue depth (1 .. 32768), O_DIRECT

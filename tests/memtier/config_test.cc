@@ -148,6 +148,7 @@ TEST(EngineConfigTest, DeepSpeedZero3NvmeOffload) {
   EXPECT_EQ(o.max_live_bytes, 2'000'000'000u);
   EXPECT_EQ(o.max_reuse_distance_bytes, 2'000'000'000u);
   EXPECT_EQ(o.sub_group_bytes, 2'000'000'000u);
+  EXPECT_EQ(o.step_overlap_bytes, 0u);
   EXPECT_EQ(o.max_persistent_bytes, EngineOptions::kUnlimited);
   EXPECT_EQ(o.io_block_bytes, 1u << 20);
   EXPECT_EQ(o.io.queue_depth, 16u);
@@ -266,6 +267,7 @@ TEST(EngineConfigTest, StrataKeys) {
       "prefetch_bytes": 0, "max_live_bytes": 1e9,
       "persistence_threshold_bytes": 65536, "max_persistent_bytes": 1048576,
       "max_reuse_distance_bytes": 0, "sub_group_bytes": 268435456,
+      "step_overlap_bytes": 1073741824,
       "io_block_bytes": 2097152,
       "io": {"backend": "psync", "queue_depth": 64, "direct_io": false,
              "register_buffers": false, "register_files": false,
@@ -299,6 +301,7 @@ TEST(EngineConfigTest, StrataKeys) {
   EXPECT_EQ(o.max_persistent_bytes, 1u << 20);
   EXPECT_EQ(o.max_reuse_distance_bytes, 0u);
   EXPECT_EQ(o.sub_group_bytes, 256u << 20);
+  EXPECT_EQ(o.step_overlap_bytes, 1u << 30);
   EXPECT_EQ(o.io_block_bytes, 2u << 20);
   EXPECT_EQ(o.io.backend, IoBackend::kThreads);
   EXPECT_EQ(o.io.queue_depth, 64u);

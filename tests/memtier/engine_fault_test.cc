@@ -757,6 +757,46 @@ TEST_P(EngineFaultTest, FetchWaitsForArrivalsInsteadOfRunningOutOfBudget) {
   ExpectCallbacksBalanced();
 }
 
+// ---- Faults during updates in backward (BeginStep) -------------------------
+
+// A write that fails while units are updated during backward (the only
+// writes then are theirs) fails the step naming the tensor, but the updates
+// are undone, so the engine stays usable: the steps after it end
+// bit-identical with a fault-free run.
+TEST_P(EngineFaultTest, AFaultDuringAnEarlyUpdateIsUndone) {
+  const auto base = Baseline();
+  for (uint64_t nth : {1, 6}) {
+    SCOPED_TRACE("write " + std::to_string(nth));
+    const FaultRule rule = {
+        .op = IoOp::kWrite, .err = ENOSPC, .nth = nth, .count = 1};
+    EngineOptions o = Options();
+    o.step_overlap_bytes = 16 << 20;
+    Trainer t(o);
+    ASSERT_TRUE(t.Start().ok());
+    ASSERT_TRUE(t.TrainStep().ok());
+    StepArgs a;
+    a.lr = 1e-2;  // as Trainer::Step
+    ASSERT_TRUE(t.engine().BeginStep(a).ok());
+    plan_->Clear();
+    plan_->Add(rule);
+    Status st = t.MicroBatch();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    auto r = t.Step();
+    plan_->Clear();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kNoSpace) << r.status().ToString();
+    EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
+    EXPECT_GT(t.engine().stats().early_undone, 0u);
+    for (int s = 1; s < kSteps; ++s) {
+      st = t.TrainStep();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+    ExpectSame(base, t.Masters());
+    t.Destroy();
+    ExpectCallbacksBalanced();
+  }
+}
+
 // ---- Row 17: shutdown with I/O in flight ------------------------------------
 
 // The engine is destroyed at every point of a second step (the trace is
@@ -797,6 +837,35 @@ TEST_P(EngineFaultTest, DestroyedWithFetchesPrefetchesAndGradsInFlight) {
       t.Destroy();
       EXPECT_EQ(t.device().memory_stats().in_use_bytes, 0u)
           << "device memory left allocated";
+    }
+    ExpectCallbacksBalanced();
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), pinned_before);
+    EXPECT_EQ(SwapFile(), "") << "swap file left behind";
+  }
+}
+
+// Row 17 with updates during backward queued and running: the engine is
+// destroyed right after the last gradient was handed over.
+TEST_P(EngineFaultTest, DestroyedWithEarlyUpdatesInFlight) {
+  const uint64_t pinned_before = HostBuffer::TotalPinnedBytes();
+  for (int handed = 1; handed <= kTensors; handed += 3) {
+    SCOPED_TRACE(std::to_string(handed) + " gradients handed over");
+    {
+      EngineOptions o = Options();
+      o.step_overlap_bytes = 16 << 20;
+      Trainer t(o);
+      ASSERT_TRUE(t.Start().ok());
+      ASSERT_TRUE(t.TrainStep().ok());
+      StepArgs a;
+      a.lr = 1e-2;
+      ASSERT_TRUE(t.engine().BeginStep(a).ok());
+      for (int i = 0; i < handed; ++i) {
+        std::vector<uint16_t> p;
+        ASSERT_TRUE(t.FetchToHost(i, &p).ok());
+        ASSERT_TRUE(t.AddGrad(i, p).ok());
+      }
+      t.Destroy();
+      EXPECT_EQ(t.device().memory_stats().in_use_bytes, 0u);
     }
     ExpectCallbacksBalanced();
     EXPECT_EQ(HostBuffer::TotalPinnedBytes(), pinned_before);

@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -137,6 +141,7 @@ class LinearNet {
       STRATA_RETURN_IF_ERROR(Gemm(GemmOp::kNoTranspose, GemmOp::kTranspose,
                                   kWidth, kWidth, kBatch, dybf.data(), kWidth,
                                   ybf[l].data(), kWidth, dw.data()));
+      if (before_grad) STRATA_RETURN_IF_ERROR(before_grad(l, dw));
       STRATA_RETURN_IF_ERROR(eng_->AddGrad(ids_[l], std::move(dw),
                                            ElementType::kFloat32, *stream_));
       // dy_{l-1} = W^T dy.
@@ -154,10 +159,14 @@ class LinearNet {
     return v;
   }
 
+  // Called before each layer's gradient is handed over (it may change it).
+  std::function<Status(int layer, DeviceMemory& grad)> before_grad;
+
   const std::vector<TensorId>& ids() const { return ids_; }
   const std::vector<TensorId>& small() const { return small_; }
   double loss() const { return loss_; }
   Stream& stream() { return *stream_; }
+  Device& device() { return *dev_; }
 
  private:
   Status Convert(const DeviceMemory& in, DeviceMemory& out, size_t n) {
@@ -201,7 +210,19 @@ struct Trained {
   EngineStats stats;
 };
 
-Trained Train(EngineOptions o, int steps = 3, int micro = 2) {
+// How Train steps.
+struct Plan {
+  int steps = 3;
+  int micro = 2;
+  double clip = 1.0;
+  // BeginStep before each step's last micro-batch.
+  bool begin_step = false;
+  // Runs before each step (0-based), e.g. to set the net's before_grad.
+  std::function<void(int step, Engine& engine, LinearNet& net)> before_step;
+  int skipped_step = -1;  // the one step expected not to be applied
+};
+
+Trained Train(EngineOptions o, const Plan& plan) {
   auto dev = HostDevice();
   auto eng = Engine::Create(o, dev.get());
   EXPECT_TRUE(eng.ok()) << eng.status().ToString();
@@ -213,26 +234,39 @@ Trained Train(EngineOptions o, int steps = 3, int micro = 2) {
   if (!st.ok()) return t;
   st = net.Init(7);
   EXPECT_TRUE(st.ok()) << st.ToString();
-  for (int s = 0; s < steps; ++s) {
-    for (int m = 0; m < micro; ++m) {
+  StepArgs a;
+  a.lr = 1e-3;
+  a.max_grad_norm = plan.clip;
+  for (int s = 0; s < plan.steps; ++s) {
+    net.before_grad = nullptr;
+    if (plan.before_step) plan.before_step(s, **eng, net);
+    for (int m = 0; m < plan.micro; ++m) {
+      if (plan.begin_step && m == plan.micro - 1) {
+        st = (*eng)->BeginStep(a);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+      }
       st = net.MicroBatch(100 + m);  // the same batches every step
       EXPECT_TRUE(st.ok()) << st.ToString();
       if (!st.ok()) return t;
       t.losses.push_back(net.loss());
     }
-    StepArgs a;
-    a.lr = 1e-3;
-    a.max_grad_norm = 1.0;
     auto r = (*eng)->Step(a);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (r.ok()) {
-      EXPECT_TRUE(r->applied);
+      EXPECT_EQ(r->applied, s != plan.skipped_step) << "step " << s;
     }
   }
   for (TensorId id : net.ids()) t.masters.push_back(net.Master(id));
   for (TensorId id : net.small()) t.masters.push_back(net.Master(id));
   t.stats = (*eng)->stats();
   return t;
+}
+
+Trained Train(EngineOptions o, int steps = 3, int micro = 2) {
+  Plan p;
+  p.steps = steps;
+  p.micro = micro;
+  return Train(o, p);
 }
 
 void ExpectBitIdentical(const Trained& a, const Trained& b) {
@@ -298,6 +332,100 @@ TEST(EngineTest, OffloadingChangesNothing) {
     ExpectBitIdentical(base, Train(host));
     EngineOptions one = resident;
     ExpectBitIdentical(Train(one, 3, 1), Train(host, 3, 1));
+  }
+}
+
+// The tiers the tests of updates during backward run over; NVMe on the
+// in-memory backend.
+EngineOptions OverlapOptions(Residence params, Residence states,
+                             const std::string& dir) {
+  EngineOptions o = BaseOptions();
+  o.params = params;
+  o.optimizer_states = states;
+  if (params == Residence::kNvme || states == Residence::kNvme) {
+    o.nvme_paths = {dir};
+    o.io.backend = IoBackend::kMemory;
+  }
+  if (params != Residence::kDevice) o.device_budget_bytes = 4 * kUnitBytes;
+  o.step_overlap_bytes = 64 << 20;
+  return o;
+}
+
+const std::vector<std::pair<Residence, Residence>> kOverlapTiers = {
+    {Residence::kDevice, Residence::kHost},
+    {Residence::kHost, Residence::kHost},
+    {Residence::kNvme, Residence::kNvme},
+    {Residence::kDevice, Residence::kNvme}};
+
+std::string TiersName(Residence params, Residence states) {
+  return "params on " + std::string(ResidenceName(params)) + ", states on " +
+         std::string(ResidenceName(states));
+}
+
+TEST(EngineTest, UpdatesDuringBackwardChangeNothing) {
+  for (const auto& [params, states] : kOverlapTiers) {
+    SCOPED_TRACE(TiersName(params, states));
+    ScratchDir dir;
+    EngineOptions o = OverlapOptions(params, states, dir.path());
+    Plan plain;
+    plain.clip = 0;
+    const Trained base = Train(o, plain);
+    ASSERT_FALSE(base.masters.empty());
+    EXPECT_EQ(base.stats.early_units, 0u);
+    Plan overlap = plain;
+    overlap.begin_step = true;
+    const Trained t = Train(o, overlap);
+    ExpectBitIdentical(base, t);
+    // Every layer, every step; the packed unit of small tensors gets no
+    // gradient and is left to Step.
+    EXPECT_EQ(t.stats.early_units, 3u * kLayers);
+    EXPECT_EQ(t.stats.early_undone, 0u);
+    if (params == Residence::kHost && states == Residence::kHost) {
+      // An undo buffer of five layers' states: five layers a step.
+      o.step_overlap_bytes = 5 * kWidth * kWidth * 12;
+      const Trained five = Train(o, overlap);
+      ExpectBitIdentical(base, five);
+      EXPECT_EQ(five.stats.early_units, 3u * 5);
+    }
+  }
+}
+
+TEST(EngineTest, ANonFiniteGradientAfterEarlyUpdatesUndoesThem) {
+  for (const auto& [params, states] : kOverlapTiers) {
+    SCOPED_TRACE(TiersName(params, states));
+    ScratchDir dir;
+    const EngineOptions o = OverlapOptions(params, states, dir.path());
+    Plan plain;
+    plain.clip = 0;
+    const Trained base = Train(o, plain);
+    // The same three steps, with a skipped one between the first two: the
+    // last micro-batch of step 1 hands over a NaN for layer 0, the last
+    // layer of backward, once the nineteen others were updated.
+    Plan p = plain;
+    p.steps = 4;
+    p.begin_step = true;
+    p.skipped_step = 1;
+    p.before_step = [](int step, Engine& eng, LinearNet& net) {
+      if (step != 1) return;
+      const uint64_t before = eng.stats().early_units;
+      auto calls = std::make_shared<int>(0);
+      net.before_grad = [&eng, &net, before, calls](int layer,
+                                                    DeviceMemory& g) -> Status {
+        if (layer != 0 || ++*calls != 2) return Status::Ok();
+        for (int i = 0; eng.stats().early_units < before + kLayers - 1; ++i) {
+          if (i == 60000) return Status::Internal("no early updates");
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return net.device().MemsetAsync(net.stream(), g.data(), 0xff, g.size());
+      };
+    };
+    Trained t = Train(o, p);
+    ASSERT_EQ(t.losses.size(), 8u);
+    t.losses.erase(t.losses.begin() + 2, t.losses.begin() + 4);
+    ExpectBitIdentical(base, t);
+    EXPECT_EQ(t.stats.early_undone, uint64_t{kLayers} - 1);
+    EXPECT_EQ(t.stats.skipped_steps, 1u);
+    EXPECT_EQ(t.stats.early_units, 3u * kLayers + kLayers - 1);
   }
 }
 
@@ -588,6 +716,47 @@ TEST_F(EngineFixture, ErrorsNameWhatIsWrong) {
   auto pin = eng_->Fetch(ids_[0]);
   ASSERT_TRUE(pin.ok());
   EXPECT_EQ(eng_->Step({}).status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(EngineFixture, BeginStepStatesItsContract) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.step_overlap_bytes = 1 << 20;
+  Make(o, 2);
+  StepArgs clip;
+  clip.max_grad_norm = 1;
+  Status st = eng_->BeginStep(clip);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("max_grad_norm"), std::string::npos);
+  ASSERT_TRUE(eng_->BeginStep({}).ok());
+  EXPECT_EQ(eng_->BeginStep({}).code(), StatusCode::kFailedPrecondition);
+
+  auto stream = std::move(dev_->NewStream({}).value());
+  auto grad = std::move(dev_->Allocate(kWidth * kWidth * 4, *stream).value());
+  ASSERT_TRUE(
+      dev_->MemsetAsync(*stream, grad.data(), 0, kWidth * kWidth * 4).ok());
+  ASSERT_TRUE(
+      eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream).ok());
+  st = eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("t0"), std::string::npos) << st.ToString();
+  EXPECT_EQ(eng_->Fetch(ids_[0]).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(eng_->Fetch(ids_[1]).ok());  // no gradient handed over yet
+  StepArgs other;
+  other.lr = 0.5;
+  EXPECT_EQ(eng_->Step(other).status().code(), StatusCode::kInvalidArgument);
+  auto r = eng_->Step({});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->applied);
+  EXPECT_EQ(eng_->stats().early_units, 1u);
+  // Past the Step, the tensor is an ordinary one again.
+  EXPECT_TRUE(eng_->Fetch(ids_[0]).ok());
+  EXPECT_TRUE(
+      eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream).ok());
+  EXPECT_TRUE(
+      eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream).ok());
+  EXPECT_TRUE(eng_->WaitGrads().ok());
 }
 
 }  // namespace
