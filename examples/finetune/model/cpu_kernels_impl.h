@@ -497,49 +497,66 @@ void GeluBackward(float* dinout, const float* inp, size_t n) {
   });
 }
 
+// Keys (or values) of one head, transposed to [hs][n] so that the scores
+// of a query against every key are FMAs over contiguous keys rather than
+// one horizontal sum per key.
+inline void TransposeHead(float* dst, const float* base, size_t C3, size_t n,
+                          size_t hs) {
+  for (size_t s = 0; s < n; ++s) {
+    const float* k = base + s * C3;
+    for (size_t i = 0; i < hs; ++i) dst[i * n + s] = k[i];
+  }
+}
+
+// a[0..n) = sum_i q[i] * scale * kt[i][0..n), kt rows of stride `ld`.
+inline void Scores(float* a, const float* q, float scale, const float* kt,
+                   size_t ld, size_t n, size_t hs) {
+  std::fill(a, a + n, 0.0f);
+  for (size_t i = 0; i < hs; ++i) Axpy(a, q[i] * scale, kt + i * ld, n);
+}
+
+constexpr size_t kAttnRows = 32;  // queries per task
+
 void AttentionForward(void* out, float* att, const float* qkv, DType wt, int B,
                       int T, int C, int NH) {
   const size_t hs = C / NH, C3 = 3 * size_t(C);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t chunks = (size_t(T) + kAttnRows - 1) / kAttnRows;
   WithType(wt, [&](auto tag) {
     using S = decltype(tag);
     S* os = static_cast<S*>(out);
-    const size_t rows = size_t(B) * NH * T;
-    tbb::parallel_for(
-        tbb::blocked_range<size_t>(0, rows, Grain(size_t(T) * hs)),
-        [&](const tbb::blocked_range<size_t>& r) {
-          std::vector<float> acc(hs);
-          for (size_t row = r.begin(); row != r.end(); ++row) {
-            const size_t t = row % T, h = (row / T) % NH,
-                         b = row / (size_t(T) * NH);
-            const float* q = qkv + (b * T + t) * C3 + h * hs;
-            const float* base = qkv + b * T * C3 + h * hs;
-            float* a = att + row * T;
-            float mx = -INFINITY;
-            for (size_t s = 0; s <= t; ++s) {
-              a[s] = Dot(q, base + s * C3 + C, hs) * scale;
-              mx = std::max(mx, a[s]);
-            }
-            const float sum = SumOf(t + 1, [&]<class U>(size_t s) {
-              const auto e = U::Exp(U::Sub(U::Load(a + s), U::Set(mx)));
-              U::Store(a + s, e);
-              return e;
-            });
-            const float inv = 1.0f / sum;
-            ForEach(t + 1, [&]<class U>(size_t s) {
-              U::Store(a + s, U::Mul(U::Load(a + s), U::Set(inv)));
-            });
-            std::fill(a + t + 1, a + T, 0.0f);
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (size_t s = 0; s <= t; ++s) {
-              Axpy(acc.data(), a[s], base + s * C3 + 2 * size_t(C), hs);
-            }
-            S* o = os + (b * T + t) * C + h * hs;
-            ForEach(hs, [&]<class U>(size_t i) {
-              U::Store(o + i, U::Load(acc.data() + i));
-            });
-          }
+    tbb::parallel_for(size_t{0}, size_t(B) * NH * chunks, [&](size_t task) {
+      const size_t bh = task / chunks, b = bh / NH, h = bh % NH;
+      const size_t t0 = (task % chunks) * kAttnRows;
+      const size_t t1 = std::min<size_t>(T, t0 + kAttnRows);
+      const float* base = qkv + b * T * C3 + h * hs;
+      std::vector<float> kt(hs * t1), acc(hs);
+      TransposeHead(kt.data(), base + C, C3, t1, hs);
+      for (size_t t = t0; t < t1; ++t) {
+        float* a = att + (bh * T + t) * T;
+        Scores(a, base + t * C3, scale, kt.data(), t1, t + 1, hs);
+        float mx = -INFINITY;
+        for (size_t s = 0; s <= t; ++s) mx = std::max(mx, a[s]);
+        const float sum = SumOf(t + 1, [&]<class U>(size_t s) {
+          const auto e = U::Exp(U::Sub(U::Load(a + s), U::Set(mx)));
+          U::Store(a + s, e);
+          return e;
         });
+        const float inv = 1.0f / sum;
+        ForEach(t + 1, [&]<class U>(size_t s) {
+          U::Store(a + s, U::Mul(U::Load(a + s), U::Set(inv)));
+        });
+        std::fill(a + t + 1, a + T, 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (size_t s = 0; s <= t; ++s) {
+          Axpy(acc.data(), a[s], base + s * C3 + 2 * size_t(C), hs);
+        }
+        S* o = os + (b * T + t) * C + h * hs;
+        ForEach(hs, [&]<class U>(size_t i) {
+          U::Store(o + i, U::Load(acc.data() + i));
+        });
+      }
+    });
   });
 }
 
@@ -551,7 +568,7 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
   // the same head, and heads own disjoint columns.
   tbb::parallel_for(size_t{0}, size_t(B) * NH, [&](size_t bh) {
     const size_t b = bh / NH, h = bh % NH;
-    std::vector<float> dp(T);
+    std::vector<float> dp(T), vt(hs * T);
     for (size_t t = 0; t < size_t(T); ++t) {
       float* row = dqkv + (b * T + t) * C3 + h * hs;
       std::fill(row, row + hs, 0.0f);
@@ -560,21 +577,19 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
     }
     const float* base = qkv + b * T * C3 + h * hs;
     float* dbase = dqkv + b * T * C3 + h * hs;
+    TransposeHead(vt.data(), base + 2 * C, C3, T, hs);
     for (size_t t = 0; t < size_t(T); ++t) {
       const float* a = att + (bh * T + t) * T;
       const float* d = dout + (b * T + t) * C + h * hs;
       const float* q = base + t * C3;
       float* dq = dbase + t * C3;
-      float pdp = 0.0f;
-      for (size_t s = 0; s <= t; ++s) {
-        dp[s] = Dot(d, base + s * C3 + 2 * C, hs);
-        pdp += a[s] * dp[s];
-        Axpy(dbase + s * C3 + 2 * C, a[s], d, hs);  // dv_s += p_s dout_t
-      }
+      Scores(dp.data(), d, 1.0f, vt.data(), T, t + 1, hs);  // dp_s = d . v_s
+      const float pdp = Dot(a, dp.data(), t + 1);
       for (size_t s = 0; s <= t; ++s) {
         const float ds = a[s] * (dp[s] - pdp) * scale;
         Axpy(dq, ds, base + s * C3 + C, hs);
         Axpy(dbase + s * C3 + C, ds, q, hs);
+        Axpy(dbase + s * C3 + 2 * C, a[s], d, hs);  // dv_s += p_s dout_t
       }
     }
   });

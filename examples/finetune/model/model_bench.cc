@@ -1,10 +1,14 @@
 // finetune-model-bench: how fast the model's CPU kernels and its whole
 // forward + backward run on the host-emulated device.
-//   finetune-model-bench kernels   each CPU kernel: AVX2 set, scalar set and
-//                                   a naive single-threaded loop
+//   finetune-model-bench kernels   each CPU kernel on one thread, in CPU
+//                                   time (stable on a loaded machine): AVX2
+//                                   set, scalar set, a naive loop
 //   finetune-model-bench model [preset|tiny] [B] [T] [bf16|fp32]
 //                                   one training step's time, its model
 //                                   FLOP rate, and the device's sgemm rate
+#include <tbb/global_control.h>
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +25,20 @@
 
 namespace finetune {
 namespace {
+
+double CpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+// Process CPU seconds per call of `f`.
+double CpuTime(const std::function<void()>& f, int reps) {
+  f();  // warm up
+  const double t0 = CpuSeconds();
+  for (int i = 0; i < reps; ++i) f();
+  return (CpuSeconds() - t0) / reps;
+}
 
 double Seconds(const std::function<void()>& f, int reps) {
   f();  // warm up
@@ -106,6 +124,8 @@ void NaiveAttention(float* out, float* att, const float* qkv, int B, int T,
 }
 
 int Kernels() {
+  tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism,
+                                 1);
   const int N = 4 * 256, C = 768, V = 50257, B = 4, T = 256, NH = 12;
   const auto x = Random(size_t(N) * 4 * C, 1.0f);
   const auto w = Random(C, 1.0f), b = Random(C, 1.0f);
@@ -114,16 +134,16 @@ int Kernels() {
   std::vector<float> out(size_t(N) * 4 * C), mean(N), rstd(N),
       dl(size_t(64) * V), losses(N), att(size_t(B) * NH * T * T);
   const auto qkv = Random(size_t(N) * 3 * C, 1.0f);
-  std::printf("%-22s %12s %12s %12s %8s\n", "kernel (shape)", "avx2 ms",
+  std::printf("%-22s %12s %12s %12s %8s\n", "kernel (1 thread)", "avx2 ms",
               "scalar ms", "naive ms", "speedup");
   auto row = [](const char* name,
                 const std::function<void(const CpuKernels&)>& f,
                 const std::function<void()>& naive, int reps) {
     const double a = cpu::IsaSupported(Isa::kAvx2)
-                         ? Seconds([&] { f(cpu::Kernels(Isa::kAvx2)); }, reps)
+                         ? CpuTime([&] { f(cpu::Kernels(Isa::kAvx2)); }, reps)
                          : NAN;
-    const double s = Seconds([&] { f(cpu::Kernels(Isa::kScalar)); }, reps);
-    const double n = Seconds(naive, reps);
+    const double s = CpuTime([&] { f(cpu::Kernels(Isa::kScalar)); }, reps);
+    const double n = CpuTime(naive, reps);
     std::printf("%-22s %12.3f %12.3f %12.3f %7.1fx\n", name, a * 1e3, s * 1e3,
                 n * 1e3, n / a);
   };
