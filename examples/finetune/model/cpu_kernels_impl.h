@@ -182,17 +182,17 @@ struct Avx2Vec {
                                        _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
   }
   static float Sum(R v) {
-    __m128 lo =
-        _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
+    return Horizontal(v, [](__m128 x, __m128 y) { return _mm_add_ps(x, y); });
   }
   static float HMax(R v) {
-    __m128 lo =
-        _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_max_ss(lo, _mm_movehdup_ps(lo));
+    return Horizontal(v, [](__m128 x, __m128 y) { return _mm_max_ps(x, y); });
+  }
+  // op over the 8 lanes, by halving.
+  template <class Op>
+  static float Horizontal(R v, Op op) {
+    __m128 lo = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = op(lo, _mm_movehl_ps(lo, lo));
+    lo = op(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
   }
 };

@@ -201,6 +201,20 @@ __global__ void GeluBackwardKernel(float* d, const float* inp, size_t n) {
   }
 }
 
+// Where row (b, h, t) of attention lives.
+struct AttnRow {
+  __device__ AttnRow(size_t row, int T, int C, int NH)
+      : hs(C / NH),
+        t(row % T),
+        h((row / T) % NH),
+        b(row / (size_t(T) * NH)),
+        C3(3 * size_t(C)),
+        scale(rsqrtf(static_cast<float>(C / NH))) {}
+  int hs;
+  size_t t, h, b, C3;
+  float scale;
+};
+
 // One warp per (b, h, t).
 template <class S>
 __global__ void AttentionForwardKernel(S* out, float* att, const float* qkv,
@@ -208,10 +222,10 @@ __global__ void AttentionForwardKernel(S* out, float* att, const float* qkv,
   const size_t row = GlobalWarp();
   const int lane = threadIdx.x % 32;
   if (row >= size_t(B) * NH * T) return;
-  const int hs = C / NH;
-  const size_t t = row % T, h = (row / T) % NH, b = row / (size_t(T) * NH);
-  const size_t C3 = 3 * size_t(C);
-  const float scale = rsqrtf(static_cast<float>(hs));
+  const AttnRow r(row, T, C, NH);
+  const int hs = r.hs;
+  const size_t t = r.t, h = r.h, b = r.b, C3 = r.C3;
+  const float scale = r.scale;
   const float* q = qkv + (b * T + t) * C3 + h * hs;
   const float* base = qkv + b * T * C3 + h * hs;
   float* a = att + row * T;
@@ -248,10 +262,10 @@ __global__ void AttentionBackwardKernel(float* dqkv, const float* dout,
   const size_t row = GlobalWarp();
   const int lane = threadIdx.x % 32;
   if (row >= size_t(B) * NH * T) return;
-  const int hs = C / NH;
-  const size_t t = row % T, h = (row / T) % NH, b = row / (size_t(T) * NH);
-  const size_t C3 = 3 * size_t(C);
-  const float scale = rsqrtf(static_cast<float>(hs));
+  const AttnRow r(row, T, C, NH);
+  const int hs = r.hs;
+  const size_t t = r.t, h = r.h, b = r.b, C3 = r.C3;
+  const float scale = r.scale;
   const float* base = qkv + b * T * C3 + h * hs;
   float* dbase = dqkv + b * T * C3 + h * hs;
   const float* d = dout + (b * T + t) * C + h * hs;

@@ -161,56 +161,45 @@ Status GptModel::Run(const char* name, CpuFn cpu_fn, GpuFn gpu_fn, A... args) {
   Run(#kernel, cpu_ ? cpu_->kernel : nullptr, gpu_ ? gpu_->kernel : nullptr, \
       __VA_ARGS__)
 
-Status GptModel::Gemm(const GemmArgs& args) {
-  return device_->GemmAsync(*stream_, args);
+Status GptModel::Gemm(GemmOp op_a, GemmOp op_b, int64_t m, int64_t n, int64_t k,
+                      const void* a, int64_t lda, const void* b, int64_t ldb,
+                      float* c, int64_t ldc, bool accumulate) {
+  GemmArgs g;
+  g.op_a = op_a;
+  g.op_b = op_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.beta = accumulate ? 1.0f : 0.0f;
+  g.ab_type = options_.param_type;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  return device_->GemmAsync(*stream_, g);
 }
+
+constexpr GemmOp kN = GemmOp::kNoTranspose;
+constexpr GemmOp kT = GemmOp::kTranspose;
 
 Status GptModel::Linear(float* out, const void* in, const void* w, int in_dim,
                         int out_dim) {
-  GemmArgs g;
-  g.m = out_dim;
-  g.n = n_;
-  g.k = in_dim;
-  g.beta = 1.0f;
-  g.ab_type = options_.param_type;
-  g.a = w;
-  g.lda = out_dim;
-  g.b = in;
-  g.ldb = in_dim;
-  g.c = out;
-  g.ldc = out_dim;
-  return Gemm(g);
+  // out^T (OUT x N) += w^T (OUT x IN, w's row-major bytes) x in^T (IN x N)
+  return Gemm(kN, kN, out_dim, n_, in_dim, w, out_dim, in, in_dim, out, out_dim,
+              /*accumulate=*/true);
 }
 
 Status GptModel::LinearBackward(const void* dout, const void* in, const void* w,
                                 float* dw, float* din, int in_dim,
                                 int out_dim) {
-  GemmArgs g;  // dw^T (OUT x IN) = dout^T (OUT x N) x in (N x IN)
-  g.op_b = GemmOp::kTranspose;
-  g.m = out_dim;
-  g.n = in_dim;
-  g.k = n_;
-  g.ab_type = options_.param_type;
-  g.a = dout;
-  g.lda = out_dim;
-  g.b = in;
-  g.ldb = in_dim;
-  g.c = dw;
-  g.ldc = out_dim;
-  STRATA_RETURN_IF_ERROR(Gemm(g));
-  GemmArgs d;  // din^T (IN x N) = w (IN x OUT) x dout^T (OUT x N)
-  d.op_a = GemmOp::kTranspose;
-  d.m = in_dim;
-  d.n = n_;
-  d.k = out_dim;
-  d.ab_type = options_.param_type;
-  d.a = w;
-  d.lda = out_dim;
-  d.b = dout;
-  d.ldb = out_dim;
-  d.c = din;
-  d.ldc = in_dim;
-  return Gemm(d);
+  // dw^T (OUT x IN) = dout^T (OUT x N) x in (N x IN)
+  STRATA_RETURN_IF_ERROR(Gemm(kN, kT, out_dim, in_dim, n_, dout, out_dim, in,
+                              in_dim, dw, out_dim, false));
+  // din^T (IN x N) = w (IN x OUT) x dout^T (OUT x N)
+  return Gemm(kT, kN, in_dim, n_, out_dim, w, out_dim, dout, out_dim, din,
+              in_dim, false);
 }
 
 StatusOr<const void*> GptModel::AsWorking(const float* src, size_t n) {
@@ -311,49 +300,20 @@ Status GptModel::HeadForwardBackward(const HeadParams& p,
   STRATA_RETURN_IF_ERROR(FINETUNE_RUN(layernorm_forward, lnf_, lnf_mean_,
                                       lnf_rstd_, x, p.lnf_weight, p.lnf_bias,
                                       wt_, N, C));
-  GemmArgs g;  // logits^T (V x N) = wte (V x C) x lnf^T (C x N)
-  g.op_a = GemmOp::kTranspose;
-  g.m = V;
-  g.n = N;
-  g.k = C;
-  g.ab_type = options_.param_type;
-  g.a = p.wte;
-  g.lda = C;
-  g.b = lnf_;
-  g.ldb = C;
-  g.c = logits_;
-  g.ldc = V;
-  STRATA_RETURN_IF_ERROR(Gemm(g));
+  // logits^T (V x N) = wte (V x C) x lnf^T (C x N)
+  STRATA_RETURN_IF_ERROR(
+      Gemm(kT, kN, V, N, C, p.wte, C, lnf_, C, logits_, V, false));
   STRATA_RETURN_IF_ERROR(FINETUNE_RUN(
       crossentropy, losses_, grads ? dlogits_ : nullptr,
       static_cast<const float*>(logits_), static_cast<const int32_t*>(targets_),
       wt_, N, V, loss_scale / static_cast<float>(N)));
   if (grads == nullptr) return Status::Ok();
-  GemmArgs dw;  // dwte^T (C x V) = lnf^T (C x N) x dlogits (N x V)
-  dw.op_b = GemmOp::kTranspose;
-  dw.m = C;
-  dw.n = V;
-  dw.k = N;
-  dw.ab_type = options_.param_type;
-  dw.a = lnf_;
-  dw.lda = C;
-  dw.b = dlogits_;
-  dw.ldb = V;
-  dw.c = grads->wte;
-  dw.ldc = C;
-  STRATA_RETURN_IF_ERROR(Gemm(dw));
-  GemmArgs dx;  // dlnf^T (C x N) = wte^T (C x V) x dlogits^T (V x N)
-  dx.m = C;
-  dx.n = N;
-  dx.k = V;
-  dx.ab_type = options_.param_type;
-  dx.a = p.wte;
-  dx.lda = C;
-  dx.b = dlogits_;
-  dx.ldb = V;
-  dx.c = dsmall_;
-  dx.ldc = C;
-  STRATA_RETURN_IF_ERROR(Gemm(dx));
+  // dwte^T (C x V) = lnf^T (C x N) x dlogits (N x V)
+  STRATA_RETURN_IF_ERROR(
+      Gemm(kN, kT, C, V, N, lnf_, C, dlogits_, V, grads->wte, C, false));
+  // dlnf^T (C x N) = wte^T (C x V) x dlogits^T (V x N)
+  STRATA_RETURN_IF_ERROR(
+      Gemm(kN, kN, C, N, V, p.wte, C, dlogits_, V, dsmall_, C, false));
   STRATA_RETURN_IF_ERROR(
       device_->MemsetAsync(*stream_, dres_, 0, n_ * C * sizeof(float)));
   return FINETUNE_RUN(layernorm_backward, dres_, grads->lnf_weight,

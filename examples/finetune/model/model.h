@@ -155,7 +155,12 @@ class GptModel {
   // `src` (fp32, n elements) as a GEMM operand in the working type: itself
   // for fp32, else converted into the scratch dwork_.
   strata::StatusOr<const void*> AsWorking(const float* src, size_t n);
-  strata::Status Gemm(const strata::GemmArgs& args);
+  // C (m x n, fp32) = op(A) op(B) (+ C when accumulating), in BLAS's
+  // column-major convention; A and B in the working type.
+  strata::Status Gemm(strata::GemmOp op_a, strata::GemmOp op_b, int64_t m,
+                      int64_t n, int64_t k, const void* a, int64_t lda,
+                      const void* b, int64_t ldb, float* c, int64_t ldc,
+                      bool accumulate);
   template <class CpuFn, class GpuFn, class... A>
   strata::Status Run(const char* name, CpuFn cpu_fn, GpuFn gpu_fn, A... args);
 
