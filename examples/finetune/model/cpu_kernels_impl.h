@@ -268,6 +268,17 @@ void ParallelRows(size_t rows, size_t row_elems, F&& f) {
                     });
 }
 
+// ForEach over [0, n) in chunks spread over oneTBB workers.
+template <class F>
+void ParallelForEach(size_t n, F&& f) {
+  constexpr size_t kChunk = 16384;
+  tbb::parallel_for(size_t{0}, (n + kChunk - 1) / kChunk, [&](size_t c) {
+    const size_t i0 = c * kChunk;
+    ForEach(std::min(kChunk, n - i0),
+            [&]<class U>(size_t j) { f.template operator()<U>(i0 + j); });
+  });
+}
+
 // out[c] = sum over rows of per_row(row, partial) where per_row adds a row's
 // contribution to `partial` (n_out floats). Fixed chunks of rows, so the sum
 // order is the same for any thread count.
@@ -458,42 +469,32 @@ void GeluForward(void* out, const float* inp, DType wt, size_t n) {
   WithType(wt, [&](auto tag) {
     using S = decltype(tag);
     S* o = static_cast<S*>(out);
-    constexpr size_t kChunk = 16384;
-    tbb::parallel_for(size_t{0}, (n + kChunk - 1) / kChunk, [&](size_t c) {
-      const size_t i0 = c * kChunk;
-      ForEach(std::min(kChunk, n - i0), [&]<class U>(size_t j) {
-        const size_t i = i0 + j;
-        const auto x = U::Load(inp + i);
-        const auto x3 = U::Mul(U::Mul(x, x), x);
-        const auto u =
-            U::Mul(U::Set(kGeluScale), U::Fma(U::Set(kGeluCubic), x3, x));
-        const auto half_x = U::Mul(U::Set(0.5f), x);
-        U::Store(o + i, U::Fma(half_x, U::Tanh(u), half_x));
-      });
+    ParallelForEach(n, [&]<class U>(size_t i) {
+      const auto x = U::Load(inp + i);
+      const auto x3 = U::Mul(U::Mul(x, x), x);
+      const auto u =
+          U::Mul(U::Set(kGeluScale), U::Fma(U::Set(kGeluCubic), x3, x));
+      const auto half_x = U::Mul(U::Set(0.5f), x);
+      U::Store(o + i, U::Fma(half_x, U::Tanh(u), half_x));
     });
   });
 }
 
 void GeluBackward(float* dinout, const float* inp, size_t n) {
-  constexpr size_t kChunk = 16384;
-  tbb::parallel_for(size_t{0}, (n + kChunk - 1) / kChunk, [&](size_t c) {
-    const size_t i0 = c * kChunk;
-    ForEach(std::min(kChunk, n - i0), [&]<class U>(size_t j) {
-      const size_t i = i0 + j;
-      const auto x = U::Load(inp + i);
-      const auto x2 = U::Mul(x, x);
-      const auto u = U::Mul(U::Set(kGeluScale),
-                            U::Fma(U::Set(kGeluCubic), U::Mul(x2, x), x));
-      const auto th = U::Tanh(u);
-      const auto one = U::Set(1.0f);
-      const auto sech2 = U::Sub(one, U::Mul(th, th));
-      const auto du = U::Mul(U::Set(kGeluScale),
-                             U::Fma(U::Set(3.0f * kGeluCubic), x2, one));
-      // 0.5 (1 + th) + 0.5 x sech2 du
-      const auto g =
-          U::Mul(U::Set(0.5f), U::Fma(U::Mul(x, sech2), du, U::Add(one, th)));
-      U::Store(dinout + i, U::Mul(U::Load(dinout + i), g));
-    });
+  ParallelForEach(n, [&]<class U>(size_t i) {
+    const auto x = U::Load(inp + i);
+    const auto x2 = U::Mul(x, x);
+    const auto u = U::Mul(U::Set(kGeluScale),
+                          U::Fma(U::Set(kGeluCubic), U::Mul(x2, x), x));
+    const auto th = U::Tanh(u);
+    const auto one = U::Set(1.0f);
+    const auto sech2 = U::Sub(one, U::Mul(th, th));
+    const auto du =
+        U::Mul(U::Set(kGeluScale), U::Fma(U::Set(3.0f * kGeluCubic), x2, one));
+    // 0.5 (1 + th) + 0.5 x sech2 du
+    const auto g =
+        U::Mul(U::Set(0.5f), U::Fma(U::Mul(x, sech2), du, U::Add(one, th)));
+    U::Store(dinout + i, U::Mul(U::Load(dinout + i), g));
   });
 }
 

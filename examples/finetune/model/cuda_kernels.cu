@@ -201,33 +201,37 @@ __global__ void GeluBackwardKernel(float* d, const float* inp, size_t n) {
   }
 }
 
-// Where row (b, h, t) of attention lives.
+// The (b, h, t) row of attention that this warp computes, and where its
+// head's q, k and v start (base: q of t = 0; k at + C, v at + 2C).
 struct AttnRow {
-  __device__ AttnRow(size_t row, int T, int C, int NH)
-      : hs(C / NH),
+  __device__ AttnRow(const float* qkv, int T, int C, int NH)
+      : row(GlobalWarp()),
+        lane(threadIdx.x % 32),
+        hs(C / NH),
         t(row % T),
         h((row / T) % NH),
         b(row / (size_t(T) * NH)),
         C3(3 * size_t(C)),
-        scale(rsqrtf(static_cast<float>(C / NH))) {}
-  int hs;
+        scale(rsqrtf(static_cast<float>(C / NH))),
+        base(qkv + b * T * C3 + h * hs) {}
+  size_t row;
+  int lane, hs;
   size_t t, h, b, C3;
   float scale;
+  const float* base;
 };
 
 // One warp per (b, h, t).
 template <class S>
 __global__ void AttentionForwardKernel(S* out, float* att, const float* qkv,
                                        int B, int T, int C, int NH) {
-  const size_t row = GlobalWarp();
-  const int lane = threadIdx.x % 32;
-  if (row >= size_t(B) * NH * T) return;
-  const AttnRow r(row, T, C, NH);
-  const int hs = r.hs;
-  const size_t t = r.t, h = r.h, b = r.b, C3 = r.C3;
+  const AttnRow r(qkv, T, C, NH);
+  if (r.row >= size_t(B) * NH * T) return;
+  const int hs = r.hs, lane = r.lane;
+  const size_t row = r.row, t = r.t, b = r.b, h = r.h, C3 = r.C3;
   const float scale = r.scale;
-  const float* q = qkv + (b * T + t) * C3 + h * hs;
-  const float* base = qkv + b * T * C3 + h * hs;
+  const float* base = r.base;
+  const float* q = base + t * C3;
   float* a = att + row * T;
   float mx = -INFINITY;
   for (size_t s = lane; s <= t; s += 32) {
@@ -259,15 +263,13 @@ __global__ void AttentionForwardKernel(S* out, float* att, const float* qkv,
 __global__ void AttentionBackwardKernel(float* dqkv, const float* dout,
                                         const float* qkv, const float* att,
                                         int B, int T, int C, int NH) {
-  const size_t row = GlobalWarp();
-  const int lane = threadIdx.x % 32;
-  if (row >= size_t(B) * NH * T) return;
-  const AttnRow r(row, T, C, NH);
-  const int hs = r.hs;
-  const size_t t = r.t, h = r.h, b = r.b, C3 = r.C3;
+  const AttnRow r(qkv, T, C, NH);
+  if (r.row >= size_t(B) * NH * T) return;
+  const int hs = r.hs, lane = r.lane;
+  const size_t row = r.row, t = r.t, b = r.b, h = r.h, C3 = r.C3;
   const float scale = r.scale;
-  const float* base = qkv + b * T * C3 + h * hs;
-  float* dbase = dqkv + b * T * C3 + h * hs;
+  const float* base = r.base;
+  float* dbase = dqkv + (base - qkv);
   const float* d = dout + (b * T + t) * C + h * hs;
   const float* a = att + row * T;
   const float* q = base + t * C3;
