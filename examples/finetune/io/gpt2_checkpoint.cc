@@ -41,15 +41,6 @@ bool IsMaskBuffer(std::string_view unprefixed) {
          (rest == "attn.bias" || rest == "attn.masked_bias");
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 std::string ListNames(std::string_view what,
                       const std::vector<std::string>& names) {
   std::string s = std::to_string(names.size()) + " " + std::string(what) + " (";
@@ -71,9 +62,9 @@ Status CheckTiedHead(const SafetensorsFile& file, const std::string& wte_name) {
       "cannot be loaded";
   if (head->shape != wte->shape || head->dtype != wte->dtype) {
     return Status::InvalidArgument(
-        untied + " (" + ShapeString(head->shape) + " " +
+        untied + " (" + FormatShape(head->shape) + " " +
         std::string(SafetensorsDTypeName(head->dtype)) + " against " +
-        ShapeString(wte->shape) + " " +
+        FormatShape(wte->shape) + " " +
         std::string(SafetensorsDTypeName(wte->dtype)) + ")");
   }
   constexpr size_t kChunk = 1 << 20;
@@ -162,7 +153,7 @@ StatusOr<Gpt2CheckpointMap> MapGpt2Checkpoint(const SafetensorsFile& file,
     }
     auto it = expected.find(base);
     if (it == expected.end()) {
-      unexpected.push_back(t.name + " " + ShapeString(t.shape));
+      unexpected.push_back(t.name + " " + FormatShape(t.shape));
       continue;
     }
     if (!map.tensor_of.emplace(std::string(base), t.name).second) {
@@ -170,14 +161,14 @@ StatusOr<Gpt2CheckpointMap> MapGpt2Checkpoint(const SafetensorsFile& file,
       continue;
     }
     if (t.shape != it->second) {
-      misshaped.push_back(t.name + " " + ShapeString(t.shape) + " (expected " +
-                          ShapeString(it->second) + ")");
+      misshaped.push_back(t.name + " " + FormatShape(t.shape) + " (expected " +
+                          FormatShape(it->second) + ")");
     }
   }
   std::vector<std::string> missing;
   for (const auto& [name, shape] : expected) {
     if (!map.tensor_of.contains(name)) {
-      missing.push_back(name + " " + ShapeString(shape));
+      missing.push_back(name + " " + FormatShape(shape));
     }
   }
   if (!missing.empty() || !unexpected.empty() || !misshaped.empty() ||

@@ -46,15 +46,6 @@ constexpr std::array<DTypeEntry, 10> kDTypes = {{
 
 std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 // Element count times itemsize, or false on overflow.
 bool ByteSize(const std::vector<int64_t>& shape, size_t itemsize,
               uint64_t* bytes) {
@@ -188,12 +179,12 @@ StatusOr<SafetensorsTensorInfo> ParseEntry(const std::string& name,
   }
   uint64_t want = 0;
   if (!ByteSize(info.shape, SafetensorsDTypeSize(info.dtype), &want)) {
-    return Status::Corruption(where + ": shape " + ShapeString(info.shape) +
+    return Status::Corruption(where + ": shape " + FormatShape(info.shape) +
                               " overflows 64 bits of bytes");
   }
   if (want != info.bytes()) {
     return Status::Corruption(
-        where + ": shape " + ShapeString(info.shape) + " of " +
+        where + ": shape " + FormatShape(info.shape) + " of " +
         std::string(SafetensorsDTypeName(info.dtype)) + " is " +
         std::to_string(want) + " bytes but data_offsets " + off->dump() +
         " span " + std::to_string(info.bytes()));
@@ -202,6 +193,15 @@ StatusOr<SafetensorsTensorInfo> ParseEntry(const std::string& name,
 }
 
 }  // namespace
+
+std::string FormatShape(std::span<const int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
 
 std::string_view SafetensorsDTypeName(SafetensorsDType dtype) {
   for (const DTypeEntry& e : kDTypes) {
@@ -453,7 +453,7 @@ Status SafetensorsFile::ReadRaw(std::string_view name,
                                    " bytes, the buffer " +
                                    std::to_string(out.size()));
   }
-  return ReadAt(data_offset_ + t->data_begin, out, "tensor " + Quote(name));
+  return ReadRaw(name, 0, out);
 }
 
 Status SafetensorsFile::ReadRaw(std::string_view name, uint64_t offset,
@@ -474,7 +474,7 @@ Status SafetensorsFile::ReadFloat32(std::string_view name,
   STRATA_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* t, Lookup(name));
   if (static_cast<int64_t>(out.size()) != t->numel()) {
     return Status::InvalidArgument(
-        path_ + ": tensor " + Quote(name) + " " + ShapeString(t->shape) +
+        path_ + ": tensor " + Quote(name) + " " + FormatShape(t->shape) +
         " has " + std::to_string(t->numel()) + " elements, the buffer " +
         std::to_string(out.size()));
   }
@@ -555,7 +555,7 @@ StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
     uint64_t bytes = 0;
     if (!ByteSize(s.shape, SafetensorsDTypeSize(s.dtype), &bytes) ||
         __builtin_add_overflow(offset, bytes, &bytes)) {
-      return Status::InvalidArgument(where + ": shape " + ShapeString(s.shape) +
+      return Status::InvalidArgument(where + ": shape " + FormatShape(s.shape) +
                                      " is negative or overflows");
     }
     header[s.name] = {{"dtype", SafetensorsDTypeName(s.dtype)},
@@ -654,7 +654,7 @@ Status WriteSafetensors(const std::string& path,
     if (t.data.size() != want) {
       return Status::InvalidArgument(
           path + ": tensor " + Quote(t.spec.name) + " " +
-          ShapeString(t.spec.shape) + " needs " + std::to_string(want) +
+          FormatShape(t.spec.shape) + " needs " + std::to_string(want) +
           " bytes, given " + std::to_string(t.data.size()));
     }
     STRATA_RETURN_IF_ERROR(w.Write(t.data));

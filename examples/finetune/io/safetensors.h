@@ -60,6 +60,9 @@ StatusOr<SafetensorsDType> SafetensorsDTypeFromName(std::string_view name);
 // Bytes per element: 8, 4, 2 or 1.
 size_t SafetensorsDTypeSize(SafetensorsDType dtype);
 
+// "[2, 3]": a shape as error messages print it.
+std::string FormatShape(std::span<const int64_t> shape);
+
 // Converts n = dst.size() elements of `dtype` (little-endian, src.size() ==
 // n * SafetensorsDTypeSize(dtype)) to fp32. fp16 and bf16 convert exactly;
 // F64 and the integers round to nearest. kInvalidArgument when the sizes
