@@ -11,6 +11,7 @@ build_pkgs=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev
   libopenblas-dev
   fio
+  fortunes  # the fine-tune example's default corpus (English text)
 )
 test_pkgs=(
   googletest libgtest-dev libgmock-dev libseccomp-dev
