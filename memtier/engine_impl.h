@@ -69,16 +69,11 @@ struct UnitState {
   bool rests_here = false;  // params rest on the device: pinned for good
   std::unique_ptr<Event> ready;     // recorded after the copy that fills dev
   std::unique_ptr<Event> use_done;  // Note [Consumer streams]
-  // Note [Waiting without the host]: reaches `landed_gen` once the copies
-  // of the arrival numbered so have finished. Null when the device has no
-  // host-signalled events.
-  std::unique_ptr<HostEvent> landed;
-  uint64_t landed_gen = 0;
-  bool resident = false;    // dev holds, or is receiving, the params
-  bool allocating = false;  // dev is being allocated; wait on cv_
-  bool arriving = false;    // the copy is not enqueued yet (NVMe read)
-  Status arrival;           // how the last arrival ended
-  bool prefetched = false;  // brought by a prefetch, not fetched since
+  bool resident = false;            // dev holds, or is receiving, the params
+  bool allocating = false;          // dev is being allocated; wait on cv_
+  bool arriving = false;            // the copy is not enqueued yet (NVMe read)
+  Status arrival;                   // how the last arrival ended
+  bool prefetched = false;          // brought by a prefetch, not fetched since
   int pins = 0;
   uint64_t last_use = 0;  // engine clock, for LRU ties
   // ---- Host and NVMe ----

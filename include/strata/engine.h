@@ -71,12 +71,10 @@ class STRATA_EXPORT ParamPin {
   // Work enqueued on `consumer` after this call runs once the data has
   // arrived. The consumer's use lasts until the pin is dropped: the device
   // copy is reused only after the work enqueued on `consumer` by then is
-  // done. Does not block the host, even while the fetch still reads from
-  // NVMe, where the device has host-signalled events (the host-emulated
-  // device; CUDA with stream memory operations); elsewhere it blocks until
-  // the read is done. A read that fails after this returned leaves the
-  // consumer's work running on unspecified data, and the error comes from
-  // Wait() and the next Fetch of the tensor.
+  // done. Does not wait for the copy to the device; while the fetch still
+  // reads from NVMe it blocks the host until the read is done and the copy
+  // is queued (prefetch makes that rare; docs/memtier.md says why the
+  // stream cannot wait for the read instead). A failed read is returned.
   Status WaitOn(Stream& consumer);
   // Blocks the host until the data has arrived on the device.
   Status Wait();

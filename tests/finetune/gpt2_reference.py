@@ -32,7 +32,7 @@ def main(d):
     def ln(x, pre):
         return F.layer_norm(x, (C,), p[pre + ".weight"], p[pre + ".bias"], 1e-5)
 
-    x = p["wte"][idx] + p["wpe"][:T]
+    x = p["wte.weight"][idx] + p["wpe.weight"][:T]
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
     for l in range(L):
         h = "h.%d." % l
@@ -46,7 +46,7 @@ def main(d):
         m = ln(x, h + "ln_2") @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"]
         m = F.gelu(m, approximate="tanh")
         x = x + m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"]
-    logits = ln(x, "ln_f") @ p["wte"].t()
+    logits = ln(x, "ln_f") @ p["wte.weight"].t()
     loss = F.cross_entropy(logits.reshape(B * T, V), tgt.reshape(B * T))
     loss.backward()
 

@@ -106,14 +106,14 @@ class Harness {
                                     bool backward, float loss_scale = 1.0f) {
     GptModel& m = *model_;
     STRATA_RETURN_IF_ERROR(m.SetBatch(inputs, targets));
-    EmbeddingParams ep{P("wte"), P("wpe")};
+    EmbeddingParams ep{P("wte.weight"), P("wpe.weight")};
     STRATA_RETURN_IF_ERROR(m.EmbeddingForward(ep));
     const int L = static_cast<int>(config_.n_layer);
     for (int l = 0; l < L; ++l) {
       STRATA_RETURN_IF_ERROR(m.BlockForward(l, Block(l)));
     }
-    HeadParams hp{P("ln_f.weight"), P("ln_f.bias"), P("wte")};
-    HeadGrads hg{G("ln_f.weight"), G("ln_f.bias"), G("wte")};
+    HeadParams hp{P("ln_f.weight"), P("ln_f.bias"), P("wte.weight")};
+    HeadGrads hg{G("ln_f.weight"), G("ln_f.bias"), G("wte.weight")};
     STRATA_RETURN_IF_ERROR(
         m.HeadForwardBackward(hp, backward ? &hg : nullptr, loss_scale));
     if (backward) {
@@ -124,7 +124,7 @@ class Harness {
         }
         STRATA_RETURN_IF_ERROR(m.BlockBackward(l, Block(l), g));
       }
-      STRATA_RETURN_IF_ERROR(m.EmbeddingBackward({G("wte"), G("wpe")}));
+      STRATA_RETURN_IF_ERROR(m.EmbeddingBackward({G("wte.weight"), G("wpe.weight")}));
     }
     StepResult r;
     STRATA_ASSIGN_OR_RETURN(r.loss, m.MeanLoss());

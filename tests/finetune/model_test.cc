@@ -53,9 +53,9 @@ TEST(GptConfigTest, ParametersAreNamedAndShapedAsHuggingFaceGpt2) {
   c.n_layer = 2;
   const std::vector<ParamSpec> specs = ListParameters(c);
   ASSERT_EQ(specs.size(), 2u + 12u * 2 + 2u);
-  EXPECT_EQ(specs[0].name, "wte");
+  EXPECT_EQ(specs[0].name, "wte.weight");
   EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{50257, 768}));
-  EXPECT_EQ(specs[1].name, "wpe");
+  EXPECT_EQ(specs[1].name, "wpe.weight");
   EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{1024, 768}));
   EXPECT_EQ(specs[4].name, "h.0.attn.c_attn.weight");
   EXPECT_EQ(specs[4].shape, (std::vector<int64_t>{768, 2304}));
@@ -172,7 +172,7 @@ TEST_F(GptModelTest, GradientsMatchFiniteDifferences) {
     }
     picks.push_back(arg);
     const size_t limit =
-        s.name == "wpe" ? size_t(options_.seq_len) * config_.n_embd : w.size();
+        s.name == "wpe.weight" ? size_t(options_.seq_len) * config_.n_embd : w.size();
     for (int k = 0; k < 3; ++k) picks.push_back(rng() % limit);
     for (size_t i : picks) {
       const float orig = w[i];

@@ -93,8 +93,8 @@ std::vector<ParamSpec> ListParameters(const GptConfig& c) {
     for (int64_t d : shape) n *= d;
     out.push_back({std::move(name), std::move(shape), n, layer, slot});
   };
-  add("wte", {c.vocab_size, C}, -1, kWte);
-  add("wpe", {c.context_length, C}, -1, kWpe);
+  add("wte.weight", {c.vocab_size, C}, -1, kWte);
+  add("wpe.weight", {c.context_length, C}, -1, kWpe);
   const std::vector<int64_t> shapes[kBlockTensorCount] = {
       {C}, {C}, {C, 3 * C}, {3 * C}, {C, C},     {C},
       {C}, {C}, {C, 4 * C}, {4 * C}, {4 * C, C}, {C}};

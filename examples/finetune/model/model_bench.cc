@@ -239,15 +239,15 @@ int Model(int argc, char** argv) {
   std::vector<int32_t> tokens(m.tokens_per_step(), 1);
   auto step = [&] {
     (void)m.SetBatch(tokens, tokens);
-    (void)m.EmbeddingForward({P("wte"), P("wpe")});
+    (void)m.EmbeddingForward({P("wte.weight"), P("wpe.weight")});
     for (int l = 0; l < config->n_layer; ++l) {
       BlockParams bp;
       for (size_t i = 0; i < specs.size(); ++i)
         if (specs[i].layer == l) bp.t[specs[i].slot] = params[i];
       (void)m.BlockForward(l, bp);
     }
-    HeadGrads hg{G("ln_f.weight"), G("ln_f.bias"), G("wte")};
-    (void)m.HeadForwardBackward({P("ln_f.weight"), P("ln_f.bias"), P("wte")},
+    HeadGrads hg{G("ln_f.weight"), G("ln_f.bias"), G("wte.weight")};
+    (void)m.HeadForwardBackward({P("ln_f.weight"), P("ln_f.bias"), P("wte.weight")},
                                 &hg, 1.0f);
     for (int l = config->n_layer - 1; l >= 0; --l) {
       BlockParams bp;
@@ -259,7 +259,7 @@ int Model(int argc, char** argv) {
         }
       (void)m.BlockBackward(l, bp, bg);
     }
-    (void)m.EmbeddingBackward({G("wte"), G("wpe")});
+    (void)m.EmbeddingBackward({G("wte.weight"), G("wpe.weight")});
     (void)d.SynchronizeStream(**stream);
   };
   const double t = Seconds(step, 3);

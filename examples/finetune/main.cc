@@ -1,0 +1,507 @@
+// strata-finetune: fine-tunes a GPT-2 style model whose parameters,
+// gradients and optimizer states are many times larger than the device
+// memory it is given, with strata as the memory backend. Run with no flags it
+// trains a small model on the default corpus (docs/finetune.md).
+//
+// Exit statuses: 0 ok (also --help); 1 the run failed (a device, engine,
+// memory or I/O error); 2 bad usage (a flag, file or config that cannot
+// work), the message naming it.
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "examples/finetune/io/corpus.h"
+#include "examples/finetune/io/data.h"
+#include "examples/finetune/io/gpt2_checkpoint.h"
+#include "examples/finetune/io/safetensors.h"
+#include "examples/finetune/io/tokenizer.h"
+#include "examples/finetune/report.h"
+#include "examples/finetune/trainer.h"
+#include "strata/engine_config.h"
+#include "strata/version.h"
+
+namespace finetune {
+namespace {
+
+using strata::Status;
+using strata::StatusOr;
+
+constexpr int kExitOk = 0, kExitFailure = 1, kExitUsage = 2;
+
+// The command line as given.
+struct Flags {
+  std::string preset;
+  int64_t layers = 0, heads = 0, embd = 0, context = 0;
+  int64_t steps = 0;
+  int64_t batch = 8, seq_len = 128, micro_batches = 1;
+  double lr = 3e-3, max_grad_norm = 1.0, min_lr_ratio = 0.1;
+  int64_t warmup = 10;
+  std::string dtype = "bf16";
+  std::string device = "auto";
+  std::string device_budget;
+  std::string nvme;
+  std::string data, weights, vocab, merges, config;
+  std::string json, plot;
+  uint64_t seed = 1;
+  int64_t threads = 0;
+};
+
+// "4096", "512K", "64M", "2G" (powers of 1024).
+StatusOr<uint64_t> ParseBytes(const std::string& option,
+                              const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || p == text.data()) {
+    return Status::InvalidArgument(
+        option + ": '" + text + "' is not a size (e.g. 4096, 512K, 64M, 2G)");
+  }
+  std::string suffix(p, end);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(c));
+  int shift = 0;
+  if (suffix == "K" || suffix == "KIB") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "MIB") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "GIB") {
+    shift = 30;
+  } else if (suffix == "T" || suffix == "TIB") {
+    shift = 40;
+  } else if (!suffix.empty() && suffix != "B") {
+    return Status::InvalidArgument(option + ": unknown suffix '" +
+                                   std::string(p, end) +
+                                   "'; accepted: K, M, G, T");
+  }
+  if (shift > 0 && v > (UINT64_MAX >> shift)) {
+    return Status::InvalidArgument(option + ": '" + text + "' is too large");
+  }
+  return v << shift;
+}
+
+Status Range(const char* option, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) {
+    return Status::InvalidArgument(
+        std::string(option) + ": " + std::to_string(v) + " is outside " +
+        std::to_string(lo) + " .. " + std::to_string(hi));
+  }
+  return Status::Ok();
+}
+
+// The model of the default run without a GPU: byte tokens, 4 layers of 256
+// channels (3.3M parameters, 59 MB of state), so that 2 cores train it for a
+// few minutes and the loss falls clearly.
+GptConfig CpuDefaultModel() {
+  GptConfig c;
+  c.vocab_size = 256;
+  c.context_length = 256;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_embd = 256;
+  return c;
+}
+
+// What main hands to Train, checked.
+struct Setup {
+  TrainOptions options;
+  std::unique_ptr<strata::finetune::Tokenizer> tokenizer;
+  std::optional<strata::finetune::TextDataset> data;
+  std::optional<strata::finetune::BatchSampler> sampler;
+  nlohmann::json config;  // what the run ran with, for --json
+  std::vector<std::string> notes;
+};
+
+Status ParseModel(const Flags& f, bool cuda, Setup* s) {
+  TrainOptions& o = s->options;
+  if (!f.preset.empty()) {
+    StatusOr<GptConfig> p = PresetConfig(f.preset);
+    if (!p.ok())
+      return Status::InvalidArgument("--preset: " +
+                                     std::string(p.status().message()));
+    o.model = *p;
+    o.model_name = f.preset;
+  } else if (cuda) {
+    o.model = PresetConfig("gpt2-124M").value();
+    o.model_name = "gpt2-124M";
+  } else {
+    o.model = CpuDefaultModel();
+    o.model_name = "cpu-default (4 layers, 256 channels)";
+  }
+  if (f.layers != 0) o.model.n_layer = f.layers;
+  if (f.heads != 0) o.model.n_head = f.heads;
+  if (f.embd != 0) o.model.n_embd = f.embd;
+  if (f.context != 0) o.model.context_length = f.context;
+  if (f.layers || f.heads || f.embd || f.context) o.model_name += " (custom)";
+  return Status::Ok();
+}
+
+Status ParseData(const Flags& f, Setup* s) {
+  TrainOptions& o = s->options;
+  if (f.vocab.empty() != f.merges.empty()) {
+    return Status::InvalidArgument(
+        "--vocab and --merges come together (GPT-2 BPE)");
+  }
+  if (!f.vocab.empty()) {
+    auto t = strata::finetune::Gpt2BpeTokenizer::Load(f.vocab, f.merges);
+    if (!t.ok())
+      return Status::InvalidArgument(std::string(t.status().message()));
+    s->tokenizer = std::move(t).value();
+  } else {
+    s->tokenizer = std::make_unique<strata::finetune::ByteTokenizer>();
+  }
+  const int64_t vocab = s->tokenizer->vocab_size();
+  if (f.preset.empty() && f.weights.empty()) {
+    o.model.vocab_size = vocab;  // the default model fits the tokenizer
+  } else if (vocab > o.model.vocab_size) {
+    return Status::InvalidArgument(
+        "the " + std::string(s->tokenizer->name()) + " tokenizer has " +
+        std::to_string(vocab) +
+        " tokens, more than the model's vocabulary of " +
+        std::to_string(o.model.vocab_size));
+  }
+  strata::finetune::DataOptions d;
+  if (!f.data.empty()) {
+    d.path = f.data;
+  } else {
+    StatusOr<std::string> p = strata::finetune::DefaultCorpusPath();
+    if (!p.ok())
+      return Status::InvalidArgument("--data not given: " +
+                                     std::string(p.status().message()));
+    d.path = *p;
+  }
+  auto data = strata::finetune::TextDataset::Load(d, s->tokenizer.get());
+  if (!data.ok()) {
+    return Status::InvalidArgument("--data: " +
+                                   std::string(data.status().message()));
+  }
+  s->data.emplace(std::move(data).value());
+  auto sampler = strata::finetune::BatchSampler::Create(
+      s->data->train(), o.batch, o.seq_len, o.seed);
+  if (!sampler.ok()) {
+    return Status::InvalidArgument("--data: " +
+                                   std::string(sampler.status().message()));
+  }
+  s->sampler.emplace(*sampler);
+  s->config["data"] = {{"path", d.path},
+                       {"files", s->data->files().size()},
+                       {"text_bytes", s->data->text_bytes()},
+                       {"tokens", s->data->total_tokens()},
+                       {"tokenizer", std::string(s->tokenizer->name())}};
+  return Status::Ok();
+}
+
+// Fills the engine options: from --config, else the defaults (parameters
+// and optimizer states in host RAM, or on NVMe with --nvme), with a device
+// budget from --device-budget or a twelfth of the model state.
+Status ParseEngine(const Flags& f, Setup* s) {
+  TrainOptions& o = s->options;
+  if (!f.config.empty()) {
+    auto c = strata::ParseEngineConfigFile(f.config);
+    if (!c.ok()) {
+      return Status::InvalidArgument("--config: " +
+                                     std::string(c.status().message()));
+    }
+    o.engine = c->options;
+    for (const std::string& w : c->warnings) s->notes.push_back(w);
+  } else {
+    o.engine.params = strata::Residence::kHost;
+    o.engine.optimizer_states = strata::Residence::kHost;
+    o.engine.grads = strata::Residence::kHost;
+  }
+  if (!f.nvme.empty()) {
+    o.engine.params = strata::Residence::kNvme;
+    o.engine.optimizer_states = strata::Residence::kNvme;
+    o.engine.nvme_paths = {f.nvme};
+  }
+  const uint64_t state = ModelStateBytes(o.model, o.dtype);
+  // The most the trainer pins at once: one block, or the head with wte.
+  const int64_t C = o.model.n_embd;
+  const uint64_t esize = strata::ElementSize(o.dtype);
+  const uint64_t block = static_cast<uint64_t>(12 * C * C + 13 * C) * esize;
+  const uint64_t head =
+      static_cast<uint64_t>(o.model.vocab_size * C + 2 * C) * esize;
+  if (!f.device_budget.empty()) {
+    STRATA_ASSIGN_OR_RETURN(o.engine.device_budget_bytes,
+                            ParseBytes("--device-budget", f.device_budget));
+  } else if (o.engine.device_budget_bytes == 0) {
+    const uint64_t want =
+        std::max<uint64_t>(state / 12, 2 * std::max(block, head));
+    o.engine.device_budget_bytes = (want + (1 << 20) - 1) >> 20 << 20;
+  }
+  const uint64_t budget = o.engine.device_budget_bytes;
+  if (budget < std::max(block, head)) {
+    return Status::InvalidArgument(
+        "--device-budget: " + HumanBytes(budget) +
+        " cannot hold what one block pins at once (" +
+        HumanBytes(std::max(block, head)) + ")");
+  }
+  if (f.config.empty()) {
+    // Partitions small enough that several fit in the budget.
+    uint64_t part = uint64_t{64} << 20;
+    while (part > (64u << 10) && part > budget / 2) part >>= 1;
+    o.engine.partition_bytes = part;
+    o.engine.persistence_threshold_bytes = 0;
+  }
+  o.engine.optimizer.cpu.threads = static_cast<int>(f.threads);
+  o.engine.optimizer.cpu.weight_decay = 0.01;
+  return Status::Ok();
+}
+
+// An output file's directory must exist, so that a finished run is not lost
+// to a typo.
+Status CheckOutput(const char* option, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos
+                              ? "."
+                              : path.substr(0, std::max<size_t>(slash, 1));
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(std::string(option) + ": directory '" + dir +
+                                   "' does not exist");
+  }
+  return Status::Ok();
+}
+
+StatusOr<Setup> ParseFlags(const Flags& f) {
+  Setup s;
+  STRATA_RETURN_IF_ERROR(CheckOutput("--json", f.json));
+  STRATA_RETURN_IF_ERROR(CheckOutput("--plot", f.plot));
+  TrainOptions& o = s.options;
+  STRATA_RETURN_IF_ERROR(Range("--batch", f.batch, 1, 65536));
+  STRATA_RETURN_IF_ERROR(Range("--seq-len", f.seq_len, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(Range("--micro-batches", f.micro_batches, 1, 65536));
+  STRATA_RETURN_IF_ERROR(Range("--warmup", f.warmup, 0, INT64_MAX));
+  STRATA_RETURN_IF_ERROR(Range("--threads", f.threads, 0, 4096));
+  if (!(f.lr > 0) || !std::isfinite(f.lr)) {
+    return Status::InvalidArgument("--lr: must be a finite number > 0");
+  }
+  if (!(f.max_grad_norm >= 0) || !std::isfinite(f.max_grad_norm)) {
+    return Status::InvalidArgument("--max-grad-norm: must be >= 0 (0: off)");
+  }
+  if (!(f.min_lr_ratio >= 0 && f.min_lr_ratio <= 1)) {
+    return Status::InvalidArgument("--min-lr-ratio: must be in [0, 1]");
+  }
+  if (f.dtype == "bf16") {
+    o.dtype = strata::ElementType::kBFloat16;
+  } else if (f.dtype == "fp16") {
+    o.dtype = strata::ElementType::kFloat16;
+  } else {
+    return Status::InvalidArgument("--dtype: '" + f.dtype +
+                                   "'; accepted: bf16, fp16");
+  }
+  if (f.device == "auto") {
+    o.device.choice = strata::DeviceChoice::kAuto;
+  } else if (f.device == "cuda") {
+    o.device.choice = strata::DeviceChoice::kCuda;
+  } else if (f.device == "host") {
+    o.device.choice = strata::DeviceChoice::kHostEmulated;
+  } else {
+    return Status::InvalidArgument("--device: '" + f.device +
+                                   "'; accepted: auto, cuda, host");
+  }
+  o.device.host_compute_threads = static_cast<int>(f.threads);
+  // Which device auto picks decides the default model.
+  auto probe = strata::NewDevice(o.device);
+  if (!probe.ok()) return probe.status();
+  const bool cuda = (*probe)->kind() == strata::DeviceKind::kCuda;
+  probe->reset();
+  STRATA_RETURN_IF_ERROR(ParseModel(f, cuda, &s));
+  o.steps = f.steps != 0 ? f.steps : (cuda ? 1000 : 150);
+  STRATA_RETURN_IF_ERROR(Range("--steps", o.steps, 1, INT64_MAX));
+  o.batch = static_cast<int>(f.batch);
+  o.seq_len = static_cast<int>(f.seq_len);
+  o.micro_batches = static_cast<int>(f.micro_batches);
+  o.lr = f.lr;
+  o.warmup_steps = std::min<int64_t>(f.warmup, o.steps);
+  o.min_lr_ratio = f.min_lr_ratio;
+  o.max_grad_norm = f.max_grad_norm;
+  o.seed = f.seed;
+  o.weights = f.weights;
+  if (!f.weights.empty()) {
+    auto file = strata::finetune::SafetensorsFile::Open(f.weights);
+    if (!file.ok()) {
+      return Status::InvalidArgument("--weights: " +
+                                     std::string(file.status().message()));
+    }
+    auto dims = strata::finetune::InferGpt2Dims(*file);
+    if (!dims.ok()) {
+      return Status::InvalidArgument("--weights: " +
+                                     std::string(dims.status().message()));
+    }
+    o.model.n_layer = dims->n_layer;
+    o.model.n_embd = dims->n_embd;
+    o.model.vocab_size = dims->vocab;
+    o.model.context_length = dims->n_ctx;
+    o.model.n_head = dims->n_embd / 64;  // GPT-2's heads of 64
+    o.model_name = "GPT-2 checkpoint " + f.weights;
+  }
+  STRATA_RETURN_IF_ERROR(ValidateConfig(o.model));
+  if (o.seq_len > o.model.context_length) {
+    return Status::InvalidArgument("--seq-len: " + std::to_string(o.seq_len) +
+                                   " is longer than the model's context of " +
+                                   std::to_string(o.model.context_length));
+  }
+  STRATA_RETURN_IF_ERROR(ParseData(f, &s));
+  STRATA_RETURN_IF_ERROR(ParseEngine(f, &s));
+  if (!cuda && o.device.memory_budget_bytes == 0) {
+    // The host-emulated device reserves address space: the engine's budget,
+    // the activations (logits dominate) and the gradients in flight.
+    const uint64_t BT = static_cast<uint64_t>(o.batch) * o.seq_len;
+    const uint64_t V = o.model.vocab_size, C = o.model.n_embd;
+    const uint64_t L = o.model.n_layer;
+    const uint64_t acts =
+        BT * V * 8 + (L + 8) * BT * C * 4 * 8 + V * C * 8 + 16 * C * C * 4;
+    o.device.memory_budget_bytes =
+        o.engine.device_budget_bytes + 2 * acts + (uint64_t{256} << 20);
+  }
+  s.config["model"] = {{"name", o.model_name},
+                       {"vocab_size", o.model.vocab_size},
+                       {"context_length", o.model.context_length},
+                       {"n_layer", o.model.n_layer},
+                       {"n_head", o.model.n_head},
+                       {"n_embd", o.model.n_embd}};
+  s.config["batch"] = o.batch;
+  s.config["seq_len"] = o.seq_len;
+  s.config["micro_batches"] = o.micro_batches;
+  s.config["steps"] = o.steps;
+  s.config["lr"] = o.lr;
+  s.config["warmup_steps"] = o.warmup_steps;
+  s.config["min_lr_ratio"] = o.min_lr_ratio;
+  s.config["max_grad_norm"] = o.max_grad_norm;
+  s.config["dtype"] = f.dtype;
+  s.config["device"] = f.device;
+  s.config["seed"] = o.seed;
+  s.config["threads"] = f.threads;
+  s.config["weights"] = o.weights;
+  s.config["engine_config"] = f.config;
+  s.config["engine"] = {
+      {"params", std::string(strata::ResidenceName(o.engine.params))},
+      {"optimizer_states",
+       std::string(strata::ResidenceName(o.engine.optimizer_states))},
+      {"grads", std::string(strata::ResidenceName(o.engine.grads))},
+      {"nvme_paths", o.engine.nvme_paths},
+      {"device_budget_bytes", o.engine.device_budget_bytes},
+      {"partition_bytes", o.engine.partition_bytes},
+      {"step_overlap_bytes", o.engine.step_overlap_bytes}};
+  return s;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{
+      "strata-finetune: fine-tune a GPT-2 style model whose training state "
+      "is many times the device memory it is given, with strata as the "
+      "memory backend. With no flags: a small model on the default corpus."};
+  app.add_option("--preset", f.preset,
+                 "Model shape: gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1.5B, "
+                 "gpt3-6.7B, gpt3-13B, tiny (default: a 4-layer model on a "
+                 "CPU, gpt2-124M on a GPU)");
+  app.add_option("--layers", f.layers, "Override the number of blocks");
+  app.add_option("--heads", f.heads, "Override the attention heads");
+  app.add_option("--embd", f.embd, "Override the channels");
+  app.add_option("--context", f.context, "Override the context length");
+  app.add_option("--steps", f.steps, "Optimizer steps (default 150 on a CPU)");
+  app.add_option("--batch", f.batch, "Sequences per micro-batch (8)");
+  app.add_option("--seq-len", f.seq_len, "Tokens per sequence (128)");
+  app.add_option("--micro-batches", f.micro_batches,
+                 "Micro-batches per step (1)");
+  app.add_option("--lr", f.lr, "Peak learning rate (3e-3)");
+  app.add_option("--warmup", f.warmup, "Warm-up steps (10)");
+  app.add_option("--min-lr-ratio", f.min_lr_ratio,
+                 "Final learning rate over the peak (0.1)");
+  app.add_option("--max-grad-norm", f.max_grad_norm,
+                 "Global-norm clipping, 0 = off; off lets the optimizer "
+                 "step overlap the backward (1.0)");
+  app.add_option("--dtype", f.dtype, "Working precision: bf16 or fp16");
+  app.add_option("--device", f.device, "auto, cuda or host");
+  app.add_option("--device-budget", f.device_budget,
+                 "Device memory for parameters (K/M/G suffixes; default a "
+                 "twelfth of the model state)");
+  app.add_option("--nvme", f.nvme,
+                 "Rest parameters and optimizer states in this directory");
+  app.add_option("--data", f.data,
+                 "A text file or directory (default: Debian's fortunes)");
+  app.add_option("--weights", f.weights,
+                 "A GPT-2 checkpoint in safetensors (Hugging Face layout)");
+  app.add_option("--vocab", f.vocab, "GPT-2 BPE vocab.json (with --merges)");
+  app.add_option("--merges", f.merges, "GPT-2 BPE merges.txt (with --vocab)");
+  app.add_option("--config", f.config,
+                 "A strata JSON config, or a DeepSpeed ds_config.json");
+  app.add_option("--json", f.json, "Write the results as JSON here");
+  app.add_option("--plot", f.plot, "Write the loss curve (SVG) here");
+  app.add_option("--seed", f.seed, "Initialization and batch seed (1)");
+  app.add_option("--threads", f.threads,
+                 "CPU threads for compute and the optimizer (0: all)");
+  app.set_version_flag("--version", std::string(strata_version()));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+  StatusOr<Setup> setup = ParseFlags(f);
+  if (!setup.ok()) {
+    std::fprintf(stderr, "strata-finetune: %s\n",
+                 setup.status().ToString().c_str());
+    return setup.status().code() == strata::StatusCode::kInvalidArgument
+               ? kExitUsage
+               : kExitFailure;
+  }
+  Setup& s = *setup;
+  for (const std::string& n : s.notes) {
+    std::fprintf(stderr, "strata-finetune: config: %s\n", n.c_str());
+  }
+  const TrainOptions& o = s.options;
+  std::fprintf(stderr, "strata-finetune: %s, %s; %lld text files, %s\n",
+               o.model_name.c_str(),
+               o.weights.empty() ? "fresh initialization (no --weights)"
+                                 : "weights from the checkpoint",
+               static_cast<long long>(s.data->files().size()),
+               HumanBytes(s.data->text_bytes()).c_str());
+  Progress progress(stderr, o.steps,
+                    int64_t{o.batch} * o.seq_len * o.micro_batches);
+  StatusOr<TrainReport> r = Train(
+      o, *s.sampler, [&progress](const StepRecord& st) { progress.Step(st); });
+  progress.Finish();
+  if (!r.ok()) {
+    std::fprintf(stderr, "strata-finetune: %s\n",
+                 r.status().ToString().c_str());
+    return r.status().code() == strata::StatusCode::kInvalidArgument
+               ? kExitUsage
+               : kExitFailure;
+  }
+  std::fputs(Summary(o, *r).c_str(), stdout);
+  if (!f.json.empty()) {
+    Status st =
+        WriteFileAtomically(f.json, ReportJson(o, *r, s.config).dump(2));
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata-finetune: --json: %s\n",
+                   st.ToString().c_str());
+      return kExitFailure;
+    }
+  }
+  if (!f.plot.empty()) {
+    Status st = WriteFileAtomically(
+        f.plot, LossPlotSvg(*r, "strata-finetune: " + o.model_name));
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata-finetune: --plot: %s\n",
+                   st.ToString().c_str());
+      return kExitFailure;
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace finetune
+
+int main(int argc, char** argv) { return finetune::Main(argc, argv); }

@@ -1,0 +1,376 @@
+#include "examples/finetune/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <numbers>
+#include <utility>
+
+#include "examples/finetune/io/gpt2_checkpoint.h"
+#include "examples/finetune/io/safetensors.h"
+#include "examples/finetune/model/model.h"
+#include "strata/log.h"
+
+namespace finetune {
+namespace {
+
+using strata::DeviceMemory;
+using strata::ElementType;
+using strata::Engine;
+using strata::ParamPin;
+using strata::Status;
+using strata::StatusOr;
+using strata::TensorId;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The learning rate of step s (0-based): linear warm-up, then cosine decay.
+double LearningRate(const TrainOptions& o, int64_t s) {
+  if (s < o.warmup_steps) {
+    return o.lr * static_cast<double>(s + 1) /
+           static_cast<double>(o.warmup_steps);
+  }
+  const int64_t decay = std::max<int64_t>(1, o.steps - o.warmup_steps);
+  const double t =
+      std::min(1.0, static_cast<double>(s - o.warmup_steps) / decay);
+  const double min_lr = o.lr * o.min_lr_ratio;
+  return min_lr +
+         0.5 * (o.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * t));
+}
+
+// fp16's dynamic loss scale, as the engine options describe it (DeepSpeed's
+// rules: halve after `hysteresis` overflows, double after `window` good
+// steps, never below min_scale).
+class LossScaler {
+ public:
+  LossScaler(const strata::LossScaleOptions& o, bool fp16)
+      : o_(o), active_(fp16 && o.mode != strata::LossScaleMode::kNone) {
+    scale_ = active_ ? o.initial_scale : 1.0;
+    hysteresis_ = o.hysteresis;
+  }
+  double scale() const { return scale_; }
+  void Update(bool overflow) {
+    if (!active_ || o_.mode != strata::LossScaleMode::kDynamic) return;
+    if (overflow) {
+      good_ = 0;
+      if (--hysteresis_ > 0) return;
+      scale_ = std::max(o_.min_scale, scale_ / 2);
+      hysteresis_ = o_.hysteresis;
+      return;
+    }
+    if (o_.consecutive_hysteresis) hysteresis_ = o_.hysteresis;
+    if (++good_ % o_.window == 0) scale_ *= 2;
+  }
+
+ private:
+  strata::LossScaleOptions o_;
+  bool active_;
+  double scale_ = 1;
+  uint32_t hysteresis_ = 1;
+  uint64_t good_ = 0;
+};
+
+class Run {
+ public:
+  Run(const TrainOptions& o, const strata::finetune::BatchSampler& sampler)
+      : o_(o), sampler_(sampler) {}
+
+  Status Setup(TrainReport* report);
+  StatusOr<StepRecord> TrainStep(int64_t s);
+  Engine& engine() { return *engine_; }
+  strata::Device& device() { return *device_; }
+
+ private:
+  Status LoadInitialValues(TrainReport* report);
+  Status MicroBatch(int64_t index, bool last, const strata::StepArgs& args,
+                    double* loss);
+  // Fetches every tensor of `ids` and makes the stream wait for them.
+  Status FetchAll(const std::vector<TensorId>& ids,
+                  std::vector<ParamPin>* pins);
+  // A fresh fp32 gradient buffer of a tensor, freed by the engine in stream
+  // order once handed over.
+  StatusOr<DeviceMemory> GradBuffer(TensorId id);
+  Status HandOver(TensorId id, DeviceMemory grad);
+
+  const TrainOptions& o_;
+  const strata::finetune::BatchSampler& sampler_;
+  std::unique_ptr<strata::Device> device_;
+  std::unique_ptr<strata::Stream> stream_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<GptModel> model_;
+  std::vector<ParamSpec> specs_;
+  std::vector<TensorId> ids_;  // per spec
+  // ids_ per block and slot, and the global tensors.
+  std::vector<std::vector<TensorId>> block_ids_;
+  TensorId wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  std::unique_ptr<LossScaler> scaler_;
+  std::vector<int32_t> tokens_, inputs_, targets_;
+};
+
+Status Run::Setup(TrainReport* report) {
+  STRATA_RETURN_IF_ERROR(ValidateConfig(o_.model));
+  if (o_.seq_len < 1 || o_.seq_len > o_.model.context_length) {
+    return Status::InvalidArgument(
+        "sequence length " + std::to_string(o_.seq_len) +
+        " is outside 1 .. the model's context length " +
+        std::to_string(o_.model.context_length));
+  }
+  if (sampler_.batch() != o_.batch || sampler_.seq_len() != o_.seq_len) {
+    return Status::InvalidArgument("the batch sampler's shape differs");
+  }
+  STRATA_ASSIGN_OR_RETURN(device_, strata::NewDevice(o_.device));
+  STRATA_ASSIGN_OR_RETURN(stream_, device_->NewStream({}));
+  report->device_name = device_->name();
+
+  strata::EngineOptions eo = o_.engine;
+  eo.working_dtype = o_.dtype == ElementType::kFloat16
+                         ? strata::CpuDType::kFloat16
+                         : strata::CpuDType::kBFloat16;
+  eo.optimizer.lr = o_.lr;
+  STRATA_ASSIGN_OR_RETURN(engine_, Engine::Create(eo, device_.get()));
+  specs_ = ListParameters(o_.model);
+  block_ids_.assign(o_.model.n_layer, std::vector<TensorId>(kBlockTensorCount));
+  for (const ParamSpec& s : specs_) {
+    strata::TensorSpec t;
+    t.name = s.name;
+    t.shape = s.shape;
+    t.dtype = o_.dtype;
+    STRATA_ASSIGN_OR_RETURN(TensorId id, engine_->Register(t));
+    ids_.push_back(id);
+    if (s.layer >= 0) {
+      block_ids_[s.layer][s.slot] = id;
+    } else if (s.slot == kWte) {
+      wte_ = id;
+    } else if (s.slot == kWpe) {
+      wpe_ = id;
+    } else if (s.slot == kLnfWeight) {
+      lnf_w_ = id;
+    } else {
+      lnf_b_ = id;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(engine_->Start());
+  STRATA_RETURN_IF_ERROR(LoadInitialValues(report));
+
+  ModelOptions mo;
+  mo.batch_size = o_.batch;
+  mo.seq_len = o_.seq_len;
+  mo.param_type = o_.dtype;
+  STRATA_ASSIGN_OR_RETURN(
+      model_, GptModel::Create(device_.get(), stream_.get(), o_.model, mo));
+  scaler_ = std::make_unique<LossScaler>(eo.loss_scale,
+                                         o_.dtype == ElementType::kFloat16);
+  const size_t n = static_cast<size_t>(o_.batch) * o_.seq_len;
+  tokens_.resize(static_cast<size_t>(o_.batch) * (o_.seq_len + 1));
+  inputs_.resize(n);
+  targets_.resize(n);
+
+  report->params = ParameterCount(o_.model);
+  report->tokens_per_step = int64_t{o_.batch} * o_.seq_len * o_.micro_batches;
+  report->flops_per_token = TrainingFlopsPerToken(o_.model, o_.seq_len);
+  report->model_state_bytes = ModelStateBytes(o_.model, o_.dtype);
+  report->workspace_bytes = model_->workspace_bytes();
+  return Status::Ok();
+}
+
+Status Run::LoadInitialValues(TrainReport* report) {
+  std::vector<float> values;
+  if (o_.weights.empty()) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      values.resize(specs_[i].numel);
+      InitParameter(specs_[i], o_.model, o_.seed, values);
+      STRATA_RETURN_IF_ERROR(engine_->SetInitialValues(ids_[i], values));
+    }
+    return Status::Ok();
+  }
+  using strata::finetune::Gpt2Dims;
+  STRATA_ASSIGN_OR_RETURN(strata::finetune::SafetensorsFile file,
+                          strata::finetune::SafetensorsFile::Open(o_.weights));
+  Gpt2Dims dims;
+  dims.n_layer = o_.model.n_layer;
+  dims.n_embd = o_.model.n_embd;
+  dims.vocab = o_.model.vocab_size;
+  dims.n_ctx = o_.model.context_length;
+  STRATA_ASSIGN_OR_RETURN(strata::finetune::Gpt2CheckpointMap map,
+                          strata::finetune::MapGpt2Checkpoint(file, dims));
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    values.resize(specs_[i].numel);
+    STRATA_RETURN_IF_ERROR(
+        strata::finetune::ReadGpt2Parameter(file, map, specs_[i].name, values));
+    STRATA_RETURN_IF_ERROR(engine_->SetInitialValues(ids_[i], values));
+  }
+  report->from_checkpoint = true;
+  return Status::Ok();
+}
+
+Status Run::FetchAll(const std::vector<TensorId>& ids,
+                     std::vector<ParamPin>* pins) {
+  pins->clear();
+  for (TensorId id : ids) {
+    STRATA_ASSIGN_OR_RETURN(ParamPin p, engine_->Fetch(id));
+    STRATA_RETURN_IF_ERROR(p.WaitOn(*stream_));
+    pins->push_back(std::move(p));
+  }
+  return Status::Ok();
+}
+
+StatusOr<DeviceMemory> Run::GradBuffer(TensorId id) {
+  int64_t n = 1;
+  for (int64_t d : engine_->spec(id).shape) n *= d;
+  return device_->Allocate(static_cast<size_t>(n) * 4, *stream_);
+}
+
+Status Run::HandOver(TensorId id, DeviceMemory grad) {
+  return engine_->AddGrad(id, std::move(grad), ElementType::kFloat32, *stream_);
+}
+
+Status Run::MicroBatch(int64_t index, bool last, const strata::StepArgs& args,
+                       double* loss) {
+  STRATA_RETURN_IF_ERROR(sampler_.Fill(index, tokens_));
+  const int T = o_.seq_len;
+  for (int b = 0; b < o_.batch; ++b) {
+    const int32_t* row = tokens_.data() + static_cast<size_t>(b) * (T + 1);
+    std::copy(row, row + T, inputs_.begin() + static_cast<size_t>(b) * T);
+    std::copy(row + 1, row + T + 1,
+              targets_.begin() + static_cast<size_t>(b) * T);
+  }
+  STRATA_RETURN_IF_ERROR(model_->SetBatch(inputs_, targets_));
+  std::vector<ParamPin> pins;
+
+  // Forward, block by block; only each block's input is kept.
+  STRATA_RETURN_IF_ERROR(FetchAll({wte_, wpe_}, &pins));
+  STRATA_RETURN_IF_ERROR(
+      model_->EmbeddingForward({pins[0].data(), pins[1].data()}));
+  pins.clear();
+  const int L = static_cast<int>(o_.model.n_layer);
+  auto block_params = [](const std::vector<ParamPin>& p) {
+    BlockParams bp;
+    for (int i = 0; i < kBlockTensorCount; ++i) bp.t[i] = p[i].data();
+    return bp;
+  };
+  for (int l = 0; l < L; ++l) {
+    STRATA_RETURN_IF_ERROR(FetchAll(block_ids_[l], &pins));
+    STRATA_RETURN_IF_ERROR(model_->BlockForward(l, block_params(pins)));
+    pins.clear();
+  }
+
+  // From here on each tensor's gradient is its last of the step: the
+  // engine may update a unit while backward goes on.
+  if (last && args.max_grad_norm == 0) {
+    STRATA_RETURN_IF_ERROR(engine_->BeginStep(args));
+  }
+  // The head: final LayerNorm, tied LM head, loss, and their backward. The
+  // wte gradient collects the head's part now and the embedding's at the
+  // end, and is handed over once.
+  STRATA_RETURN_IF_ERROR(FetchAll({lnf_w_, lnf_b_, wte_}, &pins));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dlnf_w, GradBuffer(lnf_w_));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dlnf_b, GradBuffer(lnf_b_));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dwte, GradBuffer(wte_));
+  HeadGrads hg;
+  hg.lnf_weight = static_cast<float*>(dlnf_w.data());
+  hg.lnf_bias = static_cast<float*>(dlnf_b.data());
+  hg.wte = static_cast<float*>(dwte.data());
+  STRATA_RETURN_IF_ERROR(model_->HeadForwardBackward(
+      {pins[0].data(), pins[1].data(), pins[2].data()}, &hg,
+      static_cast<float>(args.loss_scale)));
+  pins.clear();
+  STRATA_RETURN_IF_ERROR(HandOver(lnf_w_, std::move(dlnf_w)));
+  STRATA_RETURN_IF_ERROR(HandOver(lnf_b_, std::move(dlnf_b)));
+
+  // Backward, block by block, recomputing each from its input.
+  std::vector<DeviceMemory> grads(kBlockTensorCount);
+  for (int l = L - 1; l >= 0; --l) {
+    STRATA_RETURN_IF_ERROR(FetchAll(block_ids_[l], &pins));
+    BlockGrads bg;
+    for (int i = 0; i < kBlockTensorCount; ++i) {
+      STRATA_ASSIGN_OR_RETURN(grads[i], GradBuffer(block_ids_[l][i]));
+      bg.t[i] = static_cast<float*>(grads[i].data());
+    }
+    STRATA_RETURN_IF_ERROR(model_->BlockBackward(l, block_params(pins), bg));
+    pins.clear();
+    for (int i = 0; i < kBlockTensorCount; ++i) {
+      STRATA_RETURN_IF_ERROR(HandOver(block_ids_[l][i], std::move(grads[i])));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dwpe, GradBuffer(wpe_));
+  STRATA_RETURN_IF_ERROR(model_->EmbeddingBackward(
+      {static_cast<float*>(dwte.data()), static_cast<float*>(dwpe.data())}));
+  STRATA_RETURN_IF_ERROR(HandOver(wpe_, std::move(dwpe)));
+  STRATA_RETURN_IF_ERROR(HandOver(wte_, std::move(dwte)));
+  STRATA_ASSIGN_OR_RETURN(float mean, model_->MeanLoss());
+  *loss = mean;
+  return Status::Ok();
+}
+
+StatusOr<StepRecord> Run::TrainStep(int64_t s) {
+  const auto t0 = Clock::now();
+  StepRecord rec;
+  rec.step = s + 1;
+  rec.lr = LearningRate(o_, s);
+  rec.loss_scale = scaler_->scale();
+  strata::StepArgs args;
+  args.lr = rec.lr;
+  args.loss_scale = rec.loss_scale;
+  args.max_grad_norm = o_.max_grad_norm;
+  double sum = 0;
+  for (int m = 0; m < o_.micro_batches; ++m) {
+    double loss = 0;
+    STRATA_RETURN_IF_ERROR(MicroBatch(s * o_.micro_batches + m,
+                                      m == o_.micro_batches - 1, args, &loss));
+    sum += loss;
+  }
+  rec.loss = sum / o_.micro_batches;
+  STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine_->Step(args));
+  rec.applied = r.applied;
+  rec.grad_norm = r.grad_norm;
+  scaler_->Update(!r.applied);
+  rec.seconds = Since(t0);
+  return rec;
+}
+
+}  // namespace
+
+uint64_t ModelStateBytes(const GptConfig& config, ElementType dtype) {
+  // Working copy, fp32 gradient, fp32 master, two fp32 moments.
+  return static_cast<uint64_t>(ParameterCount(config)) *
+         (strata::ElementSize(dtype) + 4 + 4 + 8);
+}
+
+StatusOr<TrainReport> Train(const TrainOptions& o,
+                            const strata::finetune::BatchSampler& sampler,
+                            const ProgressFn& progress) {
+  if (o.steps < 1 || o.batch < 1 || o.micro_batches < 1) {
+    return Status::InvalidArgument(
+        "steps, batch and micro-batches must be >= 1");
+  }
+  if (o.dtype != ElementType::kBFloat16 && o.dtype != ElementType::kFloat16) {
+    return Status::InvalidArgument("the working dtype is bf16 or fp16");
+  }
+  TrainReport report;
+  Run run(o, sampler);
+  STRATA_RETURN_IF_ERROR(run.Setup(&report));
+  const auto t0 = Clock::now();
+  double after_first = 0;
+  for (int64_t s = 0; s < o.steps; ++s) {
+    STRATA_ASSIGN_OR_RETURN(StepRecord rec, run.TrainStep(s));
+    if (s > 0) after_first += rec.seconds;
+    report.steps.push_back(rec);
+    if (progress) progress(rec);
+  }
+  report.seconds = Since(t0);
+  const double timed = o.steps > 1 ? after_first : report.steps[0].seconds;
+  const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
+  report.tokens_per_s =
+      static_cast<double>(report.tokens_per_step * timed_steps) / timed;
+  report.tflops = report.tokens_per_s * report.flops_per_token / 1e12;
+  report.engine = run.engine().stats();
+  report.device_budget_bytes = o.engine.device_budget_bytes;
+  report.device_peak_bytes = run.device().memory_stats().peak_in_use_bytes;
+  return report;
+}
+
+}  // namespace finetune

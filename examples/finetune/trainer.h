@@ -1,0 +1,98 @@
+// The fine-tune example's trainer: a GPT-2 style model (model/) whose
+// parameters, gradients and optimizer states rest in strata's engine. Every
+// block fetches its parameters just before its forward and releases them
+// after; in backward it fetches them again, recomputes the block from its
+// saved input, hands its gradients to the engine and releases them; the
+// optimizer step is the engine's (overlapping the backward when clipping is
+// off: Engine::BeginStep). Only strata's public API (include/strata/) is
+// used.
+//
+// Thread-compatible: one thread runs Train.
+#ifndef STRATA_EXAMPLES_FINETUNE_TRAINER_H_
+#define STRATA_EXAMPLES_FINETUNE_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "examples/finetune/io/data.h"
+#include "examples/finetune/model/config.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/engine_options.h"
+#include "strata/status.h"
+
+namespace finetune {
+
+struct TrainOptions {
+  GptConfig model;                    // vocab_size = the tokenizer's
+  std::string model_name = "custom";  // for reports
+  int batch = 8;                      // sequences per micro-batch
+  int seq_len = 128;                  // <= model.context_length
+  int micro_batches = 1;              // per optimizer step
+  int64_t steps = 200;
+  // Learning rate: linear warm-up over warmup_steps, then cosine decay to
+  // lr * min_lr_ratio at the last step.
+  double lr = 3e-3;
+  int64_t warmup_steps = 10;
+  double min_lr_ratio = 0.1;
+  double max_grad_norm = 1.0;  // 0 = no clipping (the step then overlaps)
+  // Working precision of parameters: kBFloat16 (default) or kFloat16 (with
+  // the engine options' loss scale: dynamic unless they say otherwise).
+  strata::ElementType dtype = strata::ElementType::kBFloat16;
+  // The engine: where each role rests, budgets, NVMe, the optimizer.
+  // working_dtype and the optimizer's lr are set from the fields above.
+  strata::EngineOptions engine;
+  strata::DeviceOptions device;
+  // A GPT-2 checkpoint (safetensors, Hugging Face's layout) whose dimensions
+  // match `model`; empty: GPT-2's initialization from `seed`.
+  std::string weights;
+  uint64_t seed = 1;
+};
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based
+  double loss = 0;   // mean over the step's tokens
+  double lr = 0;
+  double grad_norm = 0;
+  double loss_scale = 1;
+  bool applied = true;  // false: an fp16 overflow skipped it
+  double seconds = 0;   // wall time of the step
+};
+
+struct TrainReport {
+  std::vector<StepRecord> steps;
+  std::string device_name;
+  int64_t params = 0;
+  int64_t tokens_per_step = 0;
+  double flops_per_token = 0;  // model FLOPs (no recompute)
+  // fp16/bf16 working copy, fp32 gradient, master and two moments.
+  uint64_t model_state_bytes = 0;
+  uint64_t device_budget_bytes = 0;  // the engine's
+  uint64_t workspace_bytes = 0;      // the model's activations
+  uint64_t device_peak_bytes = 0;    // all device memory, at its peak
+  double seconds = 0;                // the training loop
+  // Over the steps after the first (which records the fetch order and
+  // warms the caches); the first step's figures when there is one step.
+  double tokens_per_s = 0;
+  double tflops = 0;
+  bool from_checkpoint = false;
+  strata::EngineStats engine;
+};
+
+using ProgressFn = std::function<void(const StepRecord& step)>;
+
+// Trains options.steps steps on the batches `sampler` draws (its batch and
+// seq_len must match). Errors name what is wrong: the options, the
+// checkpoint, the device or engine refusing a budget.
+strata::StatusOr<TrainReport> Train(
+    const TrainOptions& options, const strata::finetune::BatchSampler& sampler,
+    const ProgressFn& progress);
+
+// Bytes of model state per parameter (see TrainReport::model_state_bytes).
+uint64_t ModelStateBytes(const GptConfig& config, strata::ElementType dtype);
+
+}  // namespace finetune
+
+#endif  // STRATA_EXAMPLES_FINETUNE_TRAINER_H_
