@@ -338,7 +338,7 @@ StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents(
 
 std::optional<TokenId> Gpt2BpeTokenizer::TokenOf(
     std::string_view vocab_string) const {
-  auto it = ids_.find(std::string(vocab_string));
+  auto it = ids_.find(vocab_string);
   if (it == ids_.end()) return std::nullopt;
   return it->second;
 }
@@ -391,7 +391,7 @@ void Gpt2BpeTokenizer::Encode(std::string_view text,
       }
       continue;
     }
-    auto it = cache_.find(std::string(piece));
+    auto it = cache_.find(piece);
     if (it == cache_.end()) {
       if (cache_.size() >= kMaxCacheEntries) cache_.clear();
       std::vector<TokenId> ids;

@@ -29,6 +29,7 @@
 #define STRATA_EXAMPLES_FINETUNE_IO_TOKENIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -131,6 +132,13 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   // BPE of one pre-tokenized piece.
   void EncodePiece(std::string_view piece, std::vector<TokenId>* out) const;
 
+  // Lets the maps keyed by std::string be searched with a string_view.
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
   struct PairHash {
     size_t operator()(uint64_t k) const { return k * 0x9e3779b97f4a7c15ull; }
   };
@@ -139,13 +147,16 @@ class Gpt2BpeTokenizer final : public Tokenizer {
     TokenId result;
   };
 
-  std::vector<std::string> bytes_of_;             // id -> its raw bytes
-  std::unordered_map<std::string, TokenId> ids_;  // vocab.json spelling -> id
-  TokenId byte_token_[256] = {};                  // byte -> its one-byte token
+  std::vector<std::string> bytes_of_;  // id -> its raw bytes
+  // vocab.json spelling -> id
+  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> ids_;
+  TokenId byte_token_[256] = {};  // byte -> its one-byte token
   std::unordered_map<uint64_t, Merge, PairHash> merges_;  // (a << 32 | b)
   std::optional<TokenId> separator_;
   // Encoded pieces; cleared when it reaches kMaxCacheEntries.
-  std::unordered_map<std::string, std::vector<TokenId>> cache_;
+  std::unordered_map<std::string, std::vector<TokenId>, StringHash,
+                     std::equal_to<>>
+      cache_;
 };
 
 }  // namespace strata::finetune
