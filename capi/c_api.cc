@@ -225,8 +225,7 @@ Status AddEngineOptions(StatusOr<strata::EngineConfig> config,
 
 extern "C" {
 
-// ---- Codes, memory, version
-// --------------------------------------------------
+// ---- Codes, memory, version -------------------------------------------------
 
 const char* strata_code_name(strata_code_t code) {
   static constexpr const char* kNames[] = {"OK",
@@ -279,8 +278,7 @@ strata_code_t strata_set_log_level(const char* level, char** errptr) {
   });
 }
 
-// ---- Devices
-// -------------------------------------------------------------------
+// ---- Devices ----------------------------------------------------------------
 
 strata_code_t strata_device_create(const char* choice,
                                    uint64_t memory_budget_bytes,
@@ -338,8 +336,7 @@ const char* strata_device_name(const strata_device_t* device) {
   return device != nullptr ? device->name.c_str() : nullptr;
 }
 
-// ---- Streams
-// -------------------------------------------------------------------
+// ---- Streams ----------------------------------------------------------------
 
 strata_code_t strata_stream_create(strata_device_t* device,
                                    strata_stream_t** out, char** errptr) {
@@ -395,8 +392,7 @@ strata_code_t strata_stream_destroy(strata_stream_t* stream, char** errptr) {
   });
 }
 
-// ---- Device memory
-// -------------------------------------------------------------
+// ---- Device memory ----------------------------------------------------------
 
 strata_code_t strata_device_memory_alloc(strata_stream_t* stream, size_t bytes,
                                          strata_device_memory_t** out,
@@ -485,8 +481,7 @@ strata_code_t strata_copy_async(strata_stream_t* stream, void* dst,
   });
 }
 
-// ---- Engine options
-// --------------------------------------------------------------
+// ---- Engine options ---------------------------------------------------------
 
 strata_code_t strata_engine_options_from_json(const char* json, size_t length,
                                               strata_engine_options_t** out,
@@ -530,8 +525,7 @@ void strata_engine_options_destroy(strata_engine_options_t* options) {
   delete options;
 }
 
-// ---- Engine
-// ------------------------------------------------------------------------
+// ---- Engine -----------------------------------------------------------------
 
 strata_code_t strata_engine_create(const strata_engine_options_t* options,
                                    strata_device_t* device,
@@ -780,8 +774,7 @@ strata_code_t strata_engine_destroy(strata_engine_t* engine, char** errptr) {
   });
 }
 
-// ---- CPU optimizer
-// ----------------------------------------------------------------
+// ---- CPU optimizer ----------------------------------------------------------
 
 strata_code_t strata_cpu_optimizer_options_create(
     strata_cpu_optimizer_options_t** out, char** errptr) {

@@ -326,8 +326,7 @@ TEST(CApiOptionsTest, FileAndWarnings) {
   strata_engine_options_destroy(o);
 }
 
-// ---- The engine
-// --------------------------------------------------------------
+// ---- The engine -------------------------------------------------------------
 
 constexpr int64_t kRows = 64, kCols = 48;  // 3072 elements: one 6 KiB unit
 constexpr size_t kW = kRows * kCols;
@@ -699,8 +698,22 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CApiEngineTest, ::testing::Bool(),
                            return p.param ? "Nvme" : "Host";
                          });
 
-// ---- The CPU optimizer
-// ----------------------------------------------------------
+// ---- The CPU optimizer ------------------------------------------------------
+
+// An fp32 gradient's update arrays, without a working copy.
+strata_cpu_tensors_t CTensors(size_t n, float* master, const float* grad,
+                              void* exp_avg, void* exp_avg_sq,
+                              strata_dtype_t moment_dtype) {
+  strata_cpu_tensors_t t{};
+  t.n = n;
+  t.master = master;
+  t.grad = grad;
+  t.grad_dtype = STRATA_FLOAT32;
+  t.exp_avg = exp_avg;
+  t.exp_avg_sq = exp_avg_sq;
+  t.moment_dtype = moment_dtype;
+  return t;
+}
 
 TEST(CApiCpuOptimizerTest, MatchesTheCppOptimizerBitForBit) {
   CErr e;
@@ -743,14 +756,8 @@ TEST(CApiCpuOptimizerTest, MatchesTheCppOptimizerBitForBit) {
   std::vector<uint8_t> m16(state, 0), v16(state, 0), rm16 = m16, rv16 = v16;
 
   for (int64_t step = 1; step <= 4; ++step) {
-    strata_cpu_tensors_t t{};
-    t.n = n;
-    t.master = master.data();
-    t.grad = grad.data();
-    t.grad_dtype = STRATA_FLOAT32;
-    t.exp_avg = m16.data();
-    t.exp_avg_sq = v16.data();
-    t.moment_dtype = STRATA_BFLOAT16;
+    strata_cpu_tensors_t t = CTensors(n, master.data(), grad.data(), m16.data(),
+                                      v16.data(), STRATA_BFLOAT16);
     t.working = working.data();
     t.working_dtype = STRATA_BFLOAT16;
     int applied = 0;
@@ -798,14 +805,8 @@ TEST(CApiCpuOptimizerTest, MatchesTheCppOptimizerBitForBit) {
   // An inf writes nothing and is not an error.
   grad[17] = INFINITY;
   const std::vector<float> before = master;
-  strata_cpu_tensors_t t{};
-  t.n = n;
-  t.master = master.data();
-  t.grad = grad.data();
-  t.grad_dtype = STRATA_FLOAT32;
-  t.exp_avg = m.data();
-  t.exp_avg_sq = v.data();
-  t.moment_dtype = STRATA_FLOAT32;
+  strata_cpu_tensors_t t = CTensors(n, master.data(), grad.data(), m.data(),
+                                    v.data(), STRATA_FLOAT32);
   int applied = 1;
   ASSERT_EQ(strata_cpu_optimizer_step(opt, &t, 5, 1e-2, 1.0, 1.0, 1, &applied,
                                       e.ptr()),
@@ -854,12 +855,7 @@ TEST(CApiCpuOptimizerTest, BadArguments) {
   ASSERT_EQ(strata_cpu_optimizer_create(nullptr, &opt, e.ptr()), STRATA_OK)
       << e.str();
   float master[4] = {0}, grad[4] = {0}, m[4] = {0}, v[4] = {0};
-  strata_cpu_tensors_t t{};
-  t.n = 4;
-  t.master = master;
-  t.grad = grad;
-  t.exp_avg = m;
-  t.exp_avg_sq = v;
+  strata_cpu_tensors_t t = CTensors(4, master, grad, m, v, STRATA_FLOAT32);
   int applied = 0;
   EXPECT_EQ(strata_cpu_optimizer_step(opt, nullptr, 1, 1e-3, 1, 1, 1, &applied,
                                       e.ptr()),
