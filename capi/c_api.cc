@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,25 @@ STRATA_C_CODE_MATCHES(STRATA_ABORTED, kAborted);
 STRATA_C_CODE_MATCHES(STRATA_INTERNAL, kInternal);
 #undef STRATA_C_CODE_MATCHES
 
+// The integer a caller passed as a C enum. C lets any int through, but C++
+// may assume an enum object holds only values its enumerators span, so the
+// value is read as an int, never loaded as the enum.
+template <class E>
+int EnumValue(const E& e) noexcept {
+  static_assert(std::is_enum_v<E> && sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+// An enum value for a uint8_t field; out-of-range values become 255, which
+// strata_cpu_optimizer_create refuses.
+template <class E>
+uint8_t Clamp8(const E& e) noexcept {
+  const int v = EnumValue(e);
+  return static_cast<uint8_t>(v < 0 || v > 255 ? 255 : v);
+}
+
 // A malloc'd copy of `s`, or null when malloc fails.
 char* CopyString(std::string_view s) noexcept {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
@@ -143,7 +163,7 @@ Status Require(const void* p, const char* call, const char* what) {
   return Status::InvalidArgument(std::string(call) + ": " + what + " is NULL");
 }
 
-StatusOr<ElementType> ToElementType(strata_dtype_t t, const char* call) {
+StatusOr<ElementType> ToElementType(int t, const char* call) {
   switch (t) {
     case STRATA_FLOAT32:
       return ElementType::kFloat32;
@@ -153,7 +173,7 @@ StatusOr<ElementType> ToElementType(strata_dtype_t t, const char* call) {
       return ElementType::kBFloat16;
     default:
       return Status::InvalidArgument(
-          std::string(call) + ": dtype " + std::to_string(int(t)) +
+          std::string(call) + ": dtype " + std::to_string(t) +
           " is not an element type; accepted: STRATA_FLOAT32, "
           "STRATA_FLOAT16, STRATA_BFLOAT16");
   }
@@ -171,7 +191,7 @@ strata_dtype_t FromElementType(ElementType t) {
   return STRATA_FLOAT32;
 }
 
-StatusOr<CpuDType> ToCpuDType(strata_dtype_t t, const char* call) {
+StatusOr<CpuDType> ToCpuDType(int t, const char* call) {
   switch (t) {
     case STRATA_FLOAT32:
       return CpuDType::kFloat32;
@@ -183,7 +203,7 @@ StatusOr<CpuDType> ToCpuDType(strata_dtype_t t, const char* call) {
       return CpuDType::kBlock8;
   }
   return Status::InvalidArgument(std::string(call) + ": dtype " +
-                                 std::to_string(int(t)) +
+                                 std::to_string(t) +
                                  " is not a strata_dtype_t value");
 }
 
@@ -244,7 +264,7 @@ const char* strata_code_name(strata_code_t code) {
                                            "OutOfRange",
                                            "Aborted",
                                            "Internal"};
-  const int i = static_cast<int>(code);
+  const int i = EnumValue(code);
   if (i < 0 || i >= static_cast<int>(std::size(kNames))) return "Unknown";
   return kNames[i];
 }
@@ -462,7 +482,7 @@ strata_code_t strata_copy_async(strata_stream_t* stream, void* dst,
     constexpr const char* kCall = "strata_copy_async";
     STRATA_RETURN_IF_ERROR(Require(stream, kCall, "stream"));
     strata::CopyKind k;
-    switch (kind) {
+    switch (EnumValue(kind)) {
       case STRATA_HOST_TO_DEVICE:
         k = strata::CopyKind::kHostToDevice;
         break;
@@ -474,7 +494,7 @@ strata_code_t strata_copy_async(strata_stream_t* stream, void* dst,
         break;
       default:
         return Status::InvalidArgument(std::string(kCall) + ": copy kind " +
-                                       std::to_string(int(kind)) +
+                                       std::to_string(EnumValue(kind)) +
                                        " is not a strata_copy_kind_t value");
     }
     return stream->dev->device->CopyAsync(*stream->stream, dst, src, bytes, k);
@@ -560,7 +580,7 @@ strata_code_t strata_engine_register(strata_engine_t* engine, const char* name,
     strata::TensorSpec spec;
     spec.name = name;
     spec.shape.assign(shape, shape + ndim);
-    STRATA_ASSIGN_OR_RETURN(spec.dtype, ToElementType(dtype, kCall));
+    STRATA_ASSIGN_OR_RETURN(spec.dtype, ToElementType(EnumValue(dtype), kCall));
     STRATA_ASSIGN_OR_RETURN(*id, engine->engine->Register(spec));
     return Status::Ok();
   });
@@ -692,7 +712,8 @@ strata_code_t strata_engine_add_grad(strata_engine_t* engine, uint32_t id,
     STRATA_RETURN_IF_ERROR(Require(grad, kCall, "grad"));
     STRATA_RETURN_IF_ERROR(Require(producer, kCall, "producer"));
     STRATA_RETURN_IF_ERROR(SameDevice(producer, engine->dev, kCall));
-    STRATA_ASSIGN_OR_RETURN(ElementType t, ToElementType(dtype, kCall));
+    STRATA_ASSIGN_OR_RETURN(ElementType t,
+                            ToElementType(EnumValue(dtype), kCall));
     return engine->engine->AddGrad(id, grad, t, *producer->stream);
   });
 }
@@ -712,7 +733,8 @@ strata_code_t strata_engine_add_grad_owned(strata_engine_t* engine, uint32_t id,
     STRATA_RETURN_IF_ERROR(Require(producer, kCall, "producer"));
     STRATA_RETURN_IF_ERROR(SameDevice(producer, engine->dev, kCall));
     STRATA_RETURN_IF_ERROR(SameDevice(grad->stream, engine->dev, kCall));
-    STRATA_ASSIGN_OR_RETURN(ElementType t, ToElementType(dtype, kCall));
+    STRATA_ASSIGN_OR_RETURN(ElementType t,
+                            ToElementType(EnumValue(dtype), kCall));
     return engine->engine->AddGrad(id, std::move(grad->memory), t,
                                    *producer->stream);
   });
@@ -795,7 +817,7 @@ void strata_cpu_optimizer_options_destroy(
 void strata_cpu_optimizer_options_set_algo(
     strata_cpu_optimizer_options_t* options, strata_cpu_algo_t algo) {
   if (options != nullptr) {
-    options->options.algo = static_cast<strata::CpuOptimizerAlgo>(algo);
+    options->options.algo = static_cast<strata::CpuOptimizerAlgo>(Clamp8(algo));
   }
 }
 
@@ -824,7 +846,8 @@ void strata_cpu_optimizer_options_set_bias_correction(
 void strata_cpu_optimizer_options_set_variant(
     strata_cpu_optimizer_options_t* options, strata_cpu_variant_t variant) {
   if (options != nullptr) {
-    options->options.variant = static_cast<strata::CpuKernelVariant>(variant);
+    options->options.variant =
+        static_cast<strata::CpuKernelVariant>(Clamp8(variant));
   }
 }
 
@@ -900,15 +923,16 @@ strata_code_t strata_cpu_optimizer_step(strata_cpu_optimizer_t* optimizer,
     ct.n = t->n;
     ct.master = t->master;
     ct.grad = t->grad;
-    STRATA_ASSIGN_OR_RETURN(ct.grad_dtype, ToCpuDType(t->grad_dtype, kCall));
+    STRATA_ASSIGN_OR_RETURN(ct.grad_dtype,
+                            ToCpuDType(EnumValue(t->grad_dtype), kCall));
     ct.exp_avg = t->exp_avg;
     ct.exp_avg_sq = t->exp_avg_sq;
     STRATA_ASSIGN_OR_RETURN(ct.moment_dtype,
-                            ToCpuDType(t->moment_dtype, kCall));
+                            ToCpuDType(EnumValue(t->moment_dtype), kCall));
     ct.working = t->working;
     if (t->working != nullptr) {
       STRATA_ASSIGN_OR_RETURN(ct.working_dtype,
-                              ToCpuDType(t->working_dtype, kCall));
+                              ToCpuDType(EnumValue(t->working_dtype), kCall));
     }
     strata::CpuStepArgs args;
     args.step = step;
@@ -931,7 +955,7 @@ strata_code_t strata_cpu_optimizer_grad_stats(strata_cpu_optimizer_t* optimizer,
   return Guard(errptr, [&]() -> Status {
     constexpr const char* kCall = "strata_cpu_optimizer_grad_stats";
     STRATA_RETURN_IF_ERROR(Require(optimizer, kCall, "optimizer"));
-    STRATA_ASSIGN_OR_RETURN(CpuDType t, ToCpuDType(dtype, kCall));
+    STRATA_ASSIGN_OR_RETURN(CpuDType t, ToCpuDType(EnumValue(dtype), kCall));
     STRATA_ASSIGN_OR_RETURN(
         strata::GradStats s,
         optimizer->optimizer->ComputeGradStats(grad, t, n, scale));
@@ -942,7 +966,7 @@ strata_code_t strata_cpu_optimizer_grad_stats(strata_cpu_optimizer_t* optimizer,
 }
 
 size_t strata_cpu_state_bytes(strata_dtype_t dtype, size_t n) {
-  switch (dtype) {  // no Status here: it could allocate, and so throw
+  switch (EnumValue(dtype)) {  // no Status here: it may throw
     case STRATA_FLOAT32:
       return strata::CpuStateBytes(CpuDType::kFloat32, n);
     case STRATA_FLOAT16:
@@ -960,8 +984,10 @@ strata_code_t strata_convert(const void* src, strata_dtype_t src_dtype,
                              char** errptr) {
   return Guard(errptr, [&]() -> Status {
     constexpr const char* kCall = "strata_convert";
-    STRATA_ASSIGN_OR_RETURN(CpuDType s, ToCpuDType(src_dtype, kCall));
-    STRATA_ASSIGN_OR_RETURN(CpuDType d, ToCpuDType(dst_dtype, kCall));
+    STRATA_ASSIGN_OR_RETURN(CpuDType s,
+                            ToCpuDType(EnumValue(src_dtype), kCall));
+    STRATA_ASSIGN_OR_RETURN(CpuDType d,
+                            ToCpuDType(EnumValue(dst_dtype), kCall));
     if (n > 0) {
       STRATA_RETURN_IF_ERROR(Require(src, kCall, "src"));
       STRATA_RETURN_IF_ERROR(Require(dst, kCall, "dst"));
