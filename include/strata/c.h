@@ -1,0 +1,433 @@
+/* strata's C API: the engine, the device and its streams, and the CPU
+ * optimizer on caller memory, for callers that are not C++ (a Python
+ * binding, another trainer's runtime). It compiles as C99 and as C++; every
+ * call is a thin wrapper of the C++ API (strata/engine.h, strata/device.h,
+ * strata/cpu_adam.h) and nothing it does throws. docs/c_api.md has the
+ * conventions at length.
+ *
+ * Errors: every call that can fail returns a strata_code_t (STRATA_OK, 0, on
+ * success; the values mirror strata::StatusCode) and takes a last argument
+ * `char** errptr`. When errptr is not NULL the call always writes *errptr:
+ * NULL on success, on failure a NUL-terminated message that names the call
+ * and the thing at fault (a JSON path, a tensor, a byte count), allocated
+ * with malloc; the caller frees it with strata_free. A message that cannot
+ * be allocated leaves *errptr NULL; the code is returned all the same. A
+ * NULL handle or out-pointer where one is required is STRATA_INVALID_ARGUMENT,
+ * never a crash. Out-of-memory inside the library (std::bad_alloc) is
+ * STRATA_OUT_OF_MEMORY. Calls that cannot fail (accessors, frees) return
+ * their value directly; given a NULL handle they return 0 or NULL.
+ *
+ * Ownership: every object a `*_create`, `*_wrap_*`, `*_alloc`, `*_fetch` or
+ * `*_register_*` call hands out is the caller's and is given back by its
+ * own `*_destroy`, `*_free`, `*_release` or `*_unregister`, which accept
+ * NULL. Strings the library returns are the caller's (strata_free) where a
+ * call says so, and otherwise live as long as the object they came from.
+ * Arrays passed in are borrowed for the call only, except where a call says
+ * otherwise (a gradient handed to strata_engine_add_grad).
+ *
+ * Lifetimes, checked where a count can tell: a device outlives its streams,
+ * device memory and engines; an engine outlives its pins; a stream outlives
+ * the pins that waited on it and the device memory allocated on it. A
+ * destroy that would break this fails with STRATA_FAILED_PRECONDITION and
+ * destroys nothing. A handle used after it was destroyed cannot be told
+ * apart from a live one: that is undefined behaviour, as free() twice is.
+ *
+ * Threads: devices, streams and engines are thread-safe (as their C++
+ * objects); a pin, an engine options object and a CPU optimizer must not be
+ * used by two threads at once. A destroy must not overlap another call on
+ * the same object.
+ */
+#ifndef STRATA_C_H_
+#define STRATA_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/export.h"
+#include "strata/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Codes, types, memory, version ----------------------------------- */
+
+/* The values of strata::StatusCode (strata/status.h), one for one. */
+typedef enum strata_code {
+  STRATA_OK = 0,
+  STRATA_INVALID_ARGUMENT = 1,
+  STRATA_NOT_FOUND = 2,
+  STRATA_ALREADY_EXISTS = 3,
+  STRATA_OUT_OF_MEMORY = 4,
+  STRATA_NO_SPACE = 5,
+  STRATA_IO_ERROR = 6,
+  STRATA_CORRUPTION = 7,
+  STRATA_UNAVAILABLE = 8,
+  STRATA_NOT_SUPPORTED = 9,
+  STRATA_BUSY = 10,
+  STRATA_PERMISSION_DENIED = 11,
+  STRATA_FAILED_PRECONDITION = 12,
+  STRATA_OUT_OF_RANGE = 13,
+  STRATA_ABORTED = 14,
+  STRATA_INTERNAL = 15
+} strata_code_t;
+
+/* Element types. BLOCK8 is an optimizer-state type only (8-bit codes with
+ * one fp32 scale per 2048 elements, strata_cpu_state_bytes). */
+typedef enum strata_dtype {
+  STRATA_FLOAT32 = 0,
+  STRATA_FLOAT16 = 1,
+  STRATA_BFLOAT16 = 2,
+  STRATA_BLOCK8 = 3
+} strata_dtype_t;
+
+typedef enum strata_copy_kind {
+  STRATA_HOST_TO_DEVICE = 0,
+  STRATA_DEVICE_TO_HOST = 1,
+  STRATA_DEVICE_TO_DEVICE = 2
+} strata_copy_kind_t;
+
+typedef struct strata_device strata_device_t;
+typedef struct strata_stream strata_stream_t;
+typedef struct strata_device_memory strata_device_memory_t;
+typedef struct strata_external_memory strata_external_memory_t;
+typedef struct strata_engine_options strata_engine_options_t;
+typedef struct strata_engine strata_engine_t;
+typedef struct strata_param_pin strata_param_pin_t;
+typedef struct strata_cpu_optimizer_options strata_cpu_optimizer_options_t;
+typedef struct strata_cpu_optimizer strata_cpu_optimizer_t;
+
+/* A short stable name of a code, e.g. "InvalidArgument"; "Unknown" for a
+ * value outside the enum. Static storage. */
+STRATA_EXPORT const char* strata_code_name(strata_code_t code);
+
+/* Frees what the library allocated for the caller (error messages, JSON
+ * strings). NULL is a no-op. */
+STRATA_EXPORT void strata_free(void* p);
+
+/* "MAJOR.MINOR.PATCH" of the library loaded, and its parts; compare with
+ * STRATA_VERSION_STRING and STRATA_VERSION_MAJOR/MINOR/PATCH of the headers
+ * compiled against. Static storage. */
+STRATA_EXPORT const char* strata_version_string(void);
+STRATA_EXPORT int strata_version_major(void);
+STRATA_EXPORT int strata_version_minor(void);
+STRATA_EXPORT int strata_version_patch(void);
+
+/* The level of strata's log on stderr: "trace", "debug", "info", "warn",
+ * "error" or "off". */
+STRATA_EXPORT strata_code_t strata_set_log_level(const char* level,
+                                                 char** errptr);
+
+/* ---- Devices ---------------------------------------------------------- */
+
+/* A device. `choice`: "auto" (or NULL: CUDA when a GPU works, else the
+ * host-emulated device; the environment variable STRATA_DEVICE may decide),
+ * "cuda" or "cuda:N" (GPU N, or STRATA_UNAVAILABLE with the reason), "host"
+ * (the host-emulated device, which stands in for a GPU with host memory).
+ * `memory_budget_bytes`: what the device may hand out; 0 = automatic (the
+ * free GPU memory less 1 GiB; 1 GiB for the host-emulated device). */
+STRATA_EXPORT strata_code_t strata_device_create(const char* choice,
+                                                 uint64_t memory_budget_bytes,
+                                                 strata_device_t** out,
+                                                 char** errptr);
+/* STRATA_FAILED_PRECONDITION while streams, device memory or engines made
+ * with it live. */
+STRATA_EXPORT strata_code_t strata_device_destroy(strata_device_t* device,
+                                                  char** errptr);
+/* "host-emulated" or "cuda"; static storage. */
+STRATA_EXPORT const char* strata_device_kind(const strata_device_t* device);
+/* Human-readable identity, e.g. "cuda:0 (NVIDIA H100, sm_90)"; lives as long
+ * as the device. */
+STRATA_EXPORT const char* strata_device_name(const strata_device_t* device);
+
+/* ---- Streams ---------------------------------------------------------- */
+
+/* A new in-order queue of device work; its destroy waits for its work. */
+STRATA_EXPORT strata_code_t strata_stream_create(strata_device_t* device,
+                                                 strata_stream_t** out,
+                                                 char** errptr);
+/* A stream on a native queue made elsewhere, not owned: destroying it
+ * neither waits for the queue nor destroys it. CUDA: a cudaStream_t of the
+ * device's GPU (NULL: the legacy default stream), e.g. PyTorch's current
+ * stream. Host-emulated: strata_stream_native_handle of a live stream of
+ * the same device. REQUIRES: the native queue outlives the wrapper. */
+STRATA_EXPORT strata_code_t strata_stream_wrap_native(strata_device_t* device,
+                                                      void* native,
+                                                      strata_stream_t** out,
+                                                      char** errptr);
+/* CUDA: the cudaStream_t. Host-emulated: an opaque handle that only
+ * strata_stream_wrap_native of the same device accepts. */
+STRATA_EXPORT void* strata_stream_native_handle(const strata_stream_t* stream);
+/* Blocks until the work enqueued on `stream` so far is done. */
+STRATA_EXPORT strata_code_t strata_stream_synchronize(strata_stream_t* stream,
+                                                      char** errptr);
+/* STRATA_FAILED_PRECONDITION while a pin that waited on it or device memory
+ * allocated on it lives. */
+STRATA_EXPORT strata_code_t strata_stream_destroy(strata_stream_t* stream,
+                                                  char** errptr);
+
+/* ---- Device memory ---------------------------------------------------- */
+
+/* `bytes` of device memory (256-byte aligned) whose first user is `stream`,
+ * from the device's budget (STRATA_OUT_OF_MEMORY saying what was free). */
+STRATA_EXPORT strata_code_t
+strata_device_memory_alloc(strata_stream_t* stream, size_t bytes,
+                           strata_device_memory_t** out, char** errptr);
+STRATA_EXPORT void* strata_device_memory_data(
+    const strata_device_memory_t* memory);
+STRATA_EXPORT size_t
+strata_device_memory_size(const strata_device_memory_t* memory);
+/* Frees in stream order: the block is reused only after the work enqueued
+ * on its stream before this call is done. */
+STRATA_EXPORT void strata_device_memory_free(strata_device_memory_t* memory);
+
+/* Admits [data, data + bytes), device memory strata did not allocate (a
+ * PyTorch tensor's storage; on the host-emulated device, host memory the
+ * caller declares device memory), to the device's copies and to
+ * strata_engine_add_grad. REQUIRES: the memory stays allocated while
+ * registered and until work enqueued on it is done. */
+STRATA_EXPORT strata_code_t strata_device_register_external(
+    strata_device_t* device, void* data, size_t bytes,
+    strata_external_memory_t** out, char** errptr);
+STRATA_EXPORT void strata_external_memory_unregister(
+    strata_external_memory_t* memory);
+
+/* Enqueues a copy of `bytes` on `stream`. Device ends are device memory
+ * (allocated or registered); host memory must stay valid until the copy is
+ * done (strata_stream_synchronize). */
+STRATA_EXPORT strata_code_t strata_copy_async(strata_stream_t* stream,
+                                              void* dst, const void* src,
+                                              size_t bytes,
+                                              strata_copy_kind_t kind,
+                                              char** errptr);
+
+/* ---- Engine options --------------------------------------------------- */
+
+/* Engine options from a JSON config: strata's keys under "strata" and a
+ * DeepSpeed config as it is ("zero_optimization", "aio", "fp16", "bf16",
+ * "optimizer", ...; docs/config.md). `json` holds `length` bytes (no NUL
+ * needed). Strict: an unknown key, a wrong type or a value out of range is
+ * STRATA_INVALID_ARGUMENT naming its JSON path; invalid JSON names its line
+ * and column. */
+STRATA_EXPORT strata_code_t
+strata_engine_options_from_json(const char* json, size_t length,
+                                strata_engine_options_t** out, char** errptr);
+/* The same, from a file; errors name the file. */
+STRATA_EXPORT strata_code_t strata_engine_options_from_file(
+    const char* path, strata_engine_options_t** out, char** errptr);
+/* "<json path>: <why>" for each key accepted but not acted on and each
+ * coercion; the caller shows them. NULL past the end; lives as long as
+ * `options`. */
+STRATA_EXPORT size_t
+strata_engine_options_num_warnings(const strata_engine_options_t* options);
+STRATA_EXPORT const char* strata_engine_options_warning(
+    const strata_engine_options_t* options, size_t index);
+STRATA_EXPORT void strata_engine_options_destroy(
+    strata_engine_options_t* options);
+
+/* ---- Engine ----------------------------------------------------------- */
+
+/* An engine over `device` (which must outlive it) with a copy of `options`
+ * (which may be destroyed at once). */
+STRATA_EXPORT strata_code_t strata_engine_create(
+    const strata_engine_options_t* options, strata_device_t* device,
+    strata_engine_t** out, char** errptr);
+/* Before start: a trainable parameter of `ndim` dimensions (each > 0) whose
+ * working copy is `dtype` (STRATA_FLOAT16 or STRATA_BFLOAT16). `name` must
+ * be unique. Writes its id, 0, 1, 2... in order of registration. */
+STRATA_EXPORT strata_code_t strata_engine_register(
+    strata_engine_t* engine, const char* name, const int64_t* shape,
+    size_t ndim, strata_dtype_t dtype, uint32_t* id, char** errptr);
+/* Lays the tensors out and reserves every tier (STRATA_OUT_OF_MEMORY or
+ * STRATA_NO_SPACE saying what was asked and what is free). */
+STRATA_EXPORT strata_code_t strata_engine_start(strata_engine_t* engine,
+                                                char** errptr);
+STRATA_EXPORT size_t strata_engine_num_tensors(const strata_engine_t* engine);
+/* Elements of tensor `id`. */
+STRATA_EXPORT strata_code_t strata_engine_tensor_numel(strata_engine_t* engine,
+                                                       uint32_t id,
+                                                       uint64_t* numel,
+                                                       char** errptr);
+/* After start, before the first step: `count` (= numel) fp32 values of
+ * tensor `id`, written to its master and working copy. */
+STRATA_EXPORT strata_code_t strata_engine_set_initial_values(
+    strata_engine_t* engine, uint32_t id, const float* values, size_t count,
+    char** errptr);
+/* The fp32 master of tensor `id` into `out` (`count` = numel floats). */
+STRATA_EXPORT strata_code_t strata_engine_read_master(strata_engine_t* engine,
+                                                      uint32_t id, float* out,
+                                                      size_t count,
+                                                      char** errptr);
+
+/* Fetches tensor `id` to the device and pins it there: returns at once with
+ * a pin whose data may still be arriving (strata_param_pin_wait_on makes a
+ * stream wait for it, strata_param_pin_wait the host). The device copy stays
+ * put until strata_param_pin_release. */
+STRATA_EXPORT strata_code_t strata_engine_fetch(strata_engine_t* engine,
+                                                uint32_t id,
+                                                strata_param_pin_t** out,
+                                                char** errptr);
+/* The device address of the working copy (valid while pinned), its bytes
+ * and its type. */
+STRATA_EXPORT void* strata_param_pin_data(const strata_param_pin_t* pin);
+STRATA_EXPORT size_t strata_param_pin_bytes(const strata_param_pin_t* pin);
+STRATA_EXPORT strata_dtype_t
+strata_param_pin_dtype(const strata_param_pin_t* pin);
+/* Blocks the host until the data is on the device. */
+STRATA_EXPORT strata_code_t strata_param_pin_wait(strata_param_pin_t* pin,
+                                                  char** errptr);
+/* Work enqueued on `consumer` (a stream of the engine's device) after this
+ * call runs once the data has arrived; that use lasts until the release.
+ * Does not block the host where the device allows. */
+STRATA_EXPORT strata_code_t strata_param_pin_wait_on(strata_param_pin_t* pin,
+                                                     strata_stream_t* consumer,
+                                                     char** errptr);
+/* Drops the pin (the device copy may then be evicted). NULL is a no-op. */
+STRATA_EXPORT void strata_param_pin_release(strata_param_pin_t* pin);
+
+/* Hands over the gradient of tensor `id`: numel elements of `dtype` at
+ * device address `grad` (device memory, allocated or registered),
+ * multiplied by the loss scale, produced by the work enqueued on `producer`
+ * so far. Copied to the host without blocking `producer` and accumulated in
+ * fp32. REQUIRES: `grad` stays unchanged until strata_engine_wait_grads (or
+ * a step) returns. */
+STRATA_EXPORT strata_code_t strata_engine_add_grad(
+    strata_engine_t* engine, uint32_t id, const void* grad,
+    strata_dtype_t dtype, strata_stream_t* producer, char** errptr);
+/* The same, taking `grad` over whatever the outcome: the engine frees it
+ * in stream order once copied, so the caller may forget it at once. */
+STRATA_EXPORT strata_code_t strata_engine_add_grad_owned(
+    strata_engine_t* engine, uint32_t id, strata_device_memory_t* grad,
+    strata_dtype_t dtype, strata_stream_t* producer, char** errptr);
+/* Blocks until every gradient handed over has been accumulated. */
+STRATA_EXPORT strata_code_t strata_engine_wait_grads(strata_engine_t* engine,
+                                                     char** errptr);
+/* One optimizer step over every tensor: the gradients are divided by
+ * `loss_scale`, their global L2 norm clipped to `max_grad_norm` (0 = no
+ * clipping), and the update runs at rate `lr`. A gradient with an inf or
+ * nan skips the step. Writes, where not NULL: whether it was applied
+ * (1/0), the global norm of the unscaled gradient, and the steps applied so
+ * far. */
+STRATA_EXPORT strata_code_t strata_engine_step(strata_engine_t* engine,
+                                               double lr, double loss_scale,
+                                               double max_grad_norm,
+                                               int* applied, double* grad_norm,
+                                               int64_t* step, char** errptr);
+/* The engine's counters as a JSON object (bytes and counts as integers,
+ * seconds as numbers), NUL-terminated, in *json; free it with strata_free. */
+STRATA_EXPORT strata_code_t strata_engine_stats_json(strata_engine_t* engine,
+                                                     char** json,
+                                                     char** errptr);
+/* STRATA_FAILED_PRECONDITION while pins of it are held. */
+STRATA_EXPORT strata_code_t strata_engine_destroy(strata_engine_t* engine,
+                                                  char** errptr);
+
+/* ---- CPU optimizer on caller memory ------------------------------------ */
+
+typedef enum strata_cpu_algo {
+  STRATA_CPU_ADAM = 0,    /* torch.optim.Adam: L2 decay added to the grad */
+  STRATA_CPU_ADAMW = 1,   /* torch.optim.AdamW: decoupled weight decay */
+  STRATA_CPU_ADAGRAD = 2, /* torch.optim.Adagrad (lr_decay 0) */
+  STRATA_CPU_LION = 3     /* Lion, decoupled weight decay */
+} strata_cpu_algo_t;
+
+typedef enum strata_cpu_variant {
+  STRATA_CPU_VARIANT_AUTO = 0, /* the best the CPU supports */
+  STRATA_CPU_VARIANT_SCALAR = 1,
+  STRATA_CPU_VARIANT_AVX2 = 2,
+  STRATA_CPU_VARIANT_AVX512 = 3,
+  STRATA_CPU_VARIANT_AVX512BF16 = 4
+} strata_cpu_variant_t;
+
+/* Options with strata's defaults: AdamW, betas (0.9, 0.999), eps 1e-8,
+ * weight decay 0, bias correction on, the best variant, all cores. The
+ * setters store; strata_cpu_optimizer_create checks the values. */
+STRATA_EXPORT strata_code_t strata_cpu_optimizer_options_create(
+    strata_cpu_optimizer_options_t** out, char** errptr);
+STRATA_EXPORT void strata_cpu_optimizer_options_destroy(
+    strata_cpu_optimizer_options_t* options);
+STRATA_EXPORT void strata_cpu_optimizer_options_set_algo(
+    strata_cpu_optimizer_options_t* options, strata_cpu_algo_t algo);
+/* Adam/AdamW: moment decay rates, each in [0, 1). Lion: interpolation and
+ * momentum decay. */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_betas(
+    strata_cpu_optimizer_options_t* options, double beta1, double beta2);
+STRATA_EXPORT void strata_cpu_optimizer_options_set_eps(
+    strata_cpu_optimizer_options_t* options, double eps);
+STRATA_EXPORT void strata_cpu_optimizer_options_set_weight_decay(
+    strata_cpu_optimizer_options_t* options, double weight_decay);
+/* Nonzero: divide by (1 - beta^step), as torch does. */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_bias_correction(
+    strata_cpu_optimizer_options_t* options, int bias_correction);
+STRATA_EXPORT void strata_cpu_optimizer_options_set_variant(
+    strata_cpu_optimizer_options_t* options, strata_cpu_variant_t variant);
+/* Worker threads including the caller's; 0 = all cores the process may
+ * use. */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_threads(
+    strata_cpu_optimizer_options_t* options, int threads);
+
+/* An optimizer with its own thread arena; NULL options = the defaults.
+ * STRATA_INVALID_ARGUMENT for out-of-range values, STRATA_NOT_SUPPORTED for
+ * a variant this CPU lacks. */
+STRATA_EXPORT strata_code_t
+strata_cpu_optimizer_create(const strata_cpu_optimizer_options_t* options,
+                            strata_cpu_optimizer_t** out, char** errptr);
+STRATA_EXPORT void strata_cpu_optimizer_destroy(
+    strata_cpu_optimizer_t* optimizer);
+/* The kernel variant chosen ("scalar", "avx2", ...; static storage) and the
+ * threads used. */
+STRATA_EXPORT const char* strata_cpu_optimizer_variant(
+    const strata_cpu_optimizer_t* optimizer);
+STRATA_EXPORT int strata_cpu_optimizer_threads(
+    const strata_cpu_optimizer_t* optimizer);
+
+/* The arrays of one update, all of `n` elements, the caller's, naturally
+ * aligned for their types and not overlapping. New fields never go into
+ * this struct: a later version adds a new struct and call. */
+typedef struct strata_cpu_tensors {
+  size_t n;
+  float* master; /* fp32 master weights, updated in place */
+  const void* grad;
+  strata_dtype_t grad_dtype; /* FLOAT32, FLOAT16 or BFLOAT16 */
+  /* Adam/AdamW: first and second moment; Adagrad: exp_avg_sq is the sum
+   * of squares (exp_avg may be NULL); Lion: exp_avg only. Zeroed by the
+   * caller before step 1; strata_cpu_state_bytes(moment_dtype, n) each. */
+  void* exp_avg;
+  void* exp_avg_sq;
+  strata_dtype_t moment_dtype; /* FLOAT32, BFLOAT16 or BLOCK8 */
+  /* Optional (NULL: not written): the updated master rounded to
+   * working_dtype (FLOAT16 or BFLOAT16), written in the same pass. */
+  void* working;
+  strata_dtype_t working_dtype;
+} strata_cpu_tensors_t;
+
+/* One fused update of `t`: the gradient multiplied by inv_loss_scale *
+ * clip_coef, then the algorithm at rate `lr` for 1-based step `step` (bias
+ * correction). With `check_overflow` nonzero, a scaled gradient holding an
+ * inf or nan writes nothing and sets *applied to 0 (not an error). */
+STRATA_EXPORT strata_code_t strata_cpu_optimizer_step(
+    strata_cpu_optimizer_t* optimizer, const strata_cpu_tensors_t* t,
+    int64_t step, double lr, double inv_loss_scale, double clip_coef,
+    int check_overflow, int* applied, char** errptr);
+/* The sum of squares of grad * scale (in double) and whether every element
+ * is finite (1/0), over `n` elements of `dtype`. Either output may be
+ * NULL. */
+STRATA_EXPORT strata_code_t strata_cpu_optimizer_grad_stats(
+    strata_cpu_optimizer_t* optimizer, const void* grad, strata_dtype_t dtype,
+    size_t n, double scale, double* sum_sq, int* finite, char** errptr);
+
+/* Bytes of one optimizer-state array of `n` elements of `dtype`; 0 for a
+ * value outside the enum. */
+STRATA_EXPORT size_t strata_cpu_state_bytes(strata_dtype_t dtype, size_t n);
+/* Converts `n` elements between FLOAT32, FLOAT16 and BFLOAT16 on the calling
+ * thread (round to nearest even). */
+STRATA_EXPORT strata_code_t strata_convert(const void* src,
+                                           strata_dtype_t src_dtype, void* dst,
+                                           strata_dtype_t dst_dtype, size_t n,
+                                           char** errptr);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_C_H_ */

@@ -1,0 +1,58 @@
+/* Compiled as C99 with -pedantic-errors: strata/c.h must be plain C. The
+ * function is called from capi_test.cc, so the calls it makes run too. */
+#include <stdio.h>
+#include <string.h>
+
+#include "strata/c.h"
+
+int strata_c_smoke(char* why, size_t why_len);
+
+/* 0 on success; otherwise 1 and a reason in `why`. */
+int strata_c_smoke(char* why, size_t why_len) {
+  char* err = NULL;
+  strata_device_t* dev = NULL;
+  strata_stream_t* stream = NULL;
+  strata_cpu_optimizer_t* opt = NULL;
+  strata_cpu_tensors_t t;
+  float master[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  float grad[4] = {1.0f, -1.0f, 1.0f, -1.0f};
+  float m[4] = {0, 0, 0, 0}, v[4] = {0, 0, 0, 0};
+  int applied = 0;
+
+  if (strcmp(strata_version_string(), STRATA_VERSION_STRING) != 0) {
+    snprintf(why, why_len, "version %s", strata_version_string());
+    return 1;
+  }
+  if (strata_device_create("host", 1u << 20, &dev, &err) != STRATA_OK ||
+      strata_stream_create(dev, &stream, &err) != STRATA_OK ||
+      strata_stream_synchronize(stream, &err) != STRATA_OK ||
+      strata_stream_destroy(stream, &err) != STRATA_OK ||
+      strata_device_destroy(dev, &err) != STRATA_OK) {
+    snprintf(why, why_len, "device: %s", err ? err : "?");
+    strata_free(err);
+    return 1;
+  }
+  if (strata_cpu_optimizer_create(NULL, &opt, &err) != STRATA_OK) {
+    snprintf(why, why_len, "optimizer: %s", err ? err : "?");
+    strata_free(err);
+    return 1;
+  }
+  memset(&t, 0, sizeof t);
+  t.n = 4;
+  t.master = master;
+  t.grad = grad;
+  t.grad_dtype = STRATA_FLOAT32;
+  t.exp_avg = m;
+  t.exp_avg_sq = v;
+  t.moment_dtype = STRATA_FLOAT32;
+  if (strata_cpu_optimizer_step(opt, &t, 1, 0.5, 1.0, 1.0, 1, &applied, &err) !=
+          STRATA_OK ||
+      !applied || !(master[0] < 1.0f) || !(master[1] > 1.0f)) {
+    snprintf(why, why_len, "step: %s", err ? err : "master did not move");
+    strata_free(err);
+    strata_cpu_optimizer_destroy(opt);
+    return 1;
+  }
+  strata_cpu_optimizer_destroy(opt);
+  return 0;
+}
