@@ -94,8 +94,7 @@ bool UsesFirstMoment(const CpuOptimizerOptions& o) {
   }
 }
 
-Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r,
-                     size_t* c) {
+Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c) {
   if (rows == 0) {
     *r = 1;
     *c = n;
@@ -124,7 +123,8 @@ Grid MakeGrid(size_t rows, size_t cols, size_t tile) {
   // At most bmax bands: their column partial sums (bands x cols doubles)
   // stay a small fraction of the matrix.
   const size_t bmax = std::min<size_t>(
-      1024, std::max<size_t>(64, (size_t{1} << 21) / std::max<size_t>(1, cols)));
+      1024,
+      std::max<size_t>(64, (size_t{1} << 21) / std::max<size_t>(1, cols)));
   size_t rb = std::max((tile + g.cb - 1) / g.cb, (rows + bmax - 1) / bmax);
   g.rb = std::max<size_t>(1, std::min(rb, rows));
   g.bands = (rows + g.rb - 1) / g.rb;
@@ -442,7 +442,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           "Step: the working copy is kFloat16 or kBFloat16");
     }
     size_t r = 0, c = 0;
-    STRATA_RETURN_IF_ERROR(cpu_adam::FactoredShape(t.n, t.rows, t.cols, &r, &c));
+    STRATA_RETURN_IF_ERROR(
+        cpu_adam::FactoredShape(t.n, t.rows, t.cols, &r, &c));
     if (!IsAligned(t.master, 4) ||
         !IsAligned(t.grad, cpu_adam::DTypeSize(t.grad_dtype)) ||
         !IsAligned(t.exp_avg, cpu_adam::DTypeSize(t.moment_dtype)) ||
@@ -461,7 +462,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       result.applied = true;
       return result;
     }
-    const float gscale = static_cast<float>(args.inv_loss_scale * args.clip_coef);
+    const float gscale =
+        static_cast<float>(args.inv_loss_scale * args.clip_coef);
     if (args.check_overflow) {
       GradStats stats = GradStatsOf(t.grad, t.grad_dtype, t.n, gscale);
       if (!stats.finite) return result;  // nothing written
@@ -527,7 +529,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     const float b2 = p.beta2, omb2 = p.omb2;
     for (size_t i = 0; i < rows; ++i) {
       double sum = 0.0;
-      for (size_t s = 0; s < grid.strips; ++s) sum += row_part_[i * grid.strips + s];
+      for (size_t s = 0; s < grid.strips; ++s)
+        sum += row_part_[i * grid.strips + s];
       const float mean = static_cast<float>(sum / static_cast<double>(cols));
       a.row_state[i] = a.row_state[i] * b2 + omb2 * mean;
     }
@@ -543,7 +546,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     }
     double row_sum = 0.0;
     for (size_t i = 0; i < rows; ++i) row_sum += a.row_state[i];
-    const float row_mean = static_cast<float>(row_sum / static_cast<double>(rows));
+    const float row_mean =
+        static_cast<float>(row_sum / static_cast<double>(rows));
     for (size_t i = 0; i < rows; ++i) {
       row_factor_[i] = 1.0f / std::sqrt(a.row_state[i] / row_mean);
     }
@@ -919,8 +923,8 @@ StatusOr<CpuStepFootprint> CpuStepFootprintOf(const CpuOptimizerOptions& o,
   // moment (and a vector's factors); master, moment, working copy written.
   const uint64_t p1_master = o.adafactor.scale_parameter ? 4 : 0;
   const uint64_t factors = vec ? n * 4 : 0;
-  f.read_bytes = n * (g + p1_master) + n * g + n * (g + 4) + m + stats +
-                 2 * factors;
+  f.read_bytes =
+      n * (g + p1_master) + n * g + n * (g + 4) + m + stats + 2 * factors;
   f.written_bytes = n * (4 + w) + m + stats + factors;
   f.passes = 3;
   return f;

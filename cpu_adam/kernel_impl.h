@@ -725,14 +725,14 @@ template <class V, class G, bool kVec, bool kParam>
 STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(const FConsts<V>& c,
                                                const FactoredArrays& a,
                                                const G* grad, double* colp,
-                                               bool first, size_t row,
-                                               size_t j, typename V::F* x) {
+                                               bool first, size_t row, size_t j,
+                                               typename V::F* x) {
   using F = typename V::F;
   const F g = V::Mul(V::Load(grad + row + j), c.gscale);
   const F s = V::Add(V::Mul(g, g), c.eps);
   if constexpr (kVec) {
-    const F col = V::Add(V::Mul(V::Load(a.col_state + j), c.beta2),
-                         V::Mul(c.omb2, s));
+    const F col =
+        V::Add(V::Mul(V::Load(a.col_state + j), c.beta2), V::Mul(c.omb2, s));
     V::Store(a.col_state + j, col);
     V::Store(a.col_factor + j, V::Div(c.one, V::Sqrt(col)));
   } else if (first) {
@@ -761,8 +761,8 @@ double AfStatsT(const FactoredParams& p, const FactoredArrays& a,
       typename V::DL racc = V::DLZero(), pacc = V::DLZero();
       for (; j + V::kN <= t.c1; j += V::kN) {
         typename V::F x;
-        const typename V::F s = AfStatsAt<V, G, kVec, kParam>(
-            cv, a, grad, colp, first, row, j, &x);
+        const typename V::F s =
+            AfStatsAt<V, G, kVec, kParam>(cv, a, grad, colp, first, row, j, &x);
         racc = V::DLAdd(racc, s);
         if constexpr (kParam) pacc = V::DLSq(pacc, x);
       }
@@ -801,9 +801,8 @@ double AfStatsG(const FactoredParams& p, const FactoredArrays& a,
 template <class V, class G>
 STRATA_CPU_ADAM_INLINE typename V::F AfUpdateAt(const FConsts<V>& c,
                                                 const FactoredArrays& a,
-                                                const G* grad,
-                                                typename V::F rf, size_t row,
-                                                size_t j) {
+                                                const G* grad, typename V::F rf,
+                                                size_t row, size_t j) {
   const typename V::F f = V::Mul(rf, V::Load(a.col_factor + j));
   return V::Mul(f, V::Mul(V::Load(grad + row + j), c.gscale));
 }
@@ -935,8 +934,8 @@ struct Sm3Op {
     const F denom = U::Add(U::Sqrt(nu), c->eps);
     if (p.use_m) {
       M* m = static_cast<M*>(a.m);
-      const F mm = U::Fma(U::Div(g, denom), c->omb1,
-                          U::Mul(U::Load(m + i), c->beta1));
+      const F mm =
+          U::Fma(U::Div(g, denom), c->omb1, U::Mul(U::Load(m + i), c->beta1));
       U::Store(m + i, mm);
       x = U::Add(x, U::Mul(c->neg_lr, mm));
     } else {  // Adagrad's order: a vector's SM3 is Adagrad
@@ -952,10 +951,9 @@ void Sm3T(const FactoredParams& p, const FactoredArrays& a, const TileRect& t) {
   const FConsts<Scalar> cs(p);
   float* colf = kVec ? nullptr : a.col_fpart + t.band * a.cols;
   for (size_t i = t.r0; i < t.r1; ++i) {
-    Sm3Op<V, G, M, W, kVec> op{cv,          cs,           p,
-                               a,           colf,         i * a.cols,
-                               i == t.r0,   a.row_state[i], V::ISet(0),
-                               0u};
+    Sm3Op<V, G, M, W, kVec> op{
+        cv,         cs, p, a, colf, i * a.cols, i == t.r0, a.row_state[i],
+        V::ISet(0), 0u};
     ForSegment<V>(static_cast<W*>(a.working), i * a.cols, t.c0, t.c1, op);
     a.row_fpart[i * a.strips + t.strip] =
         BitsFloat(std::max(V::IMaxAll(op.vmax), op.smax));

@@ -60,20 +60,20 @@ struct FactoredParams {
   CpuDType moment_dtype;  // exp_avg
   CpuDType working_dtype;
   bool has_working;
-  bool use_m;     // first moment / momentum
-  bool scale_p;   // Adafactor: the pass over the statistics sums p^2
-  float gscale;   // inv_loss_scale * clip_coef
-  float eps;      // Adafactor: eps1 (added to g^2). SM3: the denominator's
-  float beta2;    // Adafactor: beta2_t
-  float omb2;     // Adafactor: 1 - beta2_t
-  float beta1;    // first moment / momentum
-  float omb1;     // 1 - beta1
-  float coef;     // Adafactor: lr / max(1, RMS(u) / d)
-  float decay;    // Adafactor: -lr * weight_decay (fma into p)
+  bool use_m;    // first moment / momentum
+  bool scale_p;  // Adafactor: the pass over the statistics sums p^2
+  float gscale;  // inv_loss_scale * clip_coef
+  float eps;     // Adafactor: eps1 (added to g^2). SM3: the denominator's
+  float beta2;   // Adafactor: beta2_t
+  float omb2;    // Adafactor: 1 - beta2_t
+  float beta1;   // first moment / momentum
+  float omb1;    // 1 - beta1
+  float coef;    // Adafactor: lr / max(1, RMS(u) / d)
+  float decay;   // Adafactor: -lr * weight_decay (fma into p)
   bool use_decay;
-  float l2;       // SM3: weight decay added to the gradient
+  float l2;  // SM3: weight decay added to the gradient
   bool use_l2;
-  float neg_lr;   // SM3: -lr
+  float neg_lr;  // SM3: -lr
 };
 
 struct FactoredArrays {
@@ -167,8 +167,7 @@ bool IsFactoredAlgo(CpuOptimizerAlgo a);
 bool UsesFirstMoment(const CpuOptimizerOptions& o);
 // Factored statistics' shape: rows x cols, a vector (rows == 0) as 1 x n.
 // kInvalidArgument when rows * cols != n.
-Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r,
-                     size_t* c);
+Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c);
 
 // Byte offset of the scales in a kBlock8 state array of n elements.
 inline size_t Block8ScaleOffset(size_t n) { return (n + 3) / 4 * 4; }

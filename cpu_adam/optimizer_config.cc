@@ -24,8 +24,8 @@ StatusOr<double> Number(const Json& v, const std::string& path, double lo,
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < lo || (hi_open ? x >= hi : x > hi)) {
     return Bad(path, "expected a number in [" + std::to_string(lo) + ", " +
-                         std::to_string(hi) + (hi_open ? ")" : "]") +
-                         ", got " + v.dump());
+                         std::to_string(hi) + (hi_open ? ")" : "]") + ", got " +
+                         v.dump());
   }
   return x;
 }
@@ -93,8 +93,9 @@ StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
   switch (o.algo) {
     case CpuOptimizerAlgo::kAdam:
     case CpuOptimizerAlgo::kAdamW:
-      accepted = {"lr",  "betas", "eps", "weight_decay", "bias_correction",
-                  "adam_w_mode", "amsgrad", "torch_adam"};
+      accepted = {"lr",           "betas",           "eps",
+                  "weight_decay", "bias_correction", "adam_w_mode",
+                  "amsgrad",      "torch_adam"};
       break;
     case CpuOptimizerAlgo::kLion:
       accepted = {"lr", "betas", "weight_decay"};
@@ -103,25 +104,26 @@ StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
       accepted = {"lr", "eps", "weight_decay"};
       break;
     case CpuOptimizerAlgo::kAdafactor:
-      accepted = {"lr",           "eps",         "clip_threshold",
-                  "decay_rate",   "beta1",       "weight_decay",
-                  "scale_parameter", "relative_step", "warmup_init"};
+      accepted = {
+          "lr",         "eps",          "clip_threshold",  "decay_rate",
+          "beta1",      "weight_decay", "scale_parameter", "relative_step",
+          "warmup_init"};
       break;
     case CpuOptimizerAlgo::kSm3:
       accepted = {"lr", "momentum", "eps", "weight_decay"};
       break;
   }
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
-  bool adam_w_mode = o.algo == CpuOptimizerAlgo::kAdam ||
-                     o.algo == CpuOptimizerAlgo::kAdamW;
+  bool adam_w_mode =
+      o.algo == CpuOptimizerAlgo::kAdam || o.algo == CpuOptimizerAlgo::kAdamW;
   bool lr_given = false;
   for (const auto& [key, v] : params.items()) {
     const std::string p = path + ".params." + key;
     bool known = false;
     for (const char* a : accepted) known = known || key == a;
     if (!known) {
-      return Bad(p, "unknown parameter of " + std::string(CpuOptimizerAlgoName(
-                                                  o.algo)) +
+      return Bad(p, "unknown parameter of " +
+                        std::string(CpuOptimizerAlgoName(o.algo)) +
                         " (accepted: " + Join(accepted) + ")");
     }
     if (key == "lr") {

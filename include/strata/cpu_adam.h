@@ -104,7 +104,6 @@ struct CpuAdafactorOptions {
   bool warmup_init = false;
 };
 
-
 enum class CpuKernelVariant : uint8_t {
   kAuto,        // the best the CPU supports (or STRATA_CPU_ADAM_VARIANT)
   kScalar,      // portable reference; every other variant matches it bitwise

@@ -431,8 +431,7 @@ TEST(FactoredTest, NamesAndConfig) {
                "accepted: lr, betas"},
            Bad{R"({"type": "lion", "params": {"lr": "fast"}})",
                "optimizer.params.lr"},
-           Bad{R"({"type": "adamw", "params": {"amsgrad": true}})",
-               "amsgrad"},
+           Bad{R"({"type": "adamw", "params": {"amsgrad": true}})", "amsgrad"},
            Bad{R"({"type": "adafactor", "params": {"lr": 1e-3,
                    "relative_step": true}})",
                "relative_step"},
@@ -447,7 +446,8 @@ TEST(FactoredTest, NamesAndConfig) {
   }
 }
 
-// ---- Training ----------------------------------------------------------------
+// ---- Training
+// ----------------------------------------------------------------
 
 // The layers of Mlp as tensors: offset, rows, cols (rows 0: a vector).
 struct Layer {
@@ -551,12 +551,12 @@ TEST(FactoredTest, TrainsAnMlpLikeFp32AdamW) {
       "Adafactor %.5f, SM3 %.5f\n",
       start, fp32, q8, adafactor, sm3_loss);
   EXPECT_LT(fp32, start * 0.3) << "fp32 AdamW did not learn";
-  for (auto [name, loss] : {std::pair{"8-bit AdamW", q8},
-                            std::pair{"Adafactor", adafactor},
-                            std::pair{"SM3", sm3_loss}}) {
+  for (auto [name, loss] :
+       {std::pair{"8-bit AdamW", q8}, std::pair{"Adafactor", adafactor},
+        std::pair{"SM3", sm3_loss}}) {
     EXPECT_LT(loss, start * 0.3) << name << " did not learn";
-    EXPECT_LE(loss, fp32 * 1.15 + 1e-3) << name << " " << loss << " vs fp32 "
-                                       << fp32;
+    EXPECT_LE(loss, fp32 * 1.15 + 1e-3)
+        << name << " " << loss << " vs fp32 " << fp32;
   }
 }
 
