@@ -347,7 +347,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   const CpuOptimizerOptions& options() const override { return options_; }
 
  private:
-  Status Validate(const CpuOptimizerTensors& t, const CpuStepArgs& args) const {
+  static Status ValidateArgs(const CpuStepArgs& args) {
     if (!std::isfinite(args.lr) || args.lr < 0) {
       return Status::InvalidArgument("Step: lr must be finite and >= 0");
     }
@@ -356,6 +356,24 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       return Status::InvalidArgument(
           "Step: inv_loss_scale and clip_coef must be finite and > 0");
     }
+    return Status::Ok();
+  }
+
+  static Status ValidateGradAndWorking(const CpuOptimizerTensors& t) {
+    if (t.grad_dtype == CpuDType::kBlock8) {
+      return Status::InvalidArgument(
+          "Step: the gradient is kFloat32, kFloat16 or kBFloat16");
+    }
+    if (t.working != nullptr && (t.working_dtype == CpuDType::kFloat32 ||
+                                 t.working_dtype == CpuDType::kBlock8)) {
+      return Status::InvalidArgument(
+          "Step: the working copy is kFloat16 or kBFloat16");
+    }
+    return Status::Ok();
+  }
+
+  Status Validate(const CpuOptimizerTensors& t, const CpuStepArgs& args) const {
+    STRATA_RETURN_IF_ERROR(ValidateArgs(args));
     const CpuOptimizerAlgo algo = options_.algo;
     const bool adam =
         algo == CpuOptimizerAlgo::kAdam || algo == CpuOptimizerAlgo::kAdamW;
@@ -382,15 +400,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           "Step: kBlock8 states are for Adam, AdamW and Lion (Adagrad's sum "
           "of squares only grows; keep it kFloat32 or kBFloat16)");
     }
-    if (t.grad_dtype == CpuDType::kBlock8) {
-      return Status::InvalidArgument(
-          "Step: the gradient is kFloat32, kFloat16 or kBFloat16");
-    }
-    if (t.working != nullptr && (t.working_dtype == CpuDType::kFloat32 ||
-                                 t.working_dtype == CpuDType::kBlock8)) {
-      return Status::InvalidArgument(
-          "Step: the working copy is kFloat16 or kBFloat16");
-    }
+    STRATA_RETURN_IF_ERROR(ValidateGradAndWorking(t));
     // kBlock8: codes, then fp32 scales at a 4-byte offset of the start.
     const size_t msize = t.moment_dtype == CpuDType::kBlock8
                              ? 4
@@ -409,14 +419,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
 
   Status ValidateFactored(const CpuOptimizerTensors& t,
                           const CpuStepArgs& args) const {
-    if (!std::isfinite(args.lr) || args.lr < 0) {
-      return Status::InvalidArgument("Step: lr must be finite and >= 0");
-    }
-    if (!std::isfinite(args.inv_loss_scale) || args.inv_loss_scale <= 0 ||
-        !std::isfinite(args.clip_coef) || args.clip_coef <= 0) {
-      return Status::InvalidArgument(
-          "Step: inv_loss_scale and clip_coef must be finite and > 0");
-    }
+    STRATA_RETURN_IF_ERROR(ValidateArgs(args));
     if (options_.algo == CpuOptimizerAlgo::kAdafactor && args.step < 1) {
       return Status::InvalidArgument("Step: step counts from 1");
     }
@@ -432,15 +435,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       return Status::InvalidArgument(
           "Step: Adafactor's and SM3's exp_avg is kFloat32 or kBFloat16");
     }
-    if (t.grad_dtype == CpuDType::kBlock8) {
-      return Status::InvalidArgument(
-          "Step: the gradient is kFloat32, kFloat16 or kBFloat16");
-    }
-    if (t.working != nullptr && (t.working_dtype == CpuDType::kFloat32 ||
-                                 t.working_dtype == CpuDType::kBlock8)) {
-      return Status::InvalidArgument(
-          "Step: the working copy is kFloat16 or kBFloat16");
-    }
+    STRATA_RETURN_IF_ERROR(ValidateGradAndWorking(t));
     size_t r = 0, c = 0;
     STRATA_RETURN_IF_ERROR(
         cpu_adam::FactoredShape(t.n, t.rows, t.cols, &r, &c));

@@ -694,6 +694,17 @@ struct FConsts {
       minus_one;
 };
 
+// The constants of the vector type U an Op is called with: V's or Scalar's.
+template <class U, class V>
+STRATA_CPU_ADAM_INLINE const FConsts<U>* PickConsts(const FConsts<V>& cv,
+                                                    const FConsts<Scalar>& cs) {
+  if constexpr (std::is_same_v<U, Scalar>) {
+    return &cs;
+  } else {
+    return &cv;
+  }
+}
+
 // Calls op.template At<U, kStream>(j) for j in [c0, c1) of row `row`: a
 // scalar head until the working copy is aligned for V's non-temporal
 // stores, V's body, a scalar tail.
@@ -849,12 +860,7 @@ struct AfApplyOp {
 
   template <class U, bool kStream>
   STRATA_CPU_ADAM_INLINE void At(size_t j) {
-    const FConsts<U>* c;
-    if constexpr (std::is_same_v<U, Scalar>) {
-      c = &cs;
-    } else {
-      c = &cv;
-    }
+    const FConsts<U>* c = PickConsts<U>(cv, cs);
     using F = typename U::F;
     const G* grad = static_cast<const G*>(a.grad);
     const size_t i = row + j;
@@ -901,12 +907,7 @@ struct Sm3Op {
 
   template <class U, bool kStream>
   STRATA_CPU_ADAM_INLINE void At(size_t j) {
-    const FConsts<U>* c;
-    if constexpr (std::is_same_v<U, Scalar>) {
-      c = &cs;
-    } else {
-      c = &cv;
-    }
+    const FConsts<U>* c = PickConsts<U>(cv, cs);
     using F = typename U::F;
     const G* grad = static_cast<const G*>(a.grad);
     const size_t i = row + j;

@@ -2,7 +2,7 @@
 // reference bit for bit over every length up to two blocks and more,
 // special values, thread and tile independence, the documented format's
 // round-trip error (decoded here from docs/cpu_adam.md's definition, not
-// with cpu_adam's code), and a small training run against fp32 AdamW.
+// with cpu_adam's code). Training against fp32 AdamW is in factored_test.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "strata/cpu_adam.h"
-#include "tests/cpu_adam/mlp.h"
 #include "tests/cpu_adam/test_util.h"
 
 namespace strata {
@@ -351,58 +350,6 @@ TEST(Block8Test, RejectsAdagradAndNonStateUses) {
   EXPECT_EQ(
       ConvertCpuArray(&x, CpuDType::kFloat32, &y, CpuDType::kBlock8, 1).code(),
       StatusCode::kInvalidArgument);
-}
-
-double Train(CpuDType moments, int steps) {
-  std::vector<float> teacher, w;
-  Mlp::Init(teacher, 1);
-  Mlp::Init(w, 2);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const size_t batch = 64;
-  CpuOptimizerOptions o;
-  o.algo = CpuOptimizerAlgo::kAdamW;
-  o.weight_decay = 1e-4;
-  o.threads = 1;
-  auto opt = NewCpuOptimizer(o);
-  EXPECT_TRUE(opt.ok());
-  const size_t words = (CpuStateBytes(moments, Mlp::kParams) + 3) / 4;
-  std::vector<uint32_t> m(words, 0), v(words, 0);
-  std::vector<float> x(batch * Mlp::kIn), y, grad;
-  std::vector<float> test_x(1024 * Mlp::kIn), test_y;
-  for (float& t : test_x) t = nd(rng);
-  Mlp::Targets(teacher, test_x, test_y);
-  for (int step = 1; step <= steps; ++step) {
-    for (float& t : x) t = nd(rng);
-    Mlp::Targets(teacher, x, y);
-    Mlp::Loss(w, x, y, &grad);
-    CpuOptimizerTensors t;
-    t.n = Mlp::kParams;
-    t.master = w.data();
-    t.grad = grad.data();
-    t.exp_avg = m.data();
-    t.exp_avg_sq = v.data();
-    t.moment_dtype = moments;
-    CpuStepArgs args;
-    args.step = step;
-    args.lr = 3e-3;
-    auto r = (*opt)->Step(t, args);
-    EXPECT_TRUE(r.ok() && r->applied);
-  }
-  return Mlp::Loss(w, test_x, test_y, nullptr);
-}
-
-// 8-bit AdamW ends within 10% (plus 1e-3 absolute) of fp32 AdamW's held-out
-// loss after the same 400 steps, and both learn (loss well below the start).
-TEST(Block8Test, TrainsAnMlpLikeFp32AdamW) {
-  const double start = Train(CpuDType::kFloat32, 0);
-  const double fp32 = Train(CpuDType::kFloat32, 400);
-  const double q8 = Train(CpuDType::kBlock8, 400);
-  std::printf("held-out loss: start %.5f, fp32 AdamW %.5f, 8-bit %.5f\n", start,
-              fp32, q8);
-  EXPECT_LT(fp32, start * 0.3) << "fp32 AdamW did not learn";
-  EXPECT_LE(q8, fp32 * 1.10 + 1e-3)
-      << "8-bit " << q8 << " vs fp32 " << fp32 << " (start " << start << ")";
 }
 
 }  // namespace

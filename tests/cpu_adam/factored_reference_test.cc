@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/cpu_adam.h"
+#include "tests/cpu_adam/test_util.h"
 #include "util/find_python.h"
 
 #ifndef STRATA_FACTORED_SCRIPT
@@ -25,21 +26,8 @@
 namespace strata {
 namespace {
 
-void WriteFile(const std::filesystem::path& path, const std::vector<float>& v) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(v.data()),
-            static_cast<std::streamsize>(v.size() * sizeof(float)));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::vector<float> ReadFile(const std::filesystem::path& path, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(v.data()),
-          static_cast<std::streamsize>(n * sizeof(float)));
-  EXPECT_TRUE(in.good()) << path;
-  return v;
-}
+using cpu_adam_test::ReadFloats;
+using cpu_adam_test::WriteFloats;
 
 struct Case {
   const char* name;
@@ -101,8 +89,8 @@ TEST_P(FactoredReferenceTest, SixtySteps) {
   char tmpl[] = "/tmp/strata_factored_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::filesystem::path dir(tmpl);
-  WriteFile(dir / "init.f32", init);
-  WriteFile(dir / "grads.f32", grads);
+  WriteFloats(dir / "init.f32", init);
+  WriteFloats(dir / "grads.f32", grads);
   std::string cmd = py + " " + STRATA_FACTORED_SCRIPT + " " + dir.string() +
                     " " + std::string(CpuOptimizerAlgoName(c.algo)) + " " +
                     std::to_string(c.rows) + " " + std::to_string(c.cols) +
@@ -114,9 +102,9 @@ TEST_P(FactoredReferenceTest, SixtySteps) {
   }
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const size_t nstats = r + c.cols;
-  const std::vector<float> rp = ReadFile(dir / "param.f32", n);
-  const std::vector<float> rs = ReadFile(dir / "stats.f32", nstats);
-  const std::vector<float> rm = ReadFile(dir / "exp_avg.f32", n);
+  const std::vector<float> rp = ReadFloats(dir / "param.f32", n);
+  const std::vector<float> rs = ReadFloats(dir / "stats.f32", nstats);
+  const std::vector<float> rm = ReadFloats(dir / "exp_avg.f32", n);
   std::filesystem::remove_all(dir);
 
   double lr = 0;
