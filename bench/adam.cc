@@ -1,12 +1,13 @@
 // strata-bench adam: throughput of the fused CPU optimizer beside the
 // machine's bound measured in the same run.
 //
-// For each thread count T and moment dtype, each repetition times
+// For each thread count T, optimizer and moment dtype, each repetition times
 //   bounds two streaming kernels over the same arrays, the same bytes and
 //          store kinds as the optimizer and no arithmetic (bench/bound.h):
 //          "fused" (all arrays in one pass, as a Step) and "stream" (one
 //          STREAM-style loop per array), always with the widest ISA the CPU
-//          reports, on T threads split as a Step splits;
+//          reports, on T threads split as a Step splits; for the
+//          multi-pass Adafactor the sum of one bound per pass;
 //   step   one CpuOptimizer::Step per variant over all N parameters;
 // and the best repetition of each is kept (other jobs share the machine;
 // the best run is the one least disturbed). ratio_to_bound =
@@ -14,6 +15,7 @@
 // (squared norm + inf/nan) is timed too. When a python3 with torch is found,
 // the same N parameters go through torch.optim.Adam for its figure.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -69,6 +71,7 @@ struct AdamFlags {
   std::string variants;
   std::string moments = "fp32,bf16";
   std::string optimizer = "adamw";
+  std::string cols = "4096";
   std::string working = "bf16";
   std::string grad = "fp32";
   std::string reps = "5";
@@ -81,8 +84,9 @@ struct AdamConfig {
   std::vector<int> threads;  // 0 = all CPUs the process may use
   std::vector<CpuKernelVariant> variants;
   std::vector<CpuDType> moments;
-  std::string algo_name;
-  CpuOptimizerAlgo algo = CpuOptimizerAlgo::kAdamW;
+  std::vector<CpuOptimizerAlgo> algos;
+  // Adafactor and SM3: the matrix is (n / cols) x cols; 0 = a vector.
+  uint64_t cols = 4096;
   std::string grad_name;
   CpuDType grad = CpuDType::kFloat32;
   std::string working_name;
@@ -98,14 +102,27 @@ struct AdamConfig {
   uint64_t array_bytes() const {
     uint64_t b = n * (4 + grad_bytes() + (has_working ? 2 : 0));
     for (CpuDType m : moments) b += 2 * CpuStateBytes(m, n);
-    return b;
+    return b + stats_bytes();
+  }
+  bool factored() const {
+    for (CpuOptimizerAlgo a : algos) {
+      if (a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // Adafactor's and SM3's row and column statistics.
+  uint64_t stats_bytes() const {
+    if (!factored()) return 0;
+    return cols == 0 ? (n + 1) * 4 : (n / cols + cols) * 4;
   }
 };
 
 struct AdamOutcome {
   nlohmann::json results = nlohmann::json::array();
   Table table{{"optimizer", "variant", "threads", "moments", "Gparams/s",
-               "GB/s", "bound GB/s", "ratio"}};
+               "GB/s", "bound GB/s", "ratio", "B/param"}};
 };
 
 // ---- Parse -----------------------------------------------------------------
@@ -120,7 +137,12 @@ void AddOptions(CLI::App& app, AdamFlags& f) {
                  "scalar,avx2,avx512,avx512bf16 (default: all supported)");
   app.add_option("--moments", f.moments,
                  "moment dtypes: fp32,bf16,int8 (int8: 8-bit block states)");
-  app.add_option("--optimizer", f.optimizer, "adam, adamw, adagrad or lion");
+  app.add_option("--optimizer", f.optimizer,
+                 "comma-separated: adam, adamw, adagrad, lion, adafactor, sm3 "
+                 "(default adamw)");
+  app.add_option("--cols", f.cols,
+                 "adafactor and sm3: columns of the (params / cols) x cols "
+                 "matrix, 0 = a vector (default 4096)");
   app.add_option("--working", f.working, "working copy: bf16, fp16 or none");
   app.add_option("--grad", f.grad, "gradient dtype: fp32, fp16 or bf16");
   app.add_option("--reps", f.reps,
@@ -188,18 +210,35 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
       auto moments,
       ParseChoiceListOption("--moments", f.moments, {"fp32", "bf16", "int8"}));
   for (const auto& m : moments) cfg.moments.push_back(DTypeOf(m));
+  std::string lower = f.optimizer;
+  for (char& ch : lower) {
+    ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
   STRATA_ASSIGN_OR_RETURN(
-      cfg.algo_name, ParseChoiceOption("--optimizer", f.optimizer,
-                                       {"adam", "adamw", "adagrad", "lion"}));
-  cfg.algo = cfg.algo_name == "adam"      ? CpuOptimizerAlgo::kAdam
-             : cfg.algo_name == "adamw"   ? CpuOptimizerAlgo::kAdamW
-             : cfg.algo_name == "adagrad" ? CpuOptimizerAlgo::kAdagrad
-                                          : CpuOptimizerAlgo::kLion;
-  if (cfg.algo == CpuOptimizerAlgo::kAdagrad &&
-      std::find(cfg.moments.begin(), cfg.moments.end(), CpuDType::kBlock8) !=
-          cfg.moments.end()) {
+      auto algos, ParseChoiceListOption("--optimizer", lower,
+                                        {"adam", "adamw", "adagrad", "lion",
+                                         "adafactor", "sm3"}));
+  for (const auto& a : algos) {
+    STRATA_ASSIGN_OR_RETURN(CpuOptimizerAlgo algo, ParseCpuOptimizerAlgo(a));
+    cfg.algos.push_back(algo);
+  }
+  STRATA_ASSIGN_OR_RETURN(cfg.cols,
+                          ParseSizeOption("--cols", f.cols, 0, kMaxParams));
+  if (cfg.factored() && cfg.cols != 0 && cfg.n % cfg.cols != 0) {
+    return Status::InvalidArgument("--cols: " + std::to_string(cfg.cols) +
+                                   " does not divide --params " +
+                                   std::to_string(cfg.n) +
+                                   " (adafactor and sm3 need a whole matrix; 0 "
+                                   "= a vector)");
+  }
+  if (cfg.cols == 0 &&
+      std::find(cfg.algos.begin(), cfg.algos.end(),
+                CpuOptimizerAlgo::kAdafactor) != cfg.algos.end()) {
+    // Adafactor keeps a vector's factors in its own scratch, which the
+    // bound cannot stream.
     return Status::InvalidArgument(
-        "--moments: int8 states are for --optimizer adam, adamw or lion");
+        "--cols: 0 (a vector) is measured for sm3 only; give adafactor a "
+        "matrix (accepted 1..params, dividing params)");
   }
   STRATA_ASSIGN_OR_RETURN(
       cfg.working_name,
@@ -243,7 +282,7 @@ Status CheckAdam(const AdamConfig& cfg, JsonOutput* json) {
 // ---- Run -------------------------------------------------------------------
 
 struct Arrays {
-  HostBuffer master, grad, m32, v32, m16, v16, m8, v8, working;
+  HostBuffer master, grad, m32, v32, m16, v16, m8, v8, working, stats;
 };
 
 StatusOr<HostBuffer> Alloc(size_t bytes) {
@@ -280,7 +319,8 @@ StatusOr<Arrays> MakeArrays(const AdamConfig& cfg) {
         std::pair{&a.v16, state(CpuDType::kBFloat16)},
         std::pair{&a.m8, state(CpuDType::kBlock8)},
         std::pair{&a.v8, state(CpuDType::kBlock8)},
-        std::pair{&a.working, cfg.has_working ? n * 2 : 0}}) {
+        std::pair{&a.working, cfg.has_working ? n * 2 : 0},
+        std::pair{&a.stats, cfg.stats_bytes()}}) {
     STRATA_ASSIGN_OR_RETURN(*buf, Alloc(bytes));
   }
   std::fprintf(stderr, "adam: %llu parameters, %s of arrays; filling\n",
@@ -295,17 +335,90 @@ StatusOr<Arrays> MakeArrays(const AdamConfig& cfg) {
   Fill(a.m8, 0, 4);
   Fill(a.v8, 0, 4);
   if (cfg.has_working) Fill(a.working, 0, 2);
+  Fill(a.stats, 0, 4);
   return a;
 }
 
-// The streams of one Step over `t`: what the bound kernels move.
-BoundArrays BoundOf(const AdamConfig& cfg, const CpuOptimizerTensors& t) {
-  const bool uses_m = cfg.algo != CpuOptimizerAlgo::kAdagrad;
-  const bool uses_v = cfg.algo != CpuOptimizerAlgo::kLion;
+bool IsFactored(CpuOptimizerAlgo a) {
+  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+}
+
+// The options every row of `algo` runs with: the library's defaults (SM3:
+// momentum 0.9; Adafactor: no first moment, relative step) and weight decay
+// 0.01.
+CpuOptimizerOptions OptionsFor(CpuOptimizerAlgo algo, CpuKernelVariant v,
+                               int threads) {
+  CpuOptimizerOptions o;
+  o.algo = algo;
+  o.variant = v;
+  o.threads = threads;
+  o.weight_decay = 0.01;
+  return o;
+}
+
+nlohmann::json OptionsJson(const CpuOptimizerOptions& o) {
+  nlohmann::json j = {{"beta1", o.beta1},
+                      {"beta2", o.beta2},
+                      {"eps", o.eps},
+                      {"weight_decay", o.weight_decay},
+                      {"bias_correction", o.bias_correction},
+                      {"tile_elems", o.tile_elems}};
+  if (o.algo == CpuOptimizerAlgo::kAdafactor) {
+    const CpuAdafactorOptions& a = o.adafactor;
+    j["adafactor"] = {{"eps1", a.eps1},
+                      {"eps2", a.eps2},
+                      {"clip_threshold", a.clip_threshold},
+                      {"decay_rate", a.decay_rate},
+                      {"beta1", a.beta1},
+                      {"relative_step", a.relative_step},
+                      {"scale_parameter", a.scale_parameter},
+                      {"warmup_init", a.warmup_init}};
+  }
+  return j;
+}
+
+// The passes of one Step over `t`, each the streams its bound kernel moves:
+// one pass for the Adam family and SM3, three for Adafactor (statistics,
+// the update's RMS, the update). The O(rows + cols) statistics of a matrix
+// are left out; SM3's per-element accumulators of a vector are in.
+std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
+                                  const CpuOptimizerOptions& o,
+                                  const CpuOptimizerTensors& t) {
+  const int g = static_cast<int>(cfg.grad_bytes());
+  void* grad = const_cast<void*>(t.grad);
+  std::vector<BoundArrays> passes;
+  if (IsFactored(o.algo)) {
+    const bool vec = t.rows == 0;
+    const bool use_m =
+        o.algo == CpuOptimizerAlgo::kSm3 ? o.beta1 > 0 : o.adafactor.beta1 > 0;
+    const int msize = t.moment_dtype == CpuDType::kFloat32 ? 4 : 2;
+    float* col = static_cast<float*>(t.exp_avg_sq) + 1;
+    BoundArrays last;
+    last.Add(t.master, 4, BoundAccess::kUpdate);
+    last.Add(grad, g, BoundAccess::kRead);
+    if (use_m) last.Add(t.exp_avg, msize, BoundAccess::kUpdate);
+    if (t.working != nullptr) {
+      last.Add(t.working, 2, BoundAccess::kStreamWrite);
+    }
+    if (o.algo == CpuOptimizerAlgo::kAdafactor) {
+      BoundArrays p1, p2;
+      p1.Add(grad, g, BoundAccess::kRead);
+      if (o.adafactor.scale_parameter) {
+        p1.Add(t.master, 4, BoundAccess::kRead);
+      }
+      p2.Add(grad, g, BoundAccess::kRead);
+      passes = {p1, p2, last};  // vectors are refused by ParseAdam
+    } else {
+      if (vec) last.Add(col, 4, BoundAccess::kUpdate);
+      passes = {last};
+    }
+    return passes;
+  }
+  const bool uses_m = o.algo != CpuOptimizerAlgo::kAdagrad;
+  const bool uses_v = o.algo != CpuOptimizerAlgo::kLion;
   BoundArrays b;
   b.Add(t.master, 4, BoundAccess::kUpdate);
-  b.Add(const_cast<void*>(t.grad), static_cast<int>(cfg.grad_bytes()),
-        BoundAccess::kRead);
+  b.Add(grad, g, BoundAccess::kRead);
   const bool q8 = t.moment_dtype == CpuDType::kBlock8;
   const int msize = t.moment_dtype == CpuDType::kFloat32 ? 4 : q8 ? 1 : 2;
   for (auto [use, arr] :
@@ -318,27 +431,40 @@ BoundArrays BoundOf(const AdamConfig& cfg, const CpuOptimizerTensors& t) {
     }
   }
   if (t.working != nullptr) b.Add(t.working, 2, BoundAccess::kStreamWrite);
-  return b;
+  return {b};
 }
 
-// One thread count: every variant and moment dtype, beside the bounds and
-// the gradient statistics. Appends rows; *fp32_rate gets the best
-// variant's params/s with fp32 moments.
+// The moment dtypes `algo` is measured with: int8 only for the Adam family
+// and Lion; Adafactor and SM3 without a first moment need none ("none").
+std::vector<std::pair<CpuDType, const char*>> MomentsFor(
+    const AdamConfig& cfg, const CpuOptimizerOptions& o) {
+  std::vector<std::pair<CpuDType, const char*>> out;
+  const bool factored = IsFactored(o.algo);
+  const bool use_m =
+      o.algo == CpuOptimizerAlgo::kSm3
+          ? o.beta1 > 0
+          : o.algo != CpuOptimizerAlgo::kAdafactor || o.adafactor.beta1 > 0;
+  if (factored && !use_m) return {{CpuDType::kFloat32, "none"}};
+  for (CpuDType m : cfg.moments) {
+    if (m == CpuDType::kBlock8 &&
+        (factored || o.algo == CpuOptimizerAlgo::kAdagrad)) {
+      std::fprintf(stderr, "adam: no int8 states for %s; skipped\n",
+                   std::string(CpuOptimizerAlgoName(o.algo)).c_str());
+      continue;
+    }
+    out.emplace_back(m, MomentName(m));
+  }
+  return out;
+}
+
+// One thread count: every optimizer, variant and moment dtype, beside the
+// bounds and the gradient statistics. Appends rows; *adamw_fp32_rate gets
+// the best variant's params/s of fp32-moment AdamW (0 if not measured).
 Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
                       Progress& progress, AdamOutcome& out, int* ran_threads,
-                      double* fp32_rate) {
+                      double* adamw_fp32_rate) {
   const uint64_t n = cfg.n;
   const size_t gsize = cfg.grad_bytes();
-  std::vector<std::unique_ptr<CpuOptimizer>> opts;
-  for (CpuKernelVariant v : cfg.variants) {
-    CpuOptimizerOptions o;
-    o.algo = cfg.algo;
-    o.variant = v;
-    o.threads = t;
-    o.weight_decay = 0.01;
-    STRATA_ASSIGN_OR_RETURN(auto opt, NewCpuOptimizer(o));
-    opts.push_back(std::move(opt));
-  }
   STRATA_ASSIGN_OR_RETURN(auto stats_opt, DefaultOptimizer(t));
   const int threads = stats_opt->threads();  // what ran, 0 resolved
   *ran_threads = threads;
@@ -347,115 +473,168 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
   // split the same way.
   BoundRunner bound(BestBoundIsa(), threads, stats_opt->options().tile_elems);
   const std::string bound_isa(BoundIsaName(bound.isa()));
-  for (CpuDType mom : cfg.moments) {
-    STRATA_RETURN_IF_ERROR(CheckInterrupted());
-    progress.Step("threads " + std::to_string(threads));
-    CpuOptimizerTensors tensors;
-    tensors.n = n;
-    tensors.master = reinterpret_cast<float*>(a.master.data());
-    tensors.grad = a.grad.data();
-    tensors.grad_dtype = cfg.grad;
-    tensors.exp_avg = (mom == CpuDType::kFloat32  ? a.m32
-                       : mom == CpuDType::kBlock8 ? a.m8
-                                                  : a.m16)
-                          .data();
-    tensors.exp_avg_sq = (mom == CpuDType::kFloat32  ? a.v32
-                          : mom == CpuDType::kBlock8 ? a.v8
-                                                     : a.v16)
-                             .data();
-    tensors.moment_dtype = mom;
-    tensors.working = cfg.has_working ? a.working.data() : nullptr;
-    if (cfg.has_working) tensors.working_dtype = cfg.working;
-    const BoundArrays ba = BoundOf(cfg, tensors);
-    // Bytes one parameter moves: master read+write, grad read, each used
-    // moment read+write (scales included), working copy written. The
-    // bounds move exactly these.
-    const double bytes_per_param = ba.BytesPerElem();
-    CpuStepArgs args;
-    args.lr = 1e-5;
-    args.check_overflow = false;  // the fused pass alone; stats timed apart
-    std::vector<double> best(cfg.variants.size(), 1e30);
-    double best_fused = 1e30, best_stream = 1e30, best_stats = 1e30;
-    for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
+  const size_t first_row = out.results.size();
+  double best_stats = 1e30;
+  for (CpuOptimizerAlgo algo : cfg.algos) {
+    const std::string algo_name(CpuOptimizerAlgoName(algo));
+    std::vector<std::unique_ptr<CpuOptimizer>> opts;
+    for (CpuKernelVariant v : cfg.variants) {
+      STRATA_ASSIGN_OR_RETURN(auto opt,
+                              NewCpuOptimizer(OptionsFor(algo, v, t)));
+      opts.push_back(std::move(opt));
+    }
+    const CpuOptimizerOptions& o = opts[0]->options();
+    double fp32_rate = 0;
+    for (auto [mom, mom_name] : MomentsFor(cfg, o)) {
       STRATA_RETURN_IF_ERROR(CheckInterrupted());
-      for (BoundKernel k : {BoundKernel::kFused, BoundKernel::kStream}) {
-        const auto t0 = Clock::now();
-        bound.Run(k, ba, n);
-        const auto t1 = Clock::now();
-        double& b = k == BoundKernel::kFused ? best_fused : best_stream;
-        if (r > 0) b = std::min(b, Seconds(t0, t1));
+      progress.Step("threads " + std::to_string(threads) + " " + algo_name);
+      CpuOptimizerTensors tensors;
+      tensors.n = n;
+      tensors.master = reinterpret_cast<float*>(a.master.data());
+      tensors.grad = a.grad.data();
+      tensors.grad_dtype = cfg.grad;
+      tensors.exp_avg = (mom == CpuDType::kFloat32  ? a.m32
+                         : mom == CpuDType::kBlock8 ? a.m8
+                                                    : a.m16)
+                            .data();
+      tensors.exp_avg_sq = (mom == CpuDType::kFloat32  ? a.v32
+                            : mom == CpuDType::kBlock8 ? a.v8
+                                                       : a.v16)
+                               .data();
+      tensors.moment_dtype = mom;
+      if (IsFactored(algo)) {
+        tensors.exp_avg_sq = a.stats.data();
+        tensors.rows = cfg.cols == 0 ? 0 : n / cfg.cols;
+        tensors.cols = cfg.cols;
       }
-      for (size_t k = 0; k < cfg.variants.size(); ++k) {
-        args.step = ++*step;
-        const auto t0 = Clock::now();
-        auto res = opts[k]->Step(tensors, args);
-        const auto t1 = Clock::now();
-        if (!res.ok()) return res.status();
-        if (!res->applied) return Status::Internal("adam: a step was skipped");
-        if (r > 0) best[k] = std::min(best[k], Seconds(t0, t1));
-      }
-      const auto t0 = Clock::now();
-      auto stats = stats_opt->ComputeGradStats(tensors.grad, cfg.grad, n, 1.0);
-      const auto t1 = Clock::now();
-      if (!stats.ok()) return stats.status();
-      if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
-    }
-    const double best_bound = std::min(best_fused, best_stream);
-    const double gb = n * bytes_per_param / 1e9;
-    const double bound_gbps = gb / best_bound;
-    const char* mom_name = MomentName(mom);
-    for (size_t k = 0; k < cfg.variants.size(); ++k) {
-      const double pps = n / best[k];
-      const double gbps = pps * bytes_per_param / 1e9;
-      const double ratio = best_bound / best[k];
-      nlohmann::json row = {
-          {"optimizer", cfg.algo_name},
-          {"variant", std::string(CpuKernelVariantName(cfg.variants[k]))},
-          {"threads", opts[k]->threads()},
-          {"params", n},
-          {"moment_dtype", mom_name},
-          {"grad_dtype", cfg.grad_name},
-          {"working_dtype", cfg.working_name},
-          {"bytes_per_param", bytes_per_param},
-          {"state_bytes_per_param",
-           2.0 * static_cast<double>(CpuStateBytes(mom, n)) / n},
-          {"seconds", best[k]},
-          {"params_per_s", pps},
-          {"gbps", gbps},
-          {"bound_gbps", bound_gbps},
-          {"bound_fused_gbps", gb / best_fused},
-          {"bound_stream_gbps", gb / best_stream},
-          {"bound_kernel", best_fused <= best_stream ? "fused" : "stream"},
-          {"bound_isa", bound_isa},
-          {"bound_seconds", best_bound},
-          {"ratio_to_bound", ratio}};
-      if (cfg.variants[k] == BestCpuKernelVariant()) {
-        if (mom == CpuDType::kFloat32) *fp32_rate = pps;
-        if (mom != CpuDType::kFloat32 && *fp32_rate > 0) {
-          row["speedup_vs_fp32_moments"] = pps / *fp32_rate;
+      tensors.working = cfg.has_working ? a.working.data() : nullptr;
+      if (cfg.has_working) tensors.working_dtype = cfg.working;
+      const std::vector<BoundArrays> passes = PassesOf(cfg, o, tensors);
+      // Bytes one parameter moves, all passes: what the bounds move, and
+      // what the library predicts for an NVMe-resident step.
+      double bound_bytes = 0;
+      for (const BoundArrays& ba : passes) bound_bytes += ba.BytesPerElem();
+      CpuStepShape shape;
+      shape.n = n;
+      shape.rows = tensors.rows;
+      shape.cols = tensors.cols;
+      shape.grad_dtype = cfg.grad;
+      shape.moment_dtype = mom;
+      shape.has_working = cfg.has_working;
+      shape.working_dtype = cfg.working;
+      STRATA_ASSIGN_OR_RETURN(CpuStepFootprint fp,
+                              CpuStepFootprintOf(o, shape));
+      const double bytes_per_param =
+          static_cast<double>(fp.read_bytes + fp.written_bytes) / n;
+      const double state_bytes_per_param =
+          static_cast<double>(fp.exp_avg_bytes + fp.exp_avg_sq_bytes) / n;
+      CpuStepArgs args;
+      args.lr = 1e-5;
+      args.check_overflow = false;  // the fused pass alone; stats timed apart
+      std::vector<double> best(cfg.variants.size(), 1e30);
+      double best_fused = 1e30, best_stream = 1e30;
+      for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
+        STRATA_RETURN_IF_ERROR(CheckInterrupted());
+        for (BoundKernel k : {BoundKernel::kFused, BoundKernel::kStream}) {
+          const auto t0 = Clock::now();
+          for (const BoundArrays& ba : passes) bound.Run(k, ba, n);
+          const auto t1 = Clock::now();
+          double& b = k == BoundKernel::kFused ? best_fused : best_stream;
+          if (r > 0) b = std::min(b, Seconds(t0, t1));
         }
+        for (size_t k = 0; k < cfg.variants.size(); ++k) {
+          args.step = ++*step;
+          const auto t0 = Clock::now();
+          auto res = opts[k]->Step(tensors, args);
+          const auto t1 = Clock::now();
+          if (!res.ok()) return res.status();
+          if (!res->applied) {
+            return Status::Internal("adam: a step was skipped");
+          }
+          if (r > 0) best[k] = std::min(best[k], Seconds(t0, t1));
+        }
+        const auto t0 = Clock::now();
+        auto stats =
+            stats_opt->ComputeGradStats(tensors.grad, cfg.grad, n, 1.0);
+        const auto t1 = Clock::now();
+        if (!stats.ok()) return stats.status();
+        if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
       }
-      out.results.push_back(row);
-      out.table.AddRow({cfg.algo_name, row["variant"],
-                        std::to_string(opts[k]->threads()), mom_name,
-                        Fixed(pps / 1e9, 3), Fixed(gbps, 1),
-                        Fixed(bound_gbps, 1), Fixed(ratio, 3)});
+      const double best_bound = std::min(best_fused, best_stream);
+      const double gb = n * bound_bytes / 1e9;
+      const double bound_gbps = gb / best_bound;
+      for (size_t k = 0; k < cfg.variants.size(); ++k) {
+        const double pps = n / best[k];
+        const double gbps = pps * bound_bytes / 1e9;
+        const double ratio = best_bound / best[k];
+        nlohmann::json row = {
+            {"optimizer", algo_name},
+            {"variant", std::string(CpuKernelVariantName(cfg.variants[k]))},
+            {"threads", opts[k]->threads()},
+            {"params", n},
+            {"rows", tensors.rows},
+            {"cols", tensors.cols},
+            {"options", OptionsJson(o)},
+            {"moment_dtype", mom_name},
+            {"grad_dtype", cfg.grad_name},
+            {"working_dtype", cfg.working_name},
+            {"passes", fp.passes},
+            {"bytes_per_param", bytes_per_param},
+            {"read_bytes_per_param", static_cast<double>(fp.read_bytes) / n},
+            {"written_bytes_per_param",
+             static_cast<double>(fp.written_bytes) / n},
+            {"bound_bytes_per_param", bound_bytes},
+            {"state_bytes_per_param", state_bytes_per_param},
+            {"seconds", best[k]},
+            {"params_per_s", pps},
+            {"gbps", gbps},
+            {"bound_gbps", bound_gbps},
+            {"bound_fused_gbps", gb / best_fused},
+            {"bound_stream_gbps", gb / best_stream},
+            {"bound_kernel", best_fused <= best_stream ? "fused" : "stream"},
+            {"bound_isa", bound_isa},
+            {"bound_seconds", best_bound},
+            {"ratio_to_bound", ratio}};
+        if (cfg.variants[k] == BestCpuKernelVariant()) {
+          if (mom == CpuDType::kFloat32) fp32_rate = pps;
+          if (mom != CpuDType::kFloat32 && fp32_rate > 0) {
+            row["speedup_vs_fp32_moments"] = pps / fp32_rate;
+          }
+          if (algo == CpuOptimizerAlgo::kAdamW && mom == CpuDType::kFloat32) {
+            *adamw_fp32_rate = pps;
+          }
+        }
+        out.results.push_back(row);
+        out.table.AddRow(
+            {algo_name, row["variant"], std::to_string(opts[k]->threads()),
+             mom_name, Fixed(pps / 1e9, 3), Fixed(gbps, 1),
+             Fixed(bound_gbps, 1), Fixed(ratio, 3), Fixed(bytes_per_param, 2)});
+      }
     }
-    const double stats_gbps = n * gsize / best_stats / 1e9;
-    const std::string stats_variant(CpuKernelVariantName(stats_opt->variant()));
-    out.results.push_back({{"optimizer", "grad_stats"},
-                           {"variant", stats_variant},
-                           {"threads", threads},
-                           {"params", n},
-                           {"moment_dtype", mom_name},
-                           {"params_per_s", n / best_stats},
-                           {"gbps", stats_gbps},
-                           {"bound_gbps", nullptr},
-                           {"ratio_to_bound", nullptr}});
-    out.table.AddRow({"grad_stats", stats_variant, std::to_string(threads), "-",
-                      Fixed(n / best_stats / 1e9, 3), Fixed(stats_gbps, 1), "-",
-                      "-"});
   }
+  // Against fp32-moment AdamW of the same run and thread count.
+  if (*adamw_fp32_rate > 0) {
+    for (size_t i = first_row; i < out.results.size(); ++i) {
+      nlohmann::json& row = out.results[i];
+      if (row["variant"] == CpuKernelVariantName(BestCpuKernelVariant())) {
+        row["speedup_vs_fp32_adamw"] =
+            row["params_per_s"].get<double>() / *adamw_fp32_rate;
+      }
+    }
+  }
+  const double stats_gbps = n * gsize / best_stats / 1e9;
+  const std::string stats_variant(CpuKernelVariantName(stats_opt->variant()));
+  out.results.push_back({{"optimizer", "grad_stats"},
+                         {"variant", stats_variant},
+                         {"threads", threads},
+                         {"params", n},
+                         {"params_per_s", n / best_stats},
+                         {"gbps", stats_gbps},
+                         {"bound_gbps", nullptr},
+                         {"ratio_to_bound", nullptr}});
+  out.table.AddRow({"grad_stats", stats_variant, std::to_string(threads), "-",
+                    Fixed(n / best_stats / 1e9, 3), Fixed(stats_gbps, 1), "-",
+                    "-", Fixed(static_cast<double>(gsize), 2)});
   return Status::Ok();
 }
 
@@ -525,7 +704,8 @@ StatusOr<AdamOutcome> RunAdam(const AdamConfig& cfg) {
   std::vector<std::pair<int, double>> best_fp32;  // threads -> params/s
   {
     STRATA_ASSIGN_OR_RETURN(Arrays a, MakeArrays(cfg));
-    Progress progress(cfg.threads.size() * cfg.moments.size());
+    Progress progress(cfg.threads.size() * cfg.algos.size() *
+                      cfg.moments.size());
     int64_t step = 0;
     for (int t : cfg.threads) {
       int ran = t;
@@ -546,11 +726,15 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
   for (auto v : cfg.variants) variants.push_back(CpuKernelVariantName(v));
   nlohmann::json moments = nlohmann::json::array();
   for (auto m : cfg.moments) moments.push_back(MomentName(m));
+  nlohmann::json algos = nlohmann::json::array();
+  for (auto a : cfg.algos) algos.push_back(CpuOptimizerAlgoName(a));
   return {{"params", cfg.n},
           {"threads", cfg.threads},
           {"variants", variants},
           {"moments", moments},
-          {"optimizer", cfg.algo_name},
+          {"optimizers", algos},
+          {"cols", cfg.cols},
+          {"weight_decay", 0.01},
           {"grad_dtype", cfg.grad_name},
           {"working_dtype", cfg.working_name},
           {"reps", cfg.reps},

@@ -22,6 +22,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -74,6 +75,71 @@ const KernelTable& KernelsFor(CpuKernelVariant v) {
       break;
   }
   return ScalarKernels();
+}
+
+bool IsFactoredAlgo(CpuOptimizerAlgo a) {
+  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+}
+
+bool UsesFirstMoment(const CpuOptimizerOptions& o) {
+  switch (o.algo) {
+    case CpuOptimizerAlgo::kAdagrad:
+      return false;
+    case CpuOptimizerAlgo::kAdafactor:
+      return o.adafactor.beta1 > 0;
+    case CpuOptimizerAlgo::kSm3:
+      return o.beta1 > 0;
+    default:
+      return true;
+  }
+}
+
+Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c) {
+  if (rows == 0) {
+    *r = 1;
+    *c = n;
+    return Status::Ok();
+  }
+  if (cols == 0 || n / rows != cols || n % rows != 0) {
+    return Status::InvalidArgument(
+        "Step: rows x cols (" + std::to_string(rows) + " x " +
+        std::to_string(cols) + ") must equal n (" + std::to_string(n) +
+        "), or rows = 0 for a vector");
+  }
+  *r = rows;
+  *c = cols;
+  return Status::Ok();
+}
+
+Grid MakeGrid(size_t rows, size_t cols, size_t tile) {
+  Grid g;
+  g.rows = rows;
+  g.cols = cols;
+  // Strips of at least 4096 columns (16 KiB of fp32 per row segment, long
+  // enough for the prefetchers), wider when few rows make a tile.
+  size_t cb = std::max<size_t>(4096, (tile + rows - 1) / rows);
+  g.cb = cb < cols ? (cb + 15) / 16 * 16 : cols;
+  g.strips = (cols + g.cb - 1) / g.cb;
+  // At most bmax bands: their column partial sums (bands x cols doubles)
+  // stay a small fraction of the matrix.
+  const size_t bmax = std::min<size_t>(
+      1024,
+      std::max<size_t>(64, (size_t{1} << 21) / std::max<size_t>(1, cols)));
+  size_t rb = std::max((tile + g.cb - 1) / g.cb, (rows + bmax - 1) / bmax);
+  g.rb = std::max<size_t>(1, std::min(rb, rows));
+  g.bands = (rows + g.rb - 1) / g.rb;
+  return g;
+}
+
+TileRect Grid::Tile(size_t k) const {
+  TileRect t;
+  t.band = k / strips;
+  t.strip = k % strips;
+  t.r0 = t.band * rb;
+  t.r1 = std::min(rows, t.r0 + rb);
+  t.c0 = t.strip * cb;
+  t.c1 = std::min(cols, t.c0 + cb);
+  return t;
 }
 
 namespace {
@@ -205,6 +271,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
 
   StatusOr<CpuStepResult> Step(const CpuOptimizerTensors& t,
                                const CpuStepArgs& args) override {
+    if (cpu_adam::IsFactoredAlgo(options_.algo)) return FactoredStep(t, args);
     STRATA_RETURN_IF_ERROR(Validate(t, args));
     CpuStepResult result;
     if (t.n == 0) {
@@ -280,7 +347,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   const CpuOptimizerOptions& options() const override { return options_; }
 
  private:
-  Status Validate(const CpuOptimizerTensors& t, const CpuStepArgs& args) const {
+  static Status ValidateArgs(const CpuStepArgs& args) {
     if (!std::isfinite(args.lr) || args.lr < 0) {
       return Status::InvalidArgument("Step: lr must be finite and >= 0");
     }
@@ -289,6 +356,24 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       return Status::InvalidArgument(
           "Step: inv_loss_scale and clip_coef must be finite and > 0");
     }
+    return Status::Ok();
+  }
+
+  static Status ValidateGradAndWorking(const CpuOptimizerTensors& t) {
+    if (t.grad_dtype == CpuDType::kBlock8) {
+      return Status::InvalidArgument(
+          "Step: the gradient is kFloat32, kFloat16 or kBFloat16");
+    }
+    if (t.working != nullptr && (t.working_dtype == CpuDType::kFloat32 ||
+                                 t.working_dtype == CpuDType::kBlock8)) {
+      return Status::InvalidArgument(
+          "Step: the working copy is kFloat16 or kBFloat16");
+    }
+    return Status::Ok();
+  }
+
+  Status Validate(const CpuOptimizerTensors& t, const CpuStepArgs& args) const {
+    STRATA_RETURN_IF_ERROR(ValidateArgs(args));
     const CpuOptimizerAlgo algo = options_.algo;
     const bool adam =
         algo == CpuOptimizerAlgo::kAdam || algo == CpuOptimizerAlgo::kAdamW;
@@ -315,15 +400,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           "Step: kBlock8 states are for Adam, AdamW and Lion (Adagrad's sum "
           "of squares only grows; keep it kFloat32 or kBFloat16)");
     }
-    if (t.grad_dtype == CpuDType::kBlock8) {
-      return Status::InvalidArgument(
-          "Step: the gradient is kFloat32, kFloat16 or kBFloat16");
-    }
-    if (t.working != nullptr && (t.working_dtype == CpuDType::kFloat32 ||
-                                 t.working_dtype == CpuDType::kBlock8)) {
-      return Status::InvalidArgument(
-          "Step: the working copy is kFloat16 or kBFloat16");
-    }
+    STRATA_RETURN_IF_ERROR(ValidateGradAndWorking(t));
     // kBlock8: codes, then fp32 scales at a 4-byte offset of the start.
     const size_t msize = t.moment_dtype == CpuDType::kBlock8
                              ? 4
@@ -336,6 +413,199 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           "Step: arrays must be naturally aligned for their types");
     }
     return Status::Ok();
+  }
+
+  // ---- Adafactor and SM3 ----
+
+  Status ValidateFactored(const CpuOptimizerTensors& t,
+                          const CpuStepArgs& args) const {
+    STRATA_RETURN_IF_ERROR(ValidateArgs(args));
+    if (options_.algo == CpuOptimizerAlgo::kAdafactor && args.step < 1) {
+      return Status::InvalidArgument("Step: step counts from 1");
+    }
+    if (t.n == 0) return Status::Ok();
+    const bool need_m = cpu_adam::UsesFirstMoment(options_);
+    if (t.master == nullptr || t.grad == nullptr || t.exp_avg_sq == nullptr ||
+        (need_m && t.exp_avg == nullptr)) {
+      return Status::InvalidArgument(
+          "Step: null master, gradient or optimizer state array");
+    }
+    if (t.moment_dtype != CpuDType::kFloat32 &&
+        t.moment_dtype != CpuDType::kBFloat16) {
+      return Status::InvalidArgument(
+          "Step: Adafactor's and SM3's exp_avg is kFloat32 or kBFloat16");
+    }
+    STRATA_RETURN_IF_ERROR(ValidateGradAndWorking(t));
+    size_t r = 0, c = 0;
+    STRATA_RETURN_IF_ERROR(
+        cpu_adam::FactoredShape(t.n, t.rows, t.cols, &r, &c));
+    if (!IsAligned(t.master, 4) ||
+        !IsAligned(t.grad, cpu_adam::DTypeSize(t.grad_dtype)) ||
+        !IsAligned(t.exp_avg, cpu_adam::DTypeSize(t.moment_dtype)) ||
+        !IsAligned(t.exp_avg_sq, 4) || !IsAligned(t.working, 2)) {
+      return Status::InvalidArgument(
+          "Step: arrays must be naturally aligned for their types");
+    }
+    return Status::Ok();
+  }
+
+  StatusOr<CpuStepResult> FactoredStep(const CpuOptimizerTensors& t,
+                                       const CpuStepArgs& args) {
+    STRATA_RETURN_IF_ERROR(ValidateFactored(t, args));
+    CpuStepResult result;
+    if (t.n == 0) {
+      result.applied = true;
+      return result;
+    }
+    const float gscale =
+        static_cast<float>(args.inv_loss_scale * args.clip_coef);
+    if (args.check_overflow) {
+      GradStats stats = GradStatsOf(t.grad, t.grad_dtype, t.n, gscale);
+      if (!stats.finite) return result;  // nothing written
+    }
+    size_t rows = 0, cols = 0;
+    STRATA_RETURN_IF_ERROR(
+        cpu_adam::FactoredShape(t.n, t.rows, t.cols, &rows, &cols));
+    const cpu_adam::Grid grid = cpu_adam::MakeGrid(rows, cols, tile_);
+    cpu_adam::FactoredParams p{};
+    p.grad_dtype = t.grad_dtype;
+    p.moment_dtype = t.moment_dtype;
+    p.working_dtype = t.working_dtype;
+    p.has_working = t.working != nullptr;
+    p.use_m = cpu_adam::UsesFirstMoment(options_);
+    p.gscale = gscale;
+    cpu_adam::FactoredArrays a{};
+    a.rows = rows;
+    a.cols = cols;
+    a.strips = grid.strips;
+    a.master = t.master;
+    a.grad = t.grad;
+    a.m = t.exp_avg;
+    a.row_state = static_cast<float*>(t.exp_avg_sq);
+    a.col_state = a.row_state + rows;
+    a.working = t.working;
+    if (options_.algo == CpuOptimizerAlgo::kAdafactor) {
+      AdafactorStep(t, args, grid, p, a);
+    } else {
+      Sm3Step(args, grid, p, a);
+    }
+    result.applied = true;
+    return result;
+  }
+
+  void AdafactorStep(const CpuOptimizerTensors& t, const CpuStepArgs& args,
+                     const cpu_adam::Grid& grid, cpu_adam::FactoredParams& p,
+                     cpu_adam::FactoredArrays& a) {
+    const CpuAdafactorOptions& o = options_.adafactor;
+    const size_t rows = a.rows, cols = a.cols, tiles = grid.tiles();
+    const double step = static_cast<double>(args.step);
+    const double beta2t = 1.0 - std::pow(step, o.decay_rate);
+    p.eps = static_cast<float>(o.eps1);
+    p.beta2 = static_cast<float>(beta2t);
+    p.omb2 = static_cast<float>(1.0 - beta2t);
+    p.beta1 = static_cast<float>(o.beta1);
+    p.omb1 = static_cast<float>(1.0 - o.beta1);
+    p.scale_p = o.scale_parameter;
+    row_part_.assign(rows * grid.strips, 0.0);
+    col_part_.resize(rows > 1 ? grid.bands * cols : 0);
+    col_factor_.resize(cols);
+    row_factor_.resize(rows);
+    tile_sum_.assign(tiles, 0.0);
+    a.row_part = row_part_.data();
+    a.col_part = col_part_.data();
+    a.col_factor = col_factor_.data();
+    a.row_factor = row_factor_.data();
+    const auto& k = *kernels_;
+    // Pass 1: g^2 + eps1 summed per row and column, p^2 per tile.
+    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+      tile_sum_[tile] = k.adafactor_stats(p, a, grid.Tile(tile));
+    });
+    // The statistics' moving averages; each sum in a fixed order.
+    const float b2 = p.beta2, omb2 = p.omb2;
+    for (size_t i = 0; i < rows; ++i) {
+      double sum = 0.0;
+      for (size_t s = 0; s < grid.strips; ++s)
+        sum += row_part_[i * grid.strips + s];
+      const float mean = static_cast<float>(sum / static_cast<double>(cols));
+      a.row_state[i] = a.row_state[i] * b2 + omb2 * mean;
+    }
+    if (rows > 1) {
+      for (size_t j = 0; j < cols; ++j) {
+        double sum = 0.0;
+        for (size_t b = 0; b < grid.bands; ++b) sum += col_part_[b * cols + j];
+        const float mean = static_cast<float>(sum / static_cast<double>(rows));
+        const float col = a.col_state[j] * b2 + omb2 * mean;
+        a.col_state[j] = col;
+        col_factor_[j] = 1.0f / std::sqrt(col);
+      }
+    }
+    double row_sum = 0.0;
+    for (size_t i = 0; i < rows; ++i) row_sum += a.row_state[i];
+    const float row_mean =
+        static_cast<float>(row_sum / static_cast<double>(rows));
+    for (size_t i = 0; i < rows; ++i) {
+      row_factor_[i] = 1.0f / std::sqrt(a.row_state[i] / row_mean);
+    }
+    double p_sum = 0.0;
+    for (size_t i = 0; i < tiles; ++i) p_sum += tile_sum_[i];
+    double lr = args.lr;
+    if (o.relative_step) {
+      lr = std::min(o.warmup_init ? 1e-6 * step : 1e-2, 1.0 / std::sqrt(step));
+    }
+    if (o.scale_parameter) {
+      lr *= std::max(o.eps2, std::sqrt(p_sum / static_cast<double>(t.n)));
+    }
+    // Pass 2: RMS of the unscaled update, for clipping.
+    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+      tile_sum_[tile] = k.adafactor_sumsq(p, a, grid.Tile(tile));
+    });
+    double u_sum = 0.0;
+    for (size_t i = 0; i < tiles; ++i) u_sum += tile_sum_[i];
+    const double rms_u = std::sqrt(u_sum / static_cast<double>(t.n));
+    const double clip = std::max(1.0, rms_u / o.clip_threshold);
+    p.coef = static_cast<float>(lr / clip);
+    p.decay = static_cast<float>(-options_.weight_decay * lr);
+    p.use_decay = options_.weight_decay != 0.0;
+    // Pass 3: the update.
+    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+      k.adafactor_apply(p, a, grid.Tile(tile));
+    });
+  }
+
+  void Sm3Step(const CpuStepArgs& args, const cpu_adam::Grid& grid,
+               cpu_adam::FactoredParams& p, cpu_adam::FactoredArrays& a) {
+    const size_t rows = a.rows, cols = a.cols;
+    p.eps = static_cast<float>(options_.eps);
+    p.beta1 = static_cast<float>(options_.beta1);
+    p.omb1 = static_cast<float>(1.0 - options_.beta1);
+    p.l2 = static_cast<float>(options_.weight_decay);
+    p.use_l2 = options_.weight_decay != 0.0;
+    p.neg_lr = static_cast<float>(-args.lr);
+    row_fpart_.resize(rows * grid.strips);
+    col_fpart_.resize(rows > 1 ? grid.bands * cols : 0);
+    a.row_fpart = row_fpart_.data();
+    a.col_fpart = col_fpart_.data();
+    const auto sm3 = kernels_->sm3_step;
+    ParallelTiles(grid.tiles(), 1, [&](size_t tile, size_t, size_t) {
+      sm3(p, a, grid.Tile(tile));
+    });
+    // The new accumulators: maxima, exact in any order.
+    for (size_t i = 0; i < rows; ++i) {
+      float m = 0.0f;
+      for (size_t s = 0; s < grid.strips; ++s) {
+        m = std::max(m, row_fpart_[i * grid.strips + s]);
+      }
+      a.row_state[i] = m;
+    }
+    if (rows > 1) {
+      for (size_t j = 0; j < cols; ++j) {
+        float m = 0.0f;
+        for (size_t b = 0; b < grid.bands; ++b) {
+          m = std::max(m, col_fpart_[b * cols + j]);
+        }
+        a.col_state[j] = m;
+      }
+    }
   }
 
   cpu_adam::StepParams MakeParams(const CpuOptimizerTensors& t,
@@ -375,6 +645,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       }
       case CpuOptimizerAlgo::kAdagrad:
       case CpuOptimizerAlgo::kLion:
+      case CpuOptimizerAlgo::kAdafactor:  // not through this path
+      case CpuOptimizerAlgo::kSm3:
         p.neg_step = static_cast<float>(-args.lr);
         break;
     }
@@ -460,6 +732,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   std::vector<std::unique_ptr<NodeArena>> arenas_;
   std::vector<double> partial_sum_;  // per tile, reused across calls
   std::vector<uint8_t> partial_finite_;
+  // Scratch of the factored optimizers (kernels.h, FactoredArrays).
+  std::vector<double> row_part_, col_part_, tile_sum_;
+  std::vector<float> row_factor_, col_factor_, row_fpart_, col_fpart_;
 };
 
 }  // namespace
@@ -555,11 +830,133 @@ StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(
   if (options.threads < 0) {
     return Status::InvalidArgument("NewCpuOptimizer: threads must be >= 0");
   }
+  if (options.algo == CpuOptimizerAlgo::kAdafactor) {
+    const CpuAdafactorOptions& a = options.adafactor;
+    if (!(a.eps1 >= 0) || !std::isfinite(a.eps1) || !(a.eps2 >= 0) ||
+        !std::isfinite(a.eps2)) {
+      return Status::InvalidArgument(
+          "NewCpuOptimizer: adafactor.eps1 and eps2 must be finite and >= 0");
+    }
+    if (!(a.clip_threshold > 0) || !std::isfinite(a.clip_threshold)) {
+      return Status::InvalidArgument(
+          "NewCpuOptimizer: adafactor.clip_threshold must be finite and > 0");
+    }
+    if (!(a.decay_rate >= -1.0 && a.decay_rate < 0.0)) {
+      return Status::InvalidArgument(
+          "NewCpuOptimizer: adafactor.decay_rate must be in [-1, 0)");
+    }
+    if (!(a.beta1 >= 0 && a.beta1 < 1)) {
+      return Status::InvalidArgument(
+          "NewCpuOptimizer: adafactor.beta1 must be in [0, 1) (0 = no first "
+          "moment)");
+    }
+    if (a.warmup_init && !a.relative_step) {
+      return Status::InvalidArgument(
+          "NewCpuOptimizer: adafactor.warmup_init needs relative_step");
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(CpuKernelVariant variant,
                           cpu_adam::ResolveVariant(options.variant));
   auto opt = std::make_unique<cpu_adam::CpuOptimizerImpl>(options, variant);
   STRATA_RETURN_IF_ERROR(opt->Init());
   return std::unique_ptr<CpuOptimizer>(std::move(opt));
+}
+
+StatusOr<CpuStepFootprint> CpuStepFootprintOf(const CpuOptimizerOptions& o,
+                                              const CpuStepShape& shape) {
+  const uint64_t n = shape.n;
+  if (shape.grad_dtype == CpuDType::kBlock8 ||
+      (shape.has_working && (shape.working_dtype == CpuDType::kFloat32 ||
+                             shape.working_dtype == CpuDType::kBlock8))) {
+    return Status::InvalidArgument(
+        "CpuStepFootprintOf: gradient fp32/fp16/bf16, working copy fp16/bf16");
+  }
+  const uint64_t g = cpu_adam::DTypeSize(shape.grad_dtype);
+  const uint64_t w = shape.has_working ? 2 : 0;
+  const bool use_m = cpu_adam::UsesFirstMoment(o);
+  CpuStepFootprint f;
+  if (!cpu_adam::IsFactoredAlgo(o.algo)) {
+    if (shape.moment_dtype == CpuDType::kFloat16 ||
+        (shape.moment_dtype == CpuDType::kBlock8 &&
+         o.algo == CpuOptimizerAlgo::kAdagrad)) {
+      return Status::InvalidArgument(
+          "CpuStepFootprintOf: moments kFloat32, kBFloat16 or kBlock8 (not "
+          "for Adagrad)");
+    }
+    const bool use_v = o.algo != CpuOptimizerAlgo::kLion;
+    f.exp_avg_bytes = use_m ? CpuStateBytes(shape.moment_dtype, n) : 0;
+    f.exp_avg_sq_bytes = use_v ? CpuStateBytes(shape.moment_dtype, n) : 0;
+    const uint64_t state = f.exp_avg_bytes + f.exp_avg_sq_bytes;
+    f.read_bytes = n * (4 + g) + state;
+    f.written_bytes = n * (4 + w) + state;
+    f.passes = 1;
+    return f;
+  }
+  if (shape.moment_dtype != CpuDType::kFloat32 &&
+      shape.moment_dtype != CpuDType::kBFloat16) {
+    return Status::InvalidArgument(
+        "CpuStepFootprintOf: Adafactor's and SM3's exp_avg is kFloat32 or "
+        "kBFloat16");
+  }
+  size_t rows = 0, cols = 0;
+  STRATA_RETURN_IF_ERROR(
+      cpu_adam::FactoredShape(n, shape.rows, shape.cols, &rows, &cols));
+  const uint64_t m = use_m ? n * cpu_adam::DTypeSize(shape.moment_dtype) : 0;
+  const uint64_t stats = (uint64_t{rows} + cols) * 4;
+  f.exp_avg_bytes = m;
+  f.exp_avg_sq_bytes = stats;
+  const bool vec = rows == 1;
+  if (o.algo == CpuOptimizerAlgo::kSm3) {
+    f.read_bytes = n * (4 + g) + m + stats;
+    f.written_bytes = n * (4 + w) + m + stats;
+    f.passes = 1;
+    return f;
+  }
+  // Adafactor. Pass 1: gradient (and master for its RMS); a vector's
+  // statistics updated in place and its factors 1/sqrt(v) written. Pass 2:
+  // gradient (and a vector's factors). Pass 3: gradient, master, first
+  // moment (and a vector's factors); master, moment, working copy written.
+  const uint64_t p1_master = o.adafactor.scale_parameter ? 4 : 0;
+  const uint64_t factors = vec ? n * 4 : 0;
+  f.read_bytes =
+      n * (g + p1_master) + n * g + n * (g + 4) + m + stats + 2 * factors;
+  f.written_bytes = n * (4 + w) + m + stats + factors;
+  f.passes = 3;
+  return f;
+}
+
+std::string_view CpuOptimizerAlgoName(CpuOptimizerAlgo a) {
+  switch (a) {
+    case CpuOptimizerAlgo::kAdam:
+      return "adam";
+    case CpuOptimizerAlgo::kAdamW:
+      return "adamw";
+    case CpuOptimizerAlgo::kAdagrad:
+      return "adagrad";
+    case CpuOptimizerAlgo::kLion:
+      return "lion";
+    case CpuOptimizerAlgo::kAdafactor:
+      return "adafactor";
+    case CpuOptimizerAlgo::kSm3:
+      return "sm3";
+  }
+  return "unknown";
+}
+
+StatusOr<CpuOptimizerAlgo> ParseCpuOptimizerAlgo(std::string_view name) {
+  std::string lower(name);
+  for (char& ch : lower) {
+    ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
+  for (CpuOptimizerAlgo a :
+       {CpuOptimizerAlgo::kAdam, CpuOptimizerAlgo::kAdamW,
+        CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion,
+        CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    if (lower == CpuOptimizerAlgoName(a)) return a;
+  }
+  return Status::InvalidArgument(
+      "unknown optimizer '" + std::string(name) +
+      "' (expected adam, adamw, adagrad, lion, adafactor or sm3; any case)");
 }
 
 size_t CpuStateBytes(CpuDType dtype, size_t n) {

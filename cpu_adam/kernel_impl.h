@@ -168,6 +168,9 @@ struct Scalar {
   static I LoadU8(const uint8_t* p) { return *p; }
   static void StoreU8(uint8_t* p, I c) { *p = static_cast<uint8_t>(c); }
 
+  static void DPut(double* p, F x) { *p = x; }
+  static void DAccum(double* p, F x) { *p += static_cast<double>(x); }
+
   static D DZero() { return 0.0; }
   static D SqAcc(D acc, F x) {
     const double d = x;
@@ -566,6 +569,9 @@ void Step(const StepParams& p, const StepArrays& a, size_t b, size_t e) {
       return StepG<V, CpuOptimizerAlgo::kAdagrad>(p, a, b, e);
     case CpuOptimizerAlgo::kLion:
       return StepG<V, CpuOptimizerAlgo::kLion>(p, a, b, e);
+    case CpuOptimizerAlgo::kAdafactor:  // FactoredArrays kernels instead
+    case CpuOptimizerAlgo::kSm3:
+      return;
   }
 }
 
@@ -650,9 +656,400 @@ void Convert(const void* src, CpuDType src_dtype, void* dst, CpuDType dst_dtype,
   }
 }
 
+// ---- Factored optimizers (Adafactor, SM3) ----------------------------------
+//
+// Note [Reduction order]: a sum over a row segment [c0, c1) of a tile is
+// kept in 16 double lanes, element c0 + k adding into lane k % 16 in
+// order, and the lanes are then added as a fixed pairwise tree; segment
+// sums add in row order, and the driver adds tiles' in tile order. Vector
+// types with 16 lanes keep the lanes in registers, the scalar reference in
+// an array, so every variant gets the same bits. Column sums add one row
+// at a time (lane j is column j), and maxima are exact in any order.
+constexpr size_t kSumLanes = 16;
+
+inline double LaneTree(const double* l) {
+  double a[8];
+  for (size_t k = 0; k < 8; ++k) a[k] = l[2 * k] + l[2 * k + 1];
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// FactoredParams broadcast into registers once per tile.
 template <class V>
+struct FConsts {
+  using F = typename V::F;
+  explicit FConsts(const FactoredParams& p)
+      : gscale(V::Set(p.gscale)),
+        eps(V::Set(p.eps)),
+        beta2(V::Set(p.beta2)),
+        omb2(V::Set(p.omb2)),
+        beta1(V::Set(p.beta1)),
+        omb1(V::Set(p.omb1)),
+        coef(V::Set(p.coef)),
+        decay(V::Set(p.decay)),
+        l2(V::Set(p.l2)),
+        neg_lr(V::Set(p.neg_lr)),
+        one(V::Set(1.0f)),
+        minus_one(V::Set(-1.0f)) {}
+  F gscale, eps, beta2, omb2, beta1, omb1, coef, decay, l2, neg_lr, one,
+      minus_one;
+};
+
+// The constants of the vector type U an Op is called with: V's or Scalar's.
+template <class U, class V>
+STRATA_CPU_ADAM_INLINE const FConsts<U>* PickConsts(const FConsts<V>& cv,
+                                                    const FConsts<Scalar>& cs) {
+  if constexpr (std::is_same_v<U, Scalar>) {
+    return &cs;
+  } else {
+    return &cv;
+  }
+}
+
+// Calls op.template At<U, kStream>(j) for j in [c0, c1) of row `row`: a
+// scalar head until the working copy is aligned for V's non-temporal
+// stores, V's body, a scalar tail.
+template <class V, class W, class Op>
+STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
+                                       Op& op) {
+  size_t j = c0;
+  bool stream = false;
+  if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
+    const size_t head = StreamHead<V>(w + row + j);
+    if (head != SIZE_MAX) {
+      for (const size_t stop = std::min(c1, j + head); j < stop; ++j) {
+        op.template At<Scalar, false>(j);
+      }
+      stream = true;
+    }
+  }
+  if (stream) {
+    for (; j + V::kN <= c1; j += V::kN) op.template At<V, true>(j);
+  } else {
+    for (; j + V::kN <= c1; j += V::kN) op.template At<V, false>(j);
+  }
+  for (; j < c1; ++j) op.template At<Scalar, false>(j);
+}
+
+// Adafactor pass 1 at j of row `row`: s = g^2 + eps1 (and the vector's
+// statistic in place); *x the weight when kParam.
+template <class V, class G, bool kVec, bool kParam>
+STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(const FConsts<V>& c,
+                                               const FactoredArrays& a,
+                                               const G* grad, double* colp,
+                                               bool first, size_t row, size_t j,
+                                               typename V::F* x) {
+  using F = typename V::F;
+  const F g = V::Mul(V::Load(grad + row + j), c.gscale);
+  const F s = V::Add(V::Mul(g, g), c.eps);
+  if constexpr (kVec) {
+    const F col =
+        V::Add(V::Mul(V::Load(a.col_state + j), c.beta2), V::Mul(c.omb2, s));
+    V::Store(a.col_state + j, col);
+    V::Store(a.col_factor + j, V::Div(c.one, V::Sqrt(col)));
+  } else if (first) {
+    V::DPut(colp + j, s);
+  } else {
+    V::DAccum(colp + j, s);
+  }
+  if constexpr (kParam) *x = V::Load(a.master + row + j);
+  return s;
+}
+
+template <class V, class G, bool kVec, bool kParam>
+double AfStatsT(const FactoredParams& p, const FactoredArrays& a,
+                const TileRect& t) {
+  const FConsts<V> cv(p);
+  const FConsts<Scalar> cs(p);
+  const G* grad = static_cast<const G*>(a.grad);
+  double* colp = kVec ? nullptr : a.col_part + t.band * a.cols;
+  double psum = 0.0;
+  for (size_t i = t.r0; i < t.r1; ++i) {
+    const size_t row = i * a.cols;
+    const bool first = i == t.r0;
+    double rl[kSumLanes] = {}, pl[kSumLanes] = {};
+    size_t j = t.c0;
+    if constexpr (V::kN == kSumLanes) {
+      typename V::DL racc = V::DLZero(), pacc = V::DLZero();
+      for (; j + V::kN <= t.c1; j += V::kN) {
+        typename V::F x;
+        const typename V::F s =
+            AfStatsAt<V, G, kVec, kParam>(cv, a, grad, colp, first, row, j, &x);
+        racc = V::DLAdd(racc, s);
+        if constexpr (kParam) pacc = V::DLSq(pacc, x);
+      }
+      V::DLStore(rl, racc);
+      V::DLStore(pl, pacc);
+    }
+    for (; j < t.c1; ++j) {
+      float x = 0.0f;
+      const float s = AfStatsAt<Scalar, G, kVec, kParam>(cs, a, grad, colp,
+                                                         first, row, j, &x);
+      const size_t lane = (j - t.c0) % kSumLanes;
+      rl[lane] += static_cast<double>(s);
+      if constexpr (kParam) {
+        const double xd = x;
+        pl[lane] = std::fma(xd, xd, pl[lane]);
+      }
+    }
+    a.row_part[i * a.strips + t.strip] = LaneTree(rl);
+    if constexpr (kParam) psum += LaneTree(pl);
+  }
+  return psum;
+}
+
+template <class V, class G>
+double AfStatsG(const FactoredParams& p, const FactoredArrays& a,
+                const TileRect& t) {
+  if (a.rows == 1) {
+    return p.scale_p ? AfStatsT<V, G, true, true>(p, a, t)
+                     : AfStatsT<V, G, true, false>(p, a, t);
+  }
+  return p.scale_p ? AfStatsT<V, G, false, true>(p, a, t)
+                   : AfStatsT<V, G, false, false>(p, a, t);
+}
+
+// u = (row_factor * col_factor) * g at j of row i.
+template <class V, class G>
+STRATA_CPU_ADAM_INLINE typename V::F AfUpdateAt(const FConsts<V>& c,
+                                                const FactoredArrays& a,
+                                                const G* grad, typename V::F rf,
+                                                size_t row, size_t j) {
+  const typename V::F f = V::Mul(rf, V::Load(a.col_factor + j));
+  return V::Mul(f, V::Mul(V::Load(grad + row + j), c.gscale));
+}
+
+template <class V, class G>
+double AfSumsqT(const FactoredParams& p, const FactoredArrays& a,
+                const TileRect& t) {
+  const FConsts<V> cv(p);
+  const FConsts<Scalar> cs(p);
+  const G* grad = static_cast<const G*>(a.grad);
+  double sum = 0.0;
+  for (size_t i = t.r0; i < t.r1; ++i) {
+    const size_t row = i * a.cols;
+    const float rf = a.row_factor[i];
+    double l[kSumLanes] = {};
+    size_t j = t.c0;
+    if constexpr (V::kN == kSumLanes) {
+      const typename V::F vrf = V::Set(rf);
+      typename V::DL acc = V::DLZero();
+      for (; j + V::kN <= t.c1; j += V::kN) {
+        acc = V::DLSq(acc, AfUpdateAt<V>(cv, a, grad, vrf, row, j));
+      }
+      V::DLStore(l, acc);
+    }
+    for (; j < t.c1; ++j) {
+      const double u = AfUpdateAt<Scalar>(cs, a, grad, rf, row, j);
+      double& lane = l[(j - t.c0) % kSumLanes];
+      lane = std::fma(u, u, lane);
+    }
+    sum += LaneTree(l);
+  }
+  return sum;
+}
+
+// Adafactor pass 3 over one row segment (Op of ForSegment).
+template <class V, class G, class M, class W>
+struct AfApplyOp {
+  const FConsts<V>& cv;
+  const FConsts<Scalar>& cs;
+  const FactoredParams& p;
+  const FactoredArrays& a;
+  size_t row;
+  float rf;
+
+  template <class U, bool kStream>
+  STRATA_CPU_ADAM_INLINE void At(size_t j) {
+    const FConsts<U>* c = PickConsts<U>(cv, cs);
+    using F = typename U::F;
+    const G* grad = static_cast<const G*>(a.grad);
+    const size_t i = row + j;
+    F u = U::Mul(AfUpdateAt<U>(*c, a, grad, U::Set(rf), row, j), c->coef);
+    if (p.use_m) {
+      M* m = static_cast<M*>(a.m);
+      u = U::Fma(u, c->omb1, U::Mul(U::Load(m + i), c->beta1));
+      U::Store(m + i, u);
+    }
+    F x = U::Load(a.master + i);
+    if (p.use_decay) x = U::Fma(x, c->decay, x);
+    x = U::Fma(u, c->minus_one, x);
+    StoreMaster<U, W, kStream>(a.master, static_cast<W*>(a.working), i, x);
+  }
+};
+
+template <class V, class G, class M, class W>
+void AfApplyT(const FactoredParams& p, const FactoredArrays& a,
+              const TileRect& t) {
+  const FConsts<V> cv(p);
+  const FConsts<Scalar> cs(p);
+  for (size_t i = t.r0; i < t.r1; ++i) {
+    AfApplyOp<V, G, M, W> op{cv, cs, p, a, i * a.cols, a.row_factor[i]};
+    ForSegment<V>(static_cast<W*>(a.working), i * a.cols, t.c0, t.c1, op);
+  }
+  if constexpr (!std::is_same_v<W, NoWork>) V::Fence();
+}
+
+// SM3 over one row segment (Op of ForSegment): nu = min(row, col) + g^2
+// (a vector: its own accumulator + g^2), the row's running max, the
+// columns' maxima (a vector: the new accumulators), the weight update.
+template <class V, class G, class M, class W, bool kVec>
+struct Sm3Op {
+  const FConsts<V>& cv;
+  const FConsts<Scalar>& cs;
+  const FactoredParams& p;
+  const FactoredArrays& a;
+  float* colf;  // this band's column maxima
+  size_t row;
+  bool first;
+  float row_acc;
+  typename V::I vmax;
+  uint32_t smax;
+
+  template <class U, bool kStream>
+  STRATA_CPU_ADAM_INLINE void At(size_t j) {
+    const FConsts<U>* c = PickConsts<U>(cv, cs);
+    using F = typename U::F;
+    const G* grad = static_cast<const G*>(a.grad);
+    const size_t i = row + j;
+    F g = U::Mul(U::Load(grad + i), c->gscale);
+    F x = U::Load(a.master + i);
+    if (p.use_l2) g = U::Fma(x, c->l2, g);
+    F acc = U::Load(a.col_state + j);
+    if constexpr (!kVec) {  // accumulators are >= 0: min/max of the bits
+      acc = U::FBits(U::IMin(U::IBits(U::Set(row_acc)), U::IBits(acc)));
+    }
+    const F nu = U::Add(acc, U::Mul(g, g));
+    const typename U::I bits = U::IBits(nu);
+    if constexpr (std::is_same_v<U, Scalar>) {
+      smax = U::IMax(smax, bits);
+    } else {
+      vmax = U::IMax(vmax, bits);
+    }
+    if constexpr (kVec) {
+      U::Store(a.col_state + j, nu);
+    } else if (first) {
+      U::Store(colf + j, nu);
+    } else {
+      U::Store(colf + j, U::FBits(U::IMax(U::IBits(U::Load(colf + j)), bits)));
+    }
+    const F denom = U::Add(U::Sqrt(nu), c->eps);
+    if (p.use_m) {
+      M* m = static_cast<M*>(a.m);
+      const F mm =
+          U::Fma(U::Div(g, denom), c->omb1, U::Mul(U::Load(m + i), c->beta1));
+      U::Store(m + i, mm);
+      x = U::Add(x, U::Mul(c->neg_lr, mm));
+    } else {  // Adagrad's order: a vector's SM3 is Adagrad
+      x = U::Add(x, U::Div(U::Mul(c->neg_lr, g), denom));
+    }
+    StoreMaster<U, W, kStream>(a.master, static_cast<W*>(a.working), i, x);
+  }
+};
+
+template <class V, class G, class M, class W, bool kVec>
+void Sm3T(const FactoredParams& p, const FactoredArrays& a, const TileRect& t) {
+  const FConsts<V> cv(p);
+  const FConsts<Scalar> cs(p);
+  float* colf = kVec ? nullptr : a.col_fpart + t.band * a.cols;
+  for (size_t i = t.r0; i < t.r1; ++i) {
+    Sm3Op<V, G, M, W, kVec> op{
+        cv,         cs, p, a, colf, i * a.cols, i == t.r0, a.row_state[i],
+        V::ISet(0), 0u};
+    ForSegment<V>(static_cast<W*>(a.working), i * a.cols, t.c0, t.c1, op);
+    a.row_fpart[i * a.strips + t.strip] =
+        BitsFloat(std::max(V::IMaxAll(op.vmax), op.smax));
+  }
+  if constexpr (!std::is_same_v<W, NoWork>) V::Fence();
+}
+
+// Dispatch of the factored kernels over the gradient, moment and working
+// copy types.
+template <class V, template <class, class, class, class> class K>
+struct FactoredDispatch {
+  template <class G, class M>
+  static void ByW(const FactoredParams& p, const FactoredArrays& a,
+                  const TileRect& t) {
+    if (!p.has_working) return K<V, G, M, NoWork>::Run(p, a, t);
+    if (p.working_dtype == CpuDType::kFloat16) {
+      return K<V, G, M, F16>::Run(p, a, t);
+    }
+    K<V, G, M, Bf16>::Run(p, a, t);
+  }
+  template <class G>
+  static void ByM(const FactoredParams& p, const FactoredArrays& a,
+                  const TileRect& t) {
+    if (p.moment_dtype == CpuDType::kBFloat16) return ByW<G, Bf16>(p, a, t);
+    ByW<G, float>(p, a, t);
+  }
+  static void Run(const FactoredParams& p, const FactoredArrays& a,
+                  const TileRect& t) {
+    switch (p.grad_dtype) {
+      case CpuDType::kFloat32:
+        return ByM<float>(p, a, t);
+      case CpuDType::kFloat16:
+        return ByM<F16>(p, a, t);
+      case CpuDType::kBFloat16:
+        return ByM<Bf16>(p, a, t);
+      case CpuDType::kBlock8:  // the driver refuses it
+        return;
+    }
+  }
+};
+
+template <class V, class G, class M, class W>
+struct AfApplyK {
+  static void Run(const FactoredParams& p, const FactoredArrays& a,
+                  const TileRect& t) {
+    AfApplyT<V, G, M, W>(p, a, t);
+  }
+};
+
+template <class V, class G, class M, class W>
+struct Sm3K {
+  static void Run(const FactoredParams& p, const FactoredArrays& a,
+                  const TileRect& t) {
+    if (a.rows == 1) return Sm3T<V, G, M, W, true>(p, a, t);
+    Sm3T<V, G, M, W, false>(p, a, t);
+  }
+};
+
+template <class V>
+double AdafactorStats(const FactoredParams& p, const FactoredArrays& a,
+                      const TileRect& t) {
+  switch (p.grad_dtype) {
+    case CpuDType::kFloat16:
+      return AfStatsG<V, F16>(p, a, t);
+    case CpuDType::kBFloat16:
+      return AfStatsG<V, Bf16>(p, a, t);
+    default:
+      return AfStatsG<V, float>(p, a, t);
+  }
+}
+
+template <class V>
+double AdafactorSumsq(const FactoredParams& p, const FactoredArrays& a,
+                      const TileRect& t) {
+  switch (p.grad_dtype) {
+    case CpuDType::kFloat16:
+      return AfSumsqT<V, F16>(p, a, t);
+    case CpuDType::kBFloat16:
+      return AfSumsqT<V, Bf16>(p, a, t);
+    default:
+      return AfSumsqT<V, float>(p, a, t);
+  }
+}
+
+// VS: the vector type of the gradient statistics (AVX2 keeps them 8 wide).
+template <class V, class VS = V>
 KernelTable MakeTable(CpuKernelVariant variant) {
-  return KernelTable{variant, &Step<V>, &GradStats<V>, &Convert<V>};
+  return KernelTable{variant,
+                     &Step<V>,
+                     &GradStats<VS>,
+                     &Convert<V>,
+                     &AdafactorStats<V>,
+                     &AdafactorSumsq<V>,
+                     &FactoredDispatch<V, AfApplyK>::Run,
+                     &FactoredDispatch<V, Sm3K>::Run};
 }
 
 }  // namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA

@@ -47,6 +47,61 @@ struct StepArrays {
   void* working;
 };
 
+// ---- Factored optimizers (Adafactor, SM3) ---------------------------------
+//
+// A rows x cols matrix (a vector is 1 x n) is cut into a grid of tiles:
+// bands of whole rows by strips of columns, fixed by the shape and the tile
+// size only (never by the thread count), so that every reduction, done per
+// tile and then in tile order, gives the same bits on any number of threads.
+
+// Per-step scalars of the factored kernels (float, rounded once from double).
+struct FactoredParams {
+  CpuDType grad_dtype;
+  CpuDType moment_dtype;  // exp_avg
+  CpuDType working_dtype;
+  bool has_working;
+  bool use_m;    // first moment / momentum
+  bool scale_p;  // Adafactor: the pass over the statistics sums p^2
+  float gscale;  // inv_loss_scale * clip_coef
+  float eps;     // Adafactor: eps1 (added to g^2). SM3: the denominator's
+  float beta2;   // Adafactor: beta2_t
+  float omb2;    // Adafactor: 1 - beta2_t
+  float beta1;   // first moment / momentum
+  float omb1;    // 1 - beta1
+  float coef;    // Adafactor: lr / max(1, RMS(u) / d)
+  float decay;   // Adafactor: -lr * weight_decay (fma into p)
+  bool use_decay;
+  float l2;  // SM3: weight decay added to the gradient
+  bool use_l2;
+  float neg_lr;  // SM3: -lr
+};
+
+struct FactoredArrays {
+  size_t rows, cols;
+  size_t strips;  // strips per band (row_part's stride)
+  float* master;
+  const void* grad;
+  void* m;
+  float* row_state;  // rows
+  float* col_state;  // cols
+  void* working;
+  // Scratch. Adafactor: row_part[rows * strips] (double) and, for rows >
+  // 1, col_part[bands * cols] (double) of the sums of g^2 + eps1;
+  // row_factor[rows] and col_factor[cols] for the update. SM3: the float
+  // maxima in row_fpart / col_fpart.
+  double* row_part;
+  double* col_part;
+  float* row_fpart;
+  float* col_fpart;
+  const float* row_factor;
+  float* col_factor;
+};
+
+// Rows [r0, r1) x columns [c0, c1); band and strip index the scratch.
+struct TileRect {
+  size_t r0, r1, c0, c1, band, strip;
+};
+
 struct KernelTable {
   CpuKernelVariant variant;
   // Updates elements [begin, end); with kBlock8 moments begin is a multiple
@@ -61,6 +116,27 @@ struct KernelTable {
   // Converts n elements (src and dst types differ or are equal).
   void (*convert)(const void* src, CpuDType src_dtype, void* dst,
                   CpuDType dst_dtype, size_t n);
+  // Adafactor pass 1: each row's sum over the tile of g^2 + eps1 into
+  // row_part[i * strips + strip]; each column's into col_part[band * cols
+  // + j] (rows > 1), or, for a vector, the column statistic's moving
+  // average in place and its factor 1 / sqrt(col). Returns the tile's sum
+  // of master^2 (0 unless scale_p).
+  double (*adafactor_stats)(const FactoredParams& p, const FactoredArrays& a,
+                            const TileRect& t);
+  // Adafactor pass 2: the tile's sum of u^2, u = (row_factor * col_factor)
+  // * g.
+  double (*adafactor_sumsq)(const FactoredParams& p, const FactoredArrays& a,
+                            const TileRect& t);
+  // Adafactor pass 3: the update of the tile's weights (and first moment,
+  // working copy).
+  void (*adafactor_apply)(const FactoredParams& p, const FactoredArrays& a,
+                          const TileRect& t);
+  // SM3's one pass: the weights (and momentum, working copy) of the tile,
+  // the tile's row maxima into row_fpart[i * strips + strip], column maxima
+  // into col_fpart[band * cols + j] (rows > 1) or, for a vector, the
+  // accumulators in place.
+  void (*sm3_step)(const FactoredParams& p, const FactoredArrays& a,
+                   const TileRect& t);
 };
 
 const KernelTable& ScalarKernels();
@@ -73,6 +149,25 @@ const KernelTable& KernelsFor(CpuKernelVariant v);
 
 // Bytes per element of a fp32/fp16/bf16 array (1 for kBlock8 codes).
 size_t DTypeSize(CpuDType t);
+
+// The tiles of a factored update (see "Factored optimizers" above): `bands`
+// bands of rb rows by `strips` strips of cb columns, numbered band-major.
+struct Grid {
+  size_t rows = 0, cols = 0, cb = 0, strips = 0, rb = 0, bands = 0;
+  size_t tiles() const { return bands * strips; }
+  TileRect Tile(size_t k) const;
+};
+
+// The grid of a rows x cols matrix for tiles of about `tile` elements: a
+// function of these three only, never of the thread count.
+Grid MakeGrid(size_t rows, size_t cols, size_t tile);
+
+bool IsFactoredAlgo(CpuOptimizerAlgo a);
+// Whether `o` reads and writes exp_avg.
+bool UsesFirstMoment(const CpuOptimizerOptions& o);
+// Factored statistics' shape: rows x cols, a vector (rows == 0) as 1 x n.
+// kInvalidArgument when rows * cols != n.
+Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c);
 
 // Byte offset of the scales in a kBlock8 state array of n elements.
 inline size_t Block8ScaleOffset(size_t n) { return (n + 3) / 4 * 4; }

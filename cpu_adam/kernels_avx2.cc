@@ -273,6 +273,46 @@ struct Avx2x2 {
     return {_mm256_cvtepu8_epi32(b),
             _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))};
   }
+  // The 16 lanes widened to double, in lane order.
+  struct DL {
+    __m256d d[4];
+  };
+  [[gnu::always_inline]] static DL Widen(F x) {
+    return {{_mm256_cvtps_pd(_mm256_castps256_ps128(x.lo)),
+             _mm256_cvtps_pd(_mm256_extractf128_ps(x.lo, 1)),
+             _mm256_cvtps_pd(_mm256_castps256_ps128(x.hi)),
+             _mm256_cvtps_pd(_mm256_extractf128_ps(x.hi, 1))}};
+  }
+  [[gnu::always_inline]] static DL DLZero() {
+    const __m256d z = _mm256_setzero_pd();
+    return {{z, z, z, z}};
+  }
+  [[gnu::always_inline]] static DL DLAdd(DL acc, F x) {
+    const DL w = Widen(x);
+    for (int k = 0; k < 4; ++k) acc.d[k] = _mm256_add_pd(acc.d[k], w.d[k]);
+    return acc;
+  }
+  [[gnu::always_inline]] static DL DLSq(DL acc, F x) {
+    const DL w = Widen(x);
+    for (int k = 0; k < 4; ++k) {
+      acc.d[k] = _mm256_fmadd_pd(w.d[k], w.d[k], acc.d[k]);
+    }
+    return acc;
+  }
+  [[gnu::always_inline]] static void DLStore(double* p, DL acc) {
+    for (int k = 0; k < 4; ++k) _mm256_storeu_pd(p + 4 * k, acc.d[k]);
+  }
+  [[gnu::always_inline]] static void DPut(double* p, F x) {
+    DLStore(p, Widen(x));
+  }
+  [[gnu::always_inline]] static void DAccum(double* p, F x) {
+    const DL w = Widen(x);
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_pd(p + 4 * k,
+                       _mm256_add_pd(_mm256_loadu_pd(p + 4 * k), w.d[k]));
+    }
+  }
+
   // REQUIRES: every lane of c in [0, 255].
   [[gnu::always_inline]] static void StoreU8(uint8_t* p, I c) {
     // packus works within 128-bit halves: [lo0-3 hi0-3 | lo4-7 hi4-7] as
@@ -294,9 +334,8 @@ namespace strata::cpu_adam {
 const KernelTable& Avx2Kernels() {
   // The update and conversions 16 lanes wide; the gradient statistics 8
   // wide (their double accumulators are already two registers).
-  static const KernelTable table{
-      CpuKernelVariant::kAvx2, &avx2::Step<avx2::Avx2x2>,
-      &avx2::GradStats<avx2::Avx2>, &avx2::Convert<avx2::Avx2x2>};
+  static const KernelTable table =
+      avx2::MakeTable<avx2::Avx2x2, avx2::Avx2>(CpuKernelVariant::kAvx2);
   return table;
 }
 

@@ -130,6 +130,35 @@ struct Avx512 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));
   }
 
+  // The 16 lanes widened to double, in lane order.
+  struct DL {
+    __m512d lo, hi;
+  };
+  static DL Widen(F x) {
+    return {_mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+            _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1))};
+  }
+  static DL DLZero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+  static DL DLAdd(DL acc, F x) {
+    const DL w = Widen(x);
+    return {_mm512_add_pd(acc.lo, w.lo), _mm512_add_pd(acc.hi, w.hi)};
+  }
+  static DL DLSq(DL acc, F x) {
+    const DL w = Widen(x);
+    return {_mm512_fmadd_pd(w.lo, w.lo, acc.lo),
+            _mm512_fmadd_pd(w.hi, w.hi, acc.hi)};
+  }
+  static void DLStore(double* p, DL acc) {
+    _mm512_storeu_pd(p, acc.lo);
+    _mm512_storeu_pd(p + 8, acc.hi);
+  }
+  static void DPut(double* p, F x) { DLStore(p, Widen(x)); }
+  static void DAccum(double* p, F x) {
+    const DL w = Widen(x);
+    _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), w.lo));
+    _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), w.hi));
+  }
+
   static D DZero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
   static D SqAcc(D acc, F x) {
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));

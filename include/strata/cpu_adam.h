@@ -1,6 +1,9 @@
 // CPU optimizers for offloaded training: Adam, AdamW, Adagrad and Lion over
 // fp32 master weights, in one fused, vectorized, multi-threaded pass that is
-// bound by memory bandwidth, not by arithmetic.
+// bound by memory bandwidth, not by arithmetic; and Adafactor and SM3, whose
+// second-moment statistics are one value per row and per column of a
+// matrix (the caller gives its shape), in three passes (Adafactor: the
+// statistics, the update's RMS for clipping, the update) or one (SM3).
 //
 // One Step() reads the master weights, the gradient and the optimizer state,
 // writes the master weights and the state back in place and, optionally, a
@@ -67,6 +70,38 @@ enum class CpuOptimizerAlgo : uint8_t {
   kAdamW,    // torch.optim.AdamW: decoupled weight decay on the weights
   kAdagrad,  // torch.optim.Adagrad (lr_decay 0): uses exp_avg_sq as the sum
   kLion,     // Lion (Chen et al. 2023), decoupled weight decay: uses exp_avg
+  // Adafactor (Shazeer & Stern 2018) as HF transformers' Adafactor:
+  // factored second moment (CpuAdafactorOptions; docs/cpu_adam.md).
+  kAdafactor,
+  // SM3-II (Anil et al. 2019), cover sets = the rows and the columns of a
+  // matrix (one element each for a vector); momentum beta1 (0 = none).
+  kSm3,
+};
+
+// "adam", "adamw", "adagrad", "lion", "adafactor", "sm3".
+STRATA_EXPORT std::string_view CpuOptimizerAlgoName(CpuOptimizerAlgo a);
+// The inverse of CpuOptimizerAlgoName, case-insensitive; kInvalidArgument
+// naming the accepted names otherwise.
+STRATA_EXPORT StatusOr<CpuOptimizerAlgo> ParseCpuOptimizerAlgo(
+    std::string_view name);
+
+// Adafactor's hyper-parameters, with HF transformers' names and defaults.
+struct CpuAdafactorOptions {
+  double eps1 = 1e-30;  // added to g^2 before the statistics; >= 0
+  double eps2 = 1e-3;   // lower bound of the parameter scale; >= 0
+  // d: the update is divided by max(1, RMS(update) / d). > 0.
+  double clip_threshold = 1.0;
+  // beta2_t = 1 - t^decay_rate. In [-1, 0).
+  double decay_rate = -0.8;
+  // First-moment decay; 0 = no first moment (exp_avg unused). In [0, 1).
+  double beta1 = 0.0;
+  // On: lr = min(1e-2, 1 / sqrt(t)) (CpuStepArgs::lr ignored); off: the
+  // step's lr.
+  bool relative_step = true;
+  // On: lr is multiplied by max(eps2, RMS(master before the step)).
+  bool scale_parameter = true;
+  // With relative_step: min(1e-6 * t, 1 / sqrt(t)) instead.
+  bool warmup_init = false;
 };
 
 enum class CpuKernelVariant : uint8_t {
@@ -90,15 +125,17 @@ STRATA_EXPORT CpuKernelVariant BestCpuKernelVariant();
 struct CpuOptimizerOptions {
   CpuOptimizerAlgo algo = CpuOptimizerAlgo::kAdamW;
   // Adam/AdamW: moment decay rates. Lion: beta1 interpolates the update
-  // direction, beta2 decays the momentum. Unused by Adagrad.
+  // direction, beta2 decays the momentum. SM3: beta1 is the momentum (0 =
+  // none; exp_avg unused). Unused by Adagrad and Adafactor.
   // Hyper-parameters are double, like the Python floats torch takes: the
   // derived scalars (1 - beta, lr / (1 - beta^t), ...) are formed in double
   // and rounded to float once, which is what makes results match torch.
   double beta1 = 0.9;
   double beta2 = 0.999;
-  // Added to the denominator (Adam, AdamW, Adagrad). Must be >= 0.
+  // Added to the denominator (Adam, AdamW, Adagrad, SM3). Must be >= 0.
   double eps = 1e-8;
-  // L2 coefficient (Adam, Adagrad) or decoupled decay (AdamW, Lion); >= 0.
+  // L2 coefficient (Adam, Adagrad, SM3) or decoupled decay (AdamW, Lion,
+  // Adafactor: p -= p * wd * lr of the step); >= 0.
   double weight_decay = 0.0;
   // Adam/AdamW: divide by (1 - beta^step). torch always does; off gives
   // DeepSpeed's bias_correction=False.
@@ -114,6 +151,7 @@ struct CpuOptimizerOptions {
   // per-tile arrays (about 2 MiB) near the L2 size while leaving hundreds
   // of tiles for load balance at the sizes where bandwidth matters.
   size_t tile_elems = size_t{1} << 16;
+  CpuAdafactorOptions adafactor;  // kAdafactor only
 };
 
 // The arrays of one update: views the caller owns, all of length n,
@@ -125,13 +163,22 @@ struct CpuOptimizerTensors {
   CpuDType grad_dtype = CpuDType::kFloat32;
   // Adam/AdamW: first and second moment. Adagrad: exp_avg_sq is the sum of
   // squares, exp_avg unused (may be null). Lion: exp_avg, exp_avg_sq unused.
-  // Zero-initialized by the caller before step 1 (Adagrad: its initial
-  // accumulator value). Each holds CpuStateBytes(moment_dtype, n) bytes.
+  // Adafactor and SM3: exp_avg is the first moment / momentum (when beta1 >
+  // 0), exp_avg_sq the fp32 row and column statistics (CpuStepFootprint
+  // gives the sizes). Zero-initialized by the caller before step 1
+  // (Adagrad: its initial accumulator value). Each holds
+  // CpuStateBytes(moment_dtype, n) bytes (Adafactor, SM3: the footprint's).
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   // kFloat32, kBFloat16, or kBlock8 (Adam, AdamW and Lion only; 4-byte
-  // aligned arrays).
+  // aligned arrays). Adafactor and SM3: the type of exp_avg (kFloat32 or
+  // kBFloat16); their statistics are always fp32.
   CpuDType moment_dtype = CpuDType::kFloat32;
+  // Adafactor and SM3 only: the tensor is a row-major rows x cols matrix
+  // (rows * cols == n), its statistics one per row and one per column.
+  // rows == 0: a vector (cols ignored), statistics per element.
+  size_t rows = 0;
+  size_t cols = 0;
   // Optional working copy of the updated master (null: not written),
   // written with round-to-nearest-even. Written with non-temporal stores:
   // it is write-only here and read next by another device (DMA).
@@ -141,10 +188,11 @@ struct CpuOptimizerTensors {
 
 // Per-step values (they change over training).
 struct CpuStepArgs {
-  // The 1-based number of this step (bias correction; Adagrad and Lion
-  // ignore it). The caller counts: a skipped step does not count.
+  // The 1-based number of this step (bias correction; Adafactor's decay
+  // and relative step; Adagrad, Lion and SM3 ignore it). The caller counts:
+  // a skipped step does not count.
   int64_t step = 1;
-  double lr = 1e-3;  // >= 0
+  double lr = 1e-3;  // >= 0; Adafactor with relative_step ignores it
   // The gradient is multiplied by inv_loss_scale * clip_coef (rounded to
   // float) before use: 1/loss_scale of mixed precision and the
   // global-norm clip coefficient min(1, max_norm / norm). Finite, > 0.
@@ -156,6 +204,35 @@ struct CpuStepArgs {
   // save that read; an inf/nan then reaches the weights.
   bool check_overflow = true;
 };
+
+// What a Step moves, for predicting a step whose state rests on NVMe.
+struct CpuStepShape {
+  size_t n = 0;
+  size_t rows = 0;  // as CpuOptimizerTensors
+  size_t cols = 0;
+  CpuDType grad_dtype = CpuDType::kFloat32;
+  CpuDType moment_dtype = CpuDType::kFloat32;
+  bool has_working = true;
+  CpuDType working_dtype = CpuDType::kBFloat16;
+};
+
+struct CpuStepFootprint {
+  // Bytes of the caller's state arrays (0: unused, may be null).
+  size_t exp_avg_bytes = 0;
+  size_t exp_avg_sq_bytes = 0;
+  // Bytes read and written by one Step with check_overflow off (on adds
+  // one read of the gradient), over all its passes: master, gradient,
+  // state, working copy. The optimizer's own scratch (O(rows + cols), the
+  // tiles' partial sums) is not counted.
+  uint64_t read_bytes = 0;
+  uint64_t written_bytes = 0;
+  int passes = 0;  // passes over the gradient
+};
+
+// kInvalidArgument for a shape that does not match n, or a moment dtype the
+// algorithm refuses.
+STRATA_EXPORT StatusOr<CpuStepFootprint> CpuStepFootprintOf(
+    const CpuOptimizerOptions& options, const CpuStepShape& shape);
 
 struct CpuStepResult {
   // false: the scaled gradient held an inf or nan and nothing was written
@@ -221,6 +298,29 @@ STRATA_EXPORT StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(
 STRATA_EXPORT Status ConvertCpuArray(
     const void* src, CpuDType src_dtype, void* dst, CpuDType dst_dtype,
     size_t n, CpuKernelVariant variant = CpuKernelVariant::kAuto);
+
+// An optimizer chosen by name, with the learning rate a config gives.
+struct CpuOptimizerConfig {
+  CpuOptimizerOptions options;
+  double lr = 1e-3;  // CpuStepArgs::lr of a constant schedule
+};
+
+// Parses an optimizer section as DeepSpeed writes it (JSON text):
+//   {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
+//    "eps": 1e-8, "weight_decay": 0.01}}
+// type: adam, adamw, adagrad, lion, adafactor or sm3, case-insensitive.
+// DeepSpeed's "Adam" is AdamW unless params.adam_w_mode is false. params
+// per type (others are refused): Adam/AdamW lr, betas, eps, weight_decay,
+// bias_correction, adam_w_mode, amsgrad (false only); Lion lr, betas,
+// weight_decay; Adagrad lr, eps, weight_decay; Adafactor lr, eps ([eps1,
+// eps2]), clip_threshold, decay_rate, beta1 (null = none), weight_decay,
+// scale_parameter, relative_step, warmup_init (HF transformers' names);
+// SM3 lr, momentum, eps, weight_decay. Options not named keep `base`'s
+// values (variant, threads, tiles). kInvalidArgument names the JSON path
+// (`path`.params.betas[1], ...) and what it accepts.
+STRATA_EXPORT StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
+    std::string_view json, std::string_view path = "optimizer",
+    const CpuOptimizerOptions& base = {});
 
 }  // namespace strata
 

@@ -8,7 +8,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "strata/cpu_adam.h"
 
@@ -105,6 +109,25 @@ inline uint16_t RefBf16(float x) {
   const uint32_t pick =
       dl < dh ? lo : (dh < dl ? hi : (((lo >> 16) & 1) ? hi : lo));
   return static_cast<uint16_t>(pick >> 16);
+}
+
+// Raw float32 files exchanged with the Python references.
+inline void WriteFloats(const std::filesystem::path& path,
+                        const std::vector<float>& v) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()),
+            static_cast<std::streamsize>(v.size() * sizeof(float)));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+inline std::vector<float> ReadFloats(const std::filesystem::path& path,
+                                     size_t n) {
+  std::vector<float> v(n);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(v.data()),
+          static_cast<std::streamsize>(n * sizeof(float)));
+  EXPECT_TRUE(in.good()) << path;
+  return v;
 }
 
 }  // namespace strata::cpu_adam_test

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/cpu_adam.h"
+#include "tests/cpu_adam/test_util.h"
 #include "util/find_python.h"
 
 #ifndef STRATA_TORCH_SCRIPT
@@ -25,21 +26,8 @@
 namespace strata {
 namespace {
 
-void WriteFile(const std::filesystem::path& path, const std::vector<float>& v) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(v.data()),
-            static_cast<std::streamsize>(v.size() * sizeof(float)));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::vector<float> ReadFile(const std::filesystem::path& path, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(v.data()),
-          static_cast<std::streamsize>(n * sizeof(float)));
-  EXPECT_TRUE(in.good()) << path;
-  return v;
-}
+using cpu_adam_test::ReadFloats;
+using cpu_adam_test::WriteFloats;
 
 struct Agreement {
   double max_param_rel = 0;
@@ -85,16 +73,16 @@ TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
   char tmpl[] = "/tmp/strata_torch_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::filesystem::path dir(tmpl);
-  WriteFile(dir / "init.f32", init);
-  WriteFile(dir / "grads.f32", grads);
+  WriteFloats(dir / "init.f32", init);
+  WriteFloats(dir / "grads.f32", grads);
   const char* name = algo == CpuOptimizerAlgo::kAdam ? "adam" : "adamw";
   const std::string cmd = py + " " + STRATA_TORCH_SCRIPT + " " + dir.string() +
                           " " + name + " " + std::to_string(kN) + " " +
                           std::to_string(kSteps) + " 0.001 0.01";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::vector<float> tp = ReadFile(dir / "param.f32", kN);
-  const std::vector<float> tm = ReadFile(dir / "exp_avg.f32", kN);
-  const std::vector<float> tv = ReadFile(dir / "exp_avg_sq.f32", kN);
+  const std::vector<float> tp = ReadFloats(dir / "param.f32", kN);
+  const std::vector<float> tm = ReadFloats(dir / "exp_avg.f32", kN);
+  const std::vector<float> tv = ReadFloats(dir / "exp_avg_sq.f32", kN);
   std::filesystem::remove_all(dir);
 
   CpuOptimizerOptions o;
