@@ -509,7 +509,7 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
         "patterns", "fio", "thp", "keep_file"}},
       {kSmallAdam,
        "adam",
-       {"params", "threads", "variants", "moments", "optimizer", "grad_dtype",
+       {"params", "threads", "variants", "moments", "optimizers", "grad_dtype",
         "working_dtype", "reps", "torch", "bound_isa"}},
       {kSmallCopy,
        "copy",
