@@ -1,0 +1,142 @@
+// strata-finetune as a user runs it: the built binary in a fresh directory
+// (an argument vector, no shell). A tiny run writes its JSON and loss plot
+// and nothing else; bad flags, files and configs exit 2 naming the flag.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/swap/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using strata::testing::ScratchDir;
+
+struct Outcome {
+  int code = -1;
+  std::string err;
+};
+
+// Runs strata-finetune in `cwd`; stderr goes to a file outside it.
+Outcome RunFinetune(const std::vector<std::string>& args,
+                    const std::string& cwd, const std::string& logs) {
+  std::vector<std::string> argv = {STRATA_FINETUNE_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const std::string err = logs + "/err.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int o = ::open("/dev/null", O_WRONLY);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (o < 0 || e < 0 || ::chdir(cwd.c_str()) != 0) ::_exit(120);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  Outcome out;
+  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(err);
+  out.err.assign(std::istreambuf_iterator<char>(in), {});
+  return out;
+}
+
+std::set<std::string> Entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+class FinetuneCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = logs_.path() + "/text.txt";
+    std::ofstream f(data_);
+    for (int i = 0; i < 50; ++i) f << "a small corpus for a tiny model. ";
+  }
+  std::vector<std::string> Tiny() const {
+    return {"--device", "host", "--layers",  "2",  "--embd",    "32",
+            "--heads",  "2",    "--context", "32", "--seq-len", "16",
+            "--batch",  "2",    "--steps",   "3",  "--data",    data_};
+  }
+  ScratchDir cwd_, logs_;
+  std::string data_;
+};
+
+TEST_F(FinetuneCliTest, ATinyRunWritesItsJsonAndPlotAndNothingElse) {
+  std::vector<std::string> args = Tiny();
+  args.insert(args.end(), {"--json", "run.json", "--plot", "loss.svg"});
+  const Outcome o = RunFinetune(args, cwd_.path(), logs_.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(Entries(cwd_.path()),
+            (std::set<std::string>{"run.json", "loss.svg"}));
+  std::ifstream in(cwd_.path() + "/run.json");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  for (const char* k :
+       {"loss_first", "loss_last", "steps", "tokens_per_s", "model_state_bytes",
+        "device_budget_bytes", "peak_device_bytes"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["steps"], 3);
+  EXPECT_EQ(j["config"]["model"]["n_layer"], 2);
+  EXPECT_EQ(j["config"]["batch"], 2);
+  EXPECT_EQ(j["config"]["seq_len"], 16);
+  EXPECT_EQ(j["losses"].size(), 3u);
+  EXPECT_LE(j["peak_device_bytes"].get<uint64_t>(),
+            j["device_budget_bytes"].get<uint64_t>());
+  std::ifstream svg(cwd_.path() + "/loss.svg");
+  std::string head(5, '\0');
+  svg.read(head.data(), 5);
+  EXPECT_EQ(head, "<svg ");
+}
+
+TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
+  const std::string bad_config = logs_.path() + "/bad.json";
+  std::ofstream(bad_config) << R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_pth": "/x"}}})";
+  struct Case {
+    std::vector<std::string> extra;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--dtype", "fp8"}, "--dtype"},
+      {{"--device", "tpu"}, "--device"},
+      {{"--data", "/nonexistent/corpus"}, "--data"},
+      {{"--device-budget", "12Q"}, "--device-budget"},
+      {{"--device-budget", "1K"}, "--device-budget"},
+      {{"--json", "/nonexistent/dir/run.json"}, "--json"},
+      {{"--config", bad_config}, "nvme_pth"},
+      {{"--config", "/nonexistent.json"}, "--config"},
+      {{"--seq-len", "64"}, "--seq-len"},
+      {{"--lr", "-1"}, "--lr"},
+      {{"--vocab", "v.json"}, "--merges"},
+      {{"--weights", "/nonexistent.safetensors"}, "--weights"},
+      {{"--no-such-flag"}, "no-such-flag"}};
+  for (const Case& c : cases) {
+    std::vector<std::string> args = Tiny();
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    const Outcome o = RunFinetune(args, cwd_.path(), logs_.path());
+    EXPECT_EQ(o.code, 2) << c.extra[0] << ": " << o.err;
+    EXPECT_NE(o.err.find(c.says), std::string::npos)
+        << c.extra[0] << ": " << o.err;
+    EXPECT_TRUE(Entries(cwd_.path()).empty()) << c.extra[0];
+  }
+}
+
+}  // namespace
