@@ -12,7 +12,8 @@ scripts/build.sh build -DSTRATA_BUILD_TESTS=ON
 # Debug build of the library alone, since only the check matters here.
 CMAKE_BUILD_TYPE=Debug scripts/build.sh build-clang-check \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-  -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_ENABLE_CUDA=OFF
+  -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
+  -DSTRATA_ENABLE_CUDA=OFF
 args=(--test-dir build --output-on-failure -j "$(nproc)")
 if [[ -n "${STRATA_TEST_LABELS:-}" ]]; then
   args+=(-L "$STRATA_TEST_LABELS")
