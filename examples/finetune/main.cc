@@ -251,19 +251,18 @@ Status ParseEngine(const Flags& f, Setup* s) {
     o.engine.partition_bytes = part;
     o.engine.persistence_threshold_bytes = 0;
   }
+  if (f.max_grad_norm == 0 && o.engine.step_overlap_bytes == 0) {
+    // Without clipping the step overlaps backward: room to undo every
+    // unit's update (fp32 master and moments) should a gradient overflow.
+    o.engine.step_overlap_bytes =
+        static_cast<uint64_t>(ParameterCount(o.model)) * 12;
+  }
   o.engine.optimizer.cpu.threads = static_cast<int>(f.threads);
   o.engine.optimizer.cpu.weight_decay = 0.01;
   return Status::Ok();
 }
 
-// An output file's directory must exist, so that a finished run is not lost
-// to a typo.
-Status CheckOutput(const char* option, const std::string& path) {
-  if (path.empty()) return Status::Ok();
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos
-                              ? "."
-                              : path.substr(0, std::max<size_t>(slash, 1));
+Status CheckDirectory(const char* option, const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return Status::InvalidArgument(std::string(option) + ": directory '" + dir +
@@ -272,10 +271,22 @@ Status CheckOutput(const char* option, const std::string& path) {
   return Status::Ok();
 }
 
+// An output file's directory must exist, so that a finished run is not lost
+// to a typo.
+Status CheckOutput(const char* option, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  const size_t slash = path.rfind('/');
+  return CheckDirectory(option,
+                        slash == std::string::npos
+                            ? "."
+                            : path.substr(0, std::max<size_t>(slash, 1)));
+}
+
 StatusOr<Setup> ParseFlags(const Flags& f) {
   Setup s;
   STRATA_RETURN_IF_ERROR(CheckOutput("--json", f.json));
   STRATA_RETURN_IF_ERROR(CheckOutput("--plot", f.plot));
+  if (!f.nvme.empty()) STRATA_RETURN_IF_ERROR(CheckDirectory("--nvme", f.nvme));
   TrainOptions& o = s.options;
   STRATA_RETURN_IF_ERROR(Range("--batch", f.batch, 1, 65536));
   STRATA_RETURN_IF_ERROR(Range("--seq-len", f.seq_len, 1, 1 << 20));
@@ -410,7 +421,8 @@ int Main(int argc, char** argv) {
   app.add_option("--heads", f.heads, "Override the attention heads");
   app.add_option("--embd", f.embd, "Override the channels");
   app.add_option("--context", f.context, "Override the context length");
-  app.add_option("--steps", f.steps, "Optimizer steps (default 400 on a CPU, 1000 on a GPU)");
+  app.add_option("--steps", f.steps,
+                 "Optimizer steps (default 400 on a CPU, 1000 on a GPU)");
   app.add_option("--batch", f.batch, "Sequences per micro-batch (8)");
   app.add_option("--seq-len", f.seq_len, "Tokens per sequence (128)");
   app.add_option("--micro-batches", f.micro_batches,
@@ -421,7 +433,8 @@ int Main(int argc, char** argv) {
                  "Final learning rate over the peak (0.1)");
   app.add_option("--max-grad-norm", f.max_grad_norm,
                  "Global-norm clipping, 0 = off; off lets the optimizer "
-                 "step overlap the backward (1.0)");
+                 "step overlap the backward, keeping a copy of the optimizer "
+                 "state in host RAM to undo an overflow (1.0)");
   app.add_option("--dtype", f.dtype, "Working precision: bf16 or fp16");
   app.add_option("--device", f.device, "auto, cuda or host");
   app.add_option("--device-budget", f.device_budget,

@@ -121,6 +121,7 @@ TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
       {{"--device-budget", "12Q"}, "--device-budget"},
       {{"--device-budget", "1K"}, "--device-budget"},
       {{"--json", "/nonexistent/dir/run.json"}, "--json"},
+      {{"--nvme", "/nonexistent/dir"}, "--nvme"},
       {{"--config", bad_config}, "nvme_pth"},
       {{"--config", "/nonexistent.json"}, "--config"},
       {{"--seq-len", "64"}, "--seq-len"},
