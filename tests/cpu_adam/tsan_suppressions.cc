@@ -25,5 +25,14 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:tbb::detail::d1::blocked_range<*>::is_divisible\n"
          "race:tbb::detail::d1::task::task\n"
          "race:tbb::detail::d1::proportional_mode<*>::is_divisible\n"
-         "race:tbb::detail::d1::affinity_slot\n";
+         "race:tbb::detail::d1::affinity_slot\n"
+         // Work splitting (offer_work), its tree nodes and their small-object
+         // pool, inlined from oneTBB's headers (the model's kernels).
+         "race:^offer_work$\n"
+         "race:^offer_work_impl$\n"
+         "race:tbb::detail::d1::start_for<*>::offer_work\n"
+         "race:tbb::detail::d1::start_for<*>::offer_work_impl\n"
+         "race:tbb::detail::d1::small_object_allocator::new_object\n"
+         "race:tbb::detail::d1::tree_node\n"
+         "race:tbb::detail::d1::fold_tree\n";
 }
