@@ -124,7 +124,8 @@ class Harness {
         }
         STRATA_RETURN_IF_ERROR(m.BlockBackward(l, Block(l), g));
       }
-      STRATA_RETURN_IF_ERROR(m.EmbeddingBackward({G("wte.weight"), G("wpe.weight")}));
+      STRATA_RETURN_IF_ERROR(
+          m.EmbeddingBackward({G("wte.weight"), G("wpe.weight")}));
     }
     StepResult r;
     STRATA_ASSIGN_OR_RETURN(r.loss, m.MeanLoss());

@@ -171,8 +171,9 @@ TEST_F(GptModelTest, GradientsMatchFiniteDifferences) {
       if (std::fabs(grad[i]) > std::fabs(grad[arg])) arg = i;
     }
     picks.push_back(arg);
-    const size_t limit =
-        s.name == "wpe.weight" ? size_t(options_.seq_len) * config_.n_embd : w.size();
+    const size_t limit = s.name == "wpe.weight"
+                             ? size_t(options_.seq_len) * config_.n_embd
+                             : w.size();
     for (int k = 0; k < 3; ++k) picks.push_back(rng() % limit);
     for (size_t i : picks) {
       const float orig = w[i];

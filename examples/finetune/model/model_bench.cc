@@ -247,8 +247,8 @@ int Model(int argc, char** argv) {
       (void)m.BlockForward(l, bp);
     }
     HeadGrads hg{G("ln_f.weight"), G("ln_f.bias"), G("wte.weight")};
-    (void)m.HeadForwardBackward({P("ln_f.weight"), P("ln_f.bias"), P("wte.weight")},
-                                &hg, 1.0f);
+    (void)m.HeadForwardBackward(
+        {P("ln_f.weight"), P("ln_f.bias"), P("wte.weight")}, &hg, 1.0f);
     for (int l = config->n_layer - 1; l >= 0; --l) {
       BlockParams bp;
       BlockGrads bg;
