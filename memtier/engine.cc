@@ -374,6 +374,11 @@ Status EngineImpl::Start() {
     ho.pin = false;
     STRATA_ASSIGN_OR_RETURN(
         undo_, HostBuffer::Allocate(options_.step_overlap_bytes, ho));
+    early_stats_.resize(units_.size());
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      early_stats_[u].resize((units_[u].elems + piece_elems_ - 1) /
+                             piece_elems_);
+    }
   }
 
   mover_ = std::make_unique<Worker>();
@@ -1423,17 +1428,32 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   // started during backward has run (Note [Updates during backward]).
   Status grads = WaitGrads();
   DrainStepper();
-  std::vector<uint32_t> rest;  // units not updated during backward
+  std::vector<uint8_t> early;
   {
     MutexLock l(&mu_);
     if (grads.ok()) grads = early_error_;
-    for (uint32_t u = 0; u < units_.size(); ++u) {
-      if (early_state_[u] != kEarlyUpdated) rest.push_back(u);
-    }
+    early = early_state_;
   }
-  if (!grads.ok()) {
+  StatusOr<StepResult> r = grads.ok() ? StepRest(args, early) : grads;
+  // The units updated early are undone unless the rest was updated too: on
+  // an overflow, and on an error before the rest's update began (one after
+  // it has set failed_: Note [Engine failures]).
+  bool began;
+  {
+    MutexLock l(&mu_);
+    began = !failed_.ok();
+  }
+  if ((!r.ok() && !began) || (r.ok() && !r->applied)) {
     STRATA_RETURN_IF_ERROR(UndoEarly());
-    return grads;
+  }
+  return r;
+}
+
+StatusOr<StepResult> EngineImpl::StepRest(
+    const StepArgs& args, const std::vector<uint8_t>& early_state) {
+  std::vector<uint32_t> rest;  // units not updated during backward
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    if (early_state[u] != kEarlyUpdated) rest.push_back(u);
   }
   // Every fetch has landed.
   STRATA_RETURN_IF_ERROR(RunOnMover([] { return Status::Ok(); }));
@@ -1468,17 +1488,15 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
   std::unique_ptr<StepReads> reads = NewStepReads(rest, SIZE_MAX);
   STRATA_RETURN_IF_ERROR(StartReads(*reads, /*wait=*/false));
   // Global norm and overflow, over the unscaled gradient.
-  STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats());
+  STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats(early_state));
   const double inv_scale = 1.0 / args.loss_scale;
   StepResult result;
   result.grad_norm = std::sqrt(g.sum_sq) * inv_scale;
   if (!g.finite || !std::isfinite(result.grad_norm)) {
-    reads.reset();  // its reads end before the undo takes buffers
-    STRATA_RETURN_IF_ERROR(UndoEarly());
     result.applied = false;
     MutexLock l(&mu_);
     result.step = steps_;
-    return result;
+    return result;  // `reads` ends its reads before the undo takes buffers
   }
   double clip = 1.0;
   if (args.max_grad_norm > 0) {
@@ -1520,21 +1538,29 @@ Status EngineImpl::FlushGrads() {
   return f.get();
 }
 
-StatusOr<GradStats> EngineImpl::GradientStats() {
+StatusOr<GradStats> EngineImpl::HostGradStats(uint32_t u, size_t p) {
+  const uint64_t b = p * piece_elems_;
+  return optimizer_->ComputeGradStats(
+      HostAt(kGrad, u, b), CpuDType::kFloat32,
+      std::min(piece_elems_, units_[u].elems - b), 1.0);
+}
+
+StatusOr<GradStats> EngineImpl::GradientStats(
+    const std::vector<uint8_t>& early_state) {
   // The same sums, in the same order, whichever tier holds the gradients,
-  // so that where they rest never changes a result.
+  // so that where they rest never changes a result. A unit updated during
+  // backward had its pieces' stats taken then (Note [Updates during
+  // backward]); its gradient has not changed since.
   GradStats total;
   for (uint32_t u = 0; u < units_.size(); ++u) {
     for (size_t p = 0; p * piece_elems_ < units_[u].elems; ++p) {
       GradStats g;
       if (grad_spill_) {
         if (grad_spill_->written(u, p)) g = grad_spill_->stats(u, p);
+      } else if (early_state[u] == kEarlyUpdated) {
+        g = early_stats_[u][p];
       } else {
-        const uint64_t b = p * piece_elems_;
-        STRATA_ASSIGN_OR_RETURN(
-            g, optimizer_->ComputeGradStats(
-                   HostAt(kGrad, u, b), CpuDType::kFloat32,
-                   std::min(piece_elems_, units_[u].elems - b), 1.0));
+        STRATA_ASSIGN_OR_RETURN(g, HostGradStats(u, p));
       }
       total.sum_sq += g.sum_sq;
       total.finite = total.finite && g.finite;
@@ -1786,15 +1812,17 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 //   stream's). Stale cached device copies are dropped by Step, as always.
 // - Bit-identical results: a piece is updated by the same call with the same
 //   arguments (the step number is the next one's), and Step's norm and
-//   overflow check still read every gradient in the same order.
+//   overflow check add every piece's stats in the same order (an early
+//   unit's taken before its update, from the same unchanged gradient).
 // - Undo: a gradient that is not finite may arrive after some units were
 //   updated, and then the whole step must be skipped. So before a piece is
 //   updated early its master and moments are copied into the undo buffer
 //   (step_overlap_bytes, allocated at Start; a unit that no longer fits is
 //   left to Step); undoing puts them back where they rest and rewrites the
 //   working copy from the old master (the working copy is always the
-//   master's rounding). An error during an early update is undone the same
-//   way, and the step fails cleanly. The stepper stops updating once it has
+//   master's rounding). An error during an early update, or in Step before
+//   the rest's update begins, is undone the same way, and the step fails
+//   cleanly. The stepper stops updating once it has
 //   seen a gradient that is not finite.
 // - Clipping scales every update by the whole gradient's norm, known only
 //   at the end, so BeginStep refuses max_grad_norm > 0. Gradients resting on
@@ -1894,12 +1922,9 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
 
 Status EngineImpl::EarlyUpdatePieces(uint32_t u, const CpuStepArgs& sa,
                                      bool* finite) {
-  for (uint64_t b = 0; b < units_[u].elems; b += piece_elems_) {
-    STRATA_ASSIGN_OR_RETURN(
-        GradStats g, optimizer_->ComputeGradStats(
-                         HostAt(kGrad, u, b), CpuDType::kFloat32,
-                         std::min(piece_elems_, units_[u].elems - b), 1.0));
-    if (!g.finite) {
+  for (size_t p = 0; p < early_stats_[u].size(); ++p) {
+    STRATA_ASSIGN_OR_RETURN(early_stats_[u][p], HostGradStats(u, p));
+    if (!early_stats_[u][p].finite) {
       *finite = false;
       return Status::Ok();
     }

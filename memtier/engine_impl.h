@@ -239,12 +239,20 @@ class EngineImpl final : public Engine {
   Status AfterConsumers() STRATA_EXCLUDES(mu_);
 
   StatusOr<StepResult> RunStep(const StepArgs& args);
+  // The step after the updates during backward: the units `early_state`
+  // does not mark updated, or an overflow found over all (RunStep undoes
+  // the early ones then).
+  StatusOr<StepResult> StepRest(const StepArgs& args,
+                                const std::vector<uint8_t>& early_state);
   // Note [Gradients on NVMe]: the open pieces written back, on the
   // accumulator.
   Status FlushGrads();
   // Squared sum and finiteness of the (loss-scaled) gradient of every
-  // piece, in piece order, wherever the gradients rest (after FlushGrads).
-  StatusOr<GradStats> GradientStats();
+  // piece, in piece order, wherever the gradients rest (after FlushGrads);
+  // the stats of units updated early are those taken then.
+  StatusOr<GradStats> GradientStats(const std::vector<uint8_t>& early_state);
+  // The stats of piece p of unit u's gradient resting on the host.
+  StatusOr<GradStats> HostGradStats(uint32_t u, size_t p);
   // Note [Step pipeline] (engine.cc).
   // Staging buffers one piece of the step holds.
   size_t StepBuffersPerPiece() const;
@@ -330,6 +338,8 @@ class EngineImpl final : public Engine {
   HostBuffer undo_;
   uint64_t undo_used_ = 0;
   std::vector<EarlyPiece> early_pieces_;
+  // Per unit and piece: the gradient's stats taken before an early update.
+  std::vector<std::vector<GradStats>> early_stats_;
 
   // NVMe operations submitted and whose `done` has not returned yet: the
   // destructor waits for none before it destroys the swap space.
