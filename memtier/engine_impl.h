@@ -56,6 +56,39 @@ class Countdown {
   std::function<void(Status)> done_;
 };
 
+// Asynchronous operations in flight: Add before each, Finish once each ends;
+// Wait blocks until none is left and returns the first error. Thread-safe.
+class Inflight {
+ public:
+  void Add() STRATA_EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    ++count_;
+    ++started_;
+  }
+  // How many were ever added.
+  uint64_t started() STRATA_EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    return started_;
+  }
+  void Finish(const Status& st) STRATA_EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    if (!st.ok() && first_.ok()) first_ = st;
+    if (--count_ == 0) cv_.SignalAll();
+  }
+  Status Wait() STRATA_EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    while (count_ > 0) cv_.Wait(&mu_);
+    return first_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  size_t count_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t started_ STRATA_GUARDED_BY(mu_) = 0;
+  Status first_ STRATA_GUARDED_BY(mu_);
+};
+
 struct UnitState {
   uint64_t elems = 0;  // this rank's shard
   ElementType dtype = ElementType::kBFloat16;
@@ -130,6 +163,8 @@ class EngineImpl final : public Engine {
   Status WaitGrads() override;
   Status BeginStep(const StepArgs& args) override;
   StatusOr<StepResult> Step(const StepArgs& args) override;
+  Status SaveState(CheckpointWriter& writer, bool params) override;
+  Status LoadState(CheckpointReader& reader) override;
   EngineStats stats() const override;
   const TensorSpec& spec(TensorId id) const override { return specs_[id]; }
   size_t num_tensors() const override { return specs_.size(); }
@@ -270,6 +305,30 @@ class EngineImpl final : public Engine {
                      std::vector<std::future<Status>>* writes,
                      std::vector<EarlyPiece>* undo);
   void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
+
+  // Checkpoints (memtier/state_io.cc, Note [Streaming the state]).
+  // Takes the engine for a save or a load as Step does (stepping_), once
+  // every arrival has landed; EndExclusive gives it back.
+  Status BeginExclusive(const char* what, bool load);
+  void EndExclusive();
+  // The placements of tensors in elements [begin, begin + n) of unit u's
+  // shard, for a checkpoint whose tensor i is engine tensor ckpt_of[i]
+  // (identity when empty).
+  std::vector<StatePlacement> PlacementsOf(
+      uint32_t unit, uint64_t begin, uint64_t n,
+      const std::vector<uint32_t>& index) const;
+  // The number of pieces of a unit's shard.
+  size_t NumPieces(uint32_t unit) const {
+    return (units_[unit].elems + piece_elems_ - 1) / piece_elems_;
+  }
+  Status SaveRole(CheckpointWriter& writer, int role, Inflight& writes);
+  Status LoadPiece(CheckpointReader& reader, uint32_t unit, size_t piece,
+                   const std::vector<uint32_t>& index, bool ckpt_params,
+                   Inflight& writes);
+  // Stores `bytes` of role r's piece p of unit u (in `lease`) where the role
+  // rests; the lease goes back when the data is stored.
+  void StorePiece(uint32_t unit, int role, size_t piece,
+                  std::shared_ptr<StagingLease> lease, Inflight& writes);
 
   const EngineOptions options_;
   AllocationCountingDevice counting_device_;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint.h"
 #include "strata/cpu_adam.h"
 #include "strata/device.h"
 #include "strata/engine_options.h"
@@ -206,6 +207,30 @@ class STRATA_EXPORT Engine {
   // partly updated: the engine then refuses every later call that touches
   // them with kFailedPrecondition quoting the error (docs/memtier.md).
   virtual StatusOr<StepResult> Step(const StepArgs& args) = 0;
+
+  // Checkpoints (include/strata/checkpoint.h, docs/checkpoints.md). Both
+  // run between steps, like a Step: they exclude Fetch, AddGrad and Step
+  // (kFailedPrecondition while a Step runs), and stream each role of each
+  // piece from where it rests through the staging buffers, never gathering
+  // the state in RAM.
+  //
+  // SaveState declares every tensor to `writer` and writes its fp32 master
+  // and moments (and, with `params`, its working copy), plus a blob
+  // "strata.engine" (the step count and the optimizer's settings); the
+  // caller adds its own blobs and commits. Gradients accumulated since the
+  // last Step are not saved.
+  virtual Status SaveState(CheckpointWriter& writer, bool params = false) = 0;
+  // LoadState replaces the master, the moments, the working copy (the
+  // checkpoint's when it has one, else the master rounded to the working
+  // dtype) and the step count with a checkpoint's, found by tensor name: the
+  // checkpoint may come from any partition layout or tier placement, but
+  // every registered tensor must be in it with the same shape (kNotFound,
+  // kInvalidArgument naming it; nothing changed then). Needs no pin held and
+  // no gradient handed over since the last Step. A read that fails after
+  // the first write (a corrupt extent) leaves the state partly loaded: the
+  // engine then refuses every later call as after a failed Step; check a
+  // checkpoint first with CheckpointReader::Verify where that matters.
+  virtual Status LoadState(CheckpointReader& reader) = 0;
 
   virtual EngineStats stats() const = 0;
   virtual const TensorSpec& spec(TensorId id) const = 0;

@@ -1,0 +1,305 @@
+// The engine's state saved and loaded through a checkpoint (kept in memory
+// here: tests/ckpt tests the files): a run saved, loaded into engines with
+// another partition size, piece size and tier placement, and continued must
+// equal the uninterrupted run bit for bit; what LoadState refuses changes
+// nothing; a read failing part-way fails the engine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "tests/memtier/engine_test_util.h"
+#include "tests/memtier/memory_checkpoint.h"
+#include "tests/swap/test_util.h"
+
+namespace strata {
+namespace {
+
+using testing::HostDevice;
+using testing::MemoryCheckpoint;
+using testing::MemoryCheckpointReader;
+using testing::MemoryCheckpointWriter;
+using testing::ScratchDir;
+
+// Odd sizes, so that tensors straddle pieces and units end off alignment;
+// the bf16 and fp16 tensors are packed in units of their own dtype.
+struct Shape {
+  const char* name;
+  std::vector<int64_t> shape;
+  ElementType dtype;
+};
+const std::vector<Shape>& Model() {
+  static const std::vector<Shape> m = {
+      {"embed", {300, 211}, ElementType::kBFloat16},
+      {"norm.0", {129}, ElementType::kBFloat16},
+      {"block.0", {96, 97}, ElementType::kFloat16},
+      {"norm.1", {7}, ElementType::kBFloat16},
+      {"block.1", {5000}, ElementType::kBFloat16},
+      {"head", {33, 1025}, ElementType::kBFloat16},
+  };
+  return m;
+}
+
+uint64_t Numel(const Shape& s) {
+  uint64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  return n;
+}
+
+enum class Placement { kHostStates, kNvmeEverything, kHostParams };
+
+EngineOptions Options(Placement p, const std::string& dir) {
+  EngineOptions o;
+  o.optimizer.cpu.threads = 1;
+  o.optimizer.cpu.weight_decay = 0.01;
+  o.io.queue_depth = 4;
+  switch (p) {
+    case Placement::kHostStates:  // params on the device
+      o.partition_bytes = 64 << 10;
+      o.staging_buffer_bytes = 64 << 10;
+      o.io_block_bytes = 64 << 10;
+      break;
+    case Placement::kNvmeEverything:  // several pieces per unit
+      o.partition_bytes = 256 << 10;
+      o.staging_buffer_bytes = 16 << 10;
+      o.io_block_bytes = 16 << 10;
+      o.params = Residence::kNvme;
+      o.optimizer_states = Residence::kNvme;
+      o.nvme_paths = {dir};
+      break;
+    case Placement::kHostParams:
+      o.partition_bytes = 128 << 10;
+      o.staging_buffer_bytes = 32 << 10;
+      o.io_block_bytes = 32 << 10;
+      o.params = Residence::kHost;
+      break;
+  }
+  return o;
+}
+
+class Trainer {
+ public:
+  Trainer(Placement p, uint32_t seed, const std::vector<Shape>& model = Model())
+      : model_(model) {
+    dev_ = HostDevice();
+    engine_ =
+        std::move(Engine::Create(Options(p, dir_.path()), dev_.get()).value());
+    stream_ = std::move(dev_->NewStream({}).value());
+    for (const Shape& s : model_) {
+      TensorSpec t;
+      t.name = s.name;
+      t.shape = s.shape;
+      t.dtype = s.dtype;
+      ids_.push_back(engine_->Register(t).value());
+    }
+    EXPECT_TRUE(engine_->Start().ok());
+    for (size_t i = 0; i < model_.size(); ++i) {
+      std::vector<float> v(Numel(model_[i]));
+      for (size_t k = 0; k < v.size(); ++k) {
+        v[k] = 0.05f * std::sin(0.37f * k + seed + 11.0f * i);
+      }
+      EXPECT_TRUE(engine_->SetInitialValues(ids_[i], v).ok());
+    }
+  }
+
+  Engine& engine() { return *engine_; }
+
+  Status AddGrads(int step) {
+    for (size_t i = 0; i < model_.size(); ++i) {
+      const uint64_t n = Numel(model_[i]);
+      std::vector<float> g(n);
+      for (uint64_t k = 0; k < n; ++k) {
+        g[k] = 0.01f * std::cos(0.013f * k + 1.7f * step + 3.0f * i);
+      }
+      STRATA_ASSIGN_OR_RETURN(DeviceMemory d, dev_->Allocate(n * 4, *stream_));
+      STRATA_RETURN_IF_ERROR(dev_->CopyAsync(*stream_, d.data(), g.data(),
+                                             n * 4, CopyKind::kHostToDevice));
+      STRATA_RETURN_IF_ERROR(engine_->AddGrad(ids_[i], std::move(d),
+                                              ElementType::kFloat32, *stream_));
+    }
+    return Status::Ok();
+  }
+
+  Status Train(int from, int to) {
+    for (int s = from; s < to; ++s) {
+      STRATA_RETURN_IF_ERROR(AddGrads(s));
+      StepArgs a;
+      a.lr = 1e-2;
+      STRATA_ASSIGN_OR_RETURN(StepResult r, engine_->Step(a));
+      if (!r.applied) return Status::Internal("step skipped");
+    }
+    return Status::Ok();
+  }
+
+  // Every master and working copy, as bytes.
+  std::vector<std::vector<uint8_t>> Masters() {
+    std::vector<std::vector<uint8_t>> out;
+    for (size_t i = 0; i < model_.size(); ++i) {
+      std::vector<float> m(Numel(model_[i]));
+      EXPECT_TRUE(engine_->ReadMaster(ids_[i], m).ok());
+      out.emplace_back(reinterpret_cast<uint8_t*>(m.data()),
+                       reinterpret_cast<uint8_t*>(m.data() + m.size()));
+    }
+    return out;
+  }
+  std::vector<std::vector<uint8_t>> Working() {
+    std::vector<std::vector<uint8_t>> out;
+    for (size_t i = 0; i < model_.size(); ++i) {
+      auto pin = engine_->Fetch(ids_[i]);
+      EXPECT_TRUE(pin.ok()) << pin.status().ToString();
+      EXPECT_TRUE(pin->Wait().ok());
+      std::vector<uint8_t> w(pin->bytes());
+      EXPECT_TRUE(dev_->CopyAsync(*stream_, w.data(), pin->data(), w.size(),
+                                  CopyKind::kDeviceToHost)
+                      .ok());
+      EXPECT_TRUE(dev_->SynchronizeStream(*stream_).ok());
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<Shape> model_;
+  ScratchDir dir_;
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Stream> stream_;
+  std::vector<TensorId> ids_;
+};
+
+Status Save(Engine& e, MemoryCheckpoint* ckpt, bool params = false) {
+  MemoryCheckpointWriter w(ckpt);
+  STRATA_RETURN_IF_ERROR(e.SaveState(w, params));
+  return w.Commit().status();
+}
+
+class StateIoTest : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(StateIoTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
+  // The reference saves after 3 steps (from where GetParam() rests things)
+  // and runs on to 6.
+  Trainer ref(GetParam(), 1);
+  ASSERT_TRUE(ref.Train(0, 3).ok());
+  MemoryCheckpoint ckpt;
+  ASSERT_TRUE(Save(ref.engine(), &ckpt).ok());
+  EXPECT_FALSE(ckpt.blobs["strata.engine"].empty());
+  const auto saved = ref.Masters();
+  ASSERT_TRUE(ref.Train(3, 6).ok());
+  const auto masters = ref.Masters();
+  const auto working = ref.Working();
+
+  for (Placement p : {Placement::kHostStates, Placement::kNvmeEverything,
+                      Placement::kHostParams}) {
+    SCOPED_TRACE(static_cast<int>(p));
+    Trainer resumed(p, /*seed=*/7);  // other initial values, all replaced
+    MemoryCheckpointReader reader(&ckpt);
+    ASSERT_TRUE(resumed.engine().LoadState(reader).ok());
+    EXPECT_EQ(resumed.Masters(), saved);
+    ASSERT_TRUE(resumed.Train(3, 6).ok());  // bias correction at steps 4..6
+    EXPECT_EQ(resumed.engine().stats().steps, 3u);
+    EXPECT_EQ(resumed.Masters(), masters);
+    EXPECT_EQ(resumed.Working(), working);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, StateIoTest,
+                         ::testing::Values(Placement::kHostStates,
+                                           Placement::kNvmeEverything,
+                                           Placement::kHostParams));
+
+TEST(StateIo, TheStoredWorkingCopyIsLoaded) {
+  Trainer ref(Placement::kNvmeEverything, 1);
+  ASSERT_TRUE(ref.Train(0, 2).ok());
+  MemoryCheckpoint ckpt;
+  ASSERT_TRUE(Save(ref.engine(), &ckpt, /*params=*/true).ok());
+  // Mark the stored working copy so that using it is visible: it then
+  // differs from the master rounded to bf16.
+  int marked = 0;
+  for (auto& e : ckpt.extents) {
+    if (e.role != StateRole::kParam) continue;
+    for (const StatePlacement& p : e.places) {
+      if (p.tensor == 0 && p.tensor_offset == 0) {
+        e.data[p.extent_offset * 2] ^= std::byte{1};
+        ++marked;
+      }
+    }
+  }
+  ASSERT_EQ(marked, 1);
+  const auto working = ref.Working();
+  Trainer other(Placement::kHostParams, 3);
+  MemoryCheckpointReader reader(&ckpt);
+  ASSERT_TRUE(other.engine().LoadState(reader).ok());
+  const auto loaded = other.Working();
+  ASSERT_EQ(loaded.size(), working.size());
+  EXPECT_EQ(loaded[0][0], working[0][0] ^ 1);
+  for (size_t i = 1; i < loaded.size(); ++i) EXPECT_EQ(loaded[i], working[i]);
+}
+
+TEST(StateIo, RefusalsChangeNothing) {
+  Trainer ref(Placement::kHostStates, 1);
+  ASSERT_TRUE(ref.Train(0, 1).ok());
+  MemoryCheckpoint ckpt;
+  ASSERT_TRUE(Save(ref.engine(), &ckpt).ok());
+
+  // A tensor the checkpoint lacks, then one of another shape.
+  std::vector<Shape> more = Model();
+  more.push_back({"extra", {10}, ElementType::kBFloat16});
+  std::vector<Shape> other = Model();
+  other[2].shape = {97, 96};
+  for (const auto& [model, code] :
+       {std::pair{more, StatusCode::kNotFound},
+        std::pair{other, StatusCode::kInvalidArgument}}) {
+    Trainer run(Placement::kNvmeEverything, 5, model);
+    const auto before = run.Masters();
+    MemoryCheckpointReader reader(&ckpt);
+    Status st = run.engine().LoadState(reader);
+    EXPECT_EQ(st.code(), code) << st.ToString();
+    EXPECT_EQ(run.Masters(), before);
+    EXPECT_TRUE(run.Train(0, 1).ok());  // still usable
+  }
+
+  // Gradients handed over for the next step would be added to loaded state.
+  Trainer run(Placement::kHostStates, 5);
+  ASSERT_TRUE(run.AddGrads(0).ok());
+  MemoryCheckpointReader reader(&ckpt);
+  EXPECT_EQ(run.engine().LoadState(reader).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST(StateIo, AFailedReadBeforeAnyStoreLeavesTheEngineUsable) {
+  Trainer ref(Placement::kHostStates, 1);
+  MemoryCheckpoint ckpt;
+  ASSERT_TRUE(Save(ref.engine(), &ckpt).ok());
+  Trainer run(Placement::kNvmeEverything, 5);
+  const auto before = run.Masters();
+  MemoryCheckpointReader reader(&ckpt);
+  reader.fail_read = 0;
+  EXPECT_EQ(run.engine().LoadState(reader).code(), StatusCode::kCorruption);
+  EXPECT_EQ(run.Masters(), before);
+  EXPECT_TRUE(run.Train(0, 1).ok());
+}
+
+TEST(StateIo, AFailedReadAfterAStoreFailsTheEngine) {
+  Trainer ref(Placement::kHostStates, 1);
+  MemoryCheckpoint ckpt;
+  ASSERT_TRUE(Save(ref.engine(), &ckpt).ok());
+  Trainer run(Placement::kNvmeEverything, 5);
+  MemoryCheckpointReader reader(&ckpt);
+  reader.fail_read = 4;
+  Status st = run.engine().LoadState(reader);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption);
+  EXPECT_NE(st.ToString().find("injected"), std::string::npos);
+  EXPECT_EQ(run.engine().Fetch(0).status().code(),
+            StatusCode::kFailedPrecondition);
+  StepArgs a;
+  EXPECT_EQ(run.engine().Step(a).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace strata
