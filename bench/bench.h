@@ -104,6 +104,15 @@ void AddSwapIoOptions(CLI::App& app, SwapIoFlags& f);
 // of 4 KiB in 64 KiB..64 MiB.
 StatusOr<SwapIoConfig> ParseSwapIoFlags(const SwapIoFlags& f);
 
+// The I/O engine's rate, bytes/s, moving equal amounts of reads and writes
+// at once (what an offloaded step and a checkpoint of NVMe-resident state
+// do) with `io`'s engine, block size and queue depth, through a scratch file
+// `scratch` in `dir` of about `bytes` (at most 1 GiB); best of three passes.
+StatusOr<double> MeasureMixedIo(const std::string& dir,
+                                const std::string& scratch,
+                                const SwapIoConfig& io, uint64_t bytes,
+                                RunGuard& guard);
+
 // The one shape of every command, with its exit statuses: parses argv into
 // the flags `app` binds (--help: 0, CLI11 errors: 2), then `parse` (a
 // failure is 2), then, under a RunGuard, `check` (FailCheck) and
@@ -157,6 +166,8 @@ class RunGuard {
 
   // Register before creating the file, so that no exit path misses it.
   void RemoveOnExit(std::string path);
+  // A directory the run creates, removed with everything under it.
+  void RemoveTreeOnExit(std::string dir);
   // Forgets `path` (the user asked to keep it).
   void Keep(const std::string& path);
   // Holds `lock` until after the files are removed.
@@ -164,6 +175,7 @@ class RunGuard {
 
  private:
   std::vector<std::string> files_;
+  std::vector<std::string> trees_;
   std::vector<DirLock> locks_;
 };
 

@@ -15,16 +15,19 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "bench/bench.h"
 #include "strata/config.h"
+#include "strata/host_buffer.h"
 
 #ifndef STRATA_GIT_REVISION
 #define STRATA_GIT_REVISION "unknown"
@@ -189,6 +192,10 @@ RunGuard::RunGuard() {
 
 RunGuard::~RunGuard() {
   for (const std::string& f : files_) ::unlink(f.c_str());
+  for (const std::string& t : trees_) {
+    std::error_code ec;  // remove_all removes links, never what they name
+    std::filesystem::remove_all(t, ec);
+  }
   locks_.clear();
   ::sigaction(SIGINT, &g_old_int, nullptr);
   ::sigaction(SIGTERM, &g_old_term, nullptr);
@@ -196,6 +203,10 @@ RunGuard::~RunGuard() {
 
 void RunGuard::RemoveOnExit(std::string path) {
   files_.push_back(std::move(path));
+}
+
+void RunGuard::RemoveTreeOnExit(std::string dir) {
+  trees_.push_back(std::move(dir));
 }
 
 void RunGuard::Keep(const std::string& path) {
@@ -659,6 +670,85 @@ DeviceChoice DeviceChoiceOf(const std::string& device) {
   if (device == "cuda") return DeviceChoice::kCuda;
   if (device == "host") return DeviceChoice::kHostEmulated;
   return DeviceChoice::kAuto;
+}
+
+// ---- The I/O engine's mixed rate ------------------------------------------
+
+namespace {
+
+// One pass: `blocks` reads of the first half and as many writes of the
+// second, alternating, queue_depth in flight. Returns its seconds.
+StatusOr<double> MixedPass(IoEngine& engine, FileId file, const SwapIoConfig& c,
+                           HostBuffer& buf, uint64_t half, uint64_t blocks) {
+  uint64_t next = 0;  // even: read block next/2; odd: write it
+  std::vector<IoCompletion> done(c.queue_depth);
+  auto submit = [&](uint64_t slot) -> Status {
+    const uint64_t b = next / 2;
+    const bool write = next % 2 == 1;
+    ++next;
+    IoRequest r{file, (write ? half : 0) + b * c.block_size,
+                buf.span().subspan(slot * c.block_size, c.block_size),
+                write ? IoOp::kWrite : IoOp::kRead, slot};
+    return engine.Submit({&r, 1});
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t s = 0; s < c.queue_depth && next < 2 * blocks; ++s) {
+    STRATA_RETURN_IF_ERROR(submit(s));
+  }
+  while (engine.in_flight() > 0) {
+    STRATA_ASSIGN_OR_RETURN(size_t n, engine.Reap(done, 1));
+    for (size_t i = 0; i < n; ++i) {
+      STRATA_RETURN_IF_ERROR(done[i].status);
+      if (next < 2 * blocks) {
+        STRATA_RETURN_IF_ERROR(CheckInterrupted());
+        STRATA_RETURN_IF_ERROR(submit(done[i].tag));
+      }
+    }
+  }
+  return SecondsSince(t0);
+}
+
+}  // namespace
+
+StatusOr<double> MeasureMixedIo(const std::string& dir,
+                                const std::string& scratch,
+                                const SwapIoConfig& c, uint64_t bytes,
+                                RunGuard& guard) {
+  const uint64_t half = std::min<uint64_t>(
+      std::max<uint64_t>(bytes / 2 / c.block_size * c.block_size, c.block_size),
+      uint64_t{512} << 20);
+  const std::string path = dir + "/" + scratch;
+  guard.RemoveOnExit(path);
+  IoEngineOptions io;
+  io.backend = c.engine;
+  io.queue_depth = c.queue_depth;
+  STRATA_ASSIGN_OR_RETURN(auto engine, NewIoEngine(io));
+  STRATA_ASSIGN_OR_RETURN(
+      FileId file, engine->Open(path, {.create = true, .truncate = true}));
+  STRATA_RETURN_IF_ERROR(engine->Allocate(file, 2 * half));
+  HostBufferOptions bo;
+  bo.prefault = true;
+  STRATA_ASSIGN_OR_RETURN(
+      HostBuffer buf, HostBuffer::Allocate(c.queue_depth * c.block_size, bo));
+  std::memset(buf.data(), 0x5a, buf.size());
+  const std::span<std::byte> whole = buf.span();
+  STRATA_RETURN_IF_ERROR(engine->RegisterBuffers({&whole, 1}));
+  // The read half is written first, so reads touch the device.
+  for (uint64_t off = 0; off < half; off += c.block_size) {
+    STRATA_RETURN_IF_ERROR(
+        engine->WriteAt(file, off, buf.span().first(c.block_size)));
+  }
+  STRATA_RETURN_IF_ERROR(engine->Sync(file));
+  const uint64_t blocks = half / c.block_size;
+  double best = 1e30;
+  for (int pass = 0; pass < 3; ++pass) {  // the best of three passes
+    STRATA_ASSIGN_OR_RETURN(double s,
+                            MixedPass(*engine, file, c, buf, half, blocks));
+    best = std::min(best, s);
+  }
+  STRATA_RETURN_IF_ERROR(engine->Close(file));
+  ::unlink(path.c_str());
+  return 2.0 * static_cast<double>(half) / best;
 }
 
 }  // namespace strata::bench

@@ -100,6 +100,10 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
   return c;
 }
 
+SwapIoConfig IoOf(const StepConfig& c) {
+  return {c.engine, c.queue_depth, c.block_size};
+}
+
 // Bytes per parameter each case keeps in RAM: the host gradient (4) and
 // working copy (2), plus master and moments (12) when they rest there.
 uint64_t HostBytes(const StepConfig& c, bool nvme) {
@@ -177,83 +181,6 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
     if (r > 0) best = std::min(best, SecondsSince(t0));
   }
   return static_cast<double>(n) / best;
-}
-
-StatusOr<double> MixedPass(IoEngine& engine, FileId file, const StepConfig& c,
-                           HostBuffer& buf, uint64_t half, uint64_t blocks);
-
-// The I/O engine's rate, bytes/s, moving equal amounts of reads and writes
-// at once (the step's mix) with the step's block size and queue depth.
-StatusOr<double> MeasureMixedIo(const StepConfig& c, RunGuard& guard) {
-  const uint64_t half = std::min<uint64_t>(
-      std::max<uint64_t>(c.params * 12 / c.block_size * c.block_size,
-                         c.block_size),
-      uint64_t{512} << 20);
-  const std::string path = c.dir + "/" + kScratchName;
-  guard.RemoveOnExit(path);
-  IoEngineOptions io;
-  io.backend = c.engine;
-  io.queue_depth = c.queue_depth;
-  STRATA_ASSIGN_OR_RETURN(auto engine, NewIoEngine(io));
-  STRATA_ASSIGN_OR_RETURN(
-      FileId file, engine->Open(path, {.create = true, .truncate = true}));
-  STRATA_RETURN_IF_ERROR(engine->Allocate(file, 2 * half));
-  HostBufferOptions bo;
-  bo.prefault = true;
-  STRATA_ASSIGN_OR_RETURN(
-      HostBuffer buf, HostBuffer::Allocate(c.queue_depth * c.block_size, bo));
-  std::memset(buf.data(), 0x5a, buf.size());
-  const std::span<std::byte> whole = buf.span();
-  STRATA_RETURN_IF_ERROR(engine->RegisterBuffers({&whole, 1}));
-  // The read half is written first, so reads touch the device.
-  for (uint64_t off = 0; off < half; off += c.block_size) {
-    STRATA_RETURN_IF_ERROR(
-        engine->WriteAt(file, off, buf.span().first(c.block_size)));
-  }
-  STRATA_RETURN_IF_ERROR(engine->Sync(file));
-  const uint64_t blocks = half / c.block_size;
-  double best = 1e30;
-  for (int pass = 0; pass < 3; ++pass) {  // the best of three passes
-    STRATA_ASSIGN_OR_RETURN(double s,
-                            MixedPass(*engine, file, c, buf, half, blocks));
-    best = std::min(best, s);
-  }
-  STRATA_RETURN_IF_ERROR(engine->Close(file));
-  ::unlink(path.c_str());
-  return 2.0 * static_cast<double>(half) / best;
-}
-
-// One pass: `blocks` reads of the first half and as many writes of the
-// second, alternating, queue_depth in flight. Returns its seconds.
-StatusOr<double> MixedPass(IoEngine& engine, FileId file, const StepConfig& c,
-                           HostBuffer& buf, uint64_t half, uint64_t blocks) {
-  IoEngine* e = &engine;
-  uint64_t next = 0;  // even: read block next/2; odd: write it
-  std::vector<IoCompletion> done(c.queue_depth);
-  auto submit = [&](uint64_t slot) -> Status {
-    const uint64_t b = next / 2;
-    const bool write = next % 2 == 1;
-    ++next;
-    IoRequest r{file, (write ? half : 0) + b * c.block_size,
-                buf.span().subspan(slot * c.block_size, c.block_size),
-                write ? IoOp::kWrite : IoOp::kRead, slot};
-    return e->Submit({&r, 1});
-  };
-  const auto t0 = Clock::now();
-  for (uint64_t s = 0; s < c.queue_depth && next < 2 * blocks; ++s) {
-    STRATA_RETURN_IF_ERROR(submit(s));
-  }
-  while (e->in_flight() > 0) {
-    STRATA_ASSIGN_OR_RETURN(size_t n, e->Reap(done, 1));
-    for (size_t i = 0; i < n; ++i) {
-      STRATA_RETURN_IF_ERROR(done[i].status);
-      if (next < 2 * blocks) {
-        STRATA_RETURN_IF_ERROR(CheckInterrupted());
-        STRATA_RETURN_IF_ERROR(submit(done[i].tag));
-      }
-    }
-  }
-  return SecondsSince(t0);
 }
 
 // ---- The step -------------------------------------------------------------
@@ -342,7 +269,9 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   StepOutcome out;
   if (c.has("nvme")) {
     std::fprintf(stderr, "step: measuring the I/O engine's rate\n");
-    STRATA_ASSIGN_OR_RETURN(out.io_rate, MeasureMixedIo(c, guard));
+    STRATA_ASSIGN_OR_RETURN(
+        out.io_rate,
+        MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
   }
   for (const std::string& k : c.cases) {
     STRATA_ASSIGN_OR_RETURN(CaseResult r, RunCase(c, k == "nvme", out.io_rate));
@@ -351,7 +280,9 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   // Measured again after the cases, the best kept: the machine may have
   // been slower while the first sample ran.
   if (c.has("nvme")) {
-    STRATA_ASSIGN_OR_RETURN(double io_again, MeasureMixedIo(c, guard));
+    STRATA_ASSIGN_OR_RETURN(
+        double io_again,
+        MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
     out.io_rate = std::max(out.io_rate, io_again);
   }
   for (CaseResult& r : out.cases) {
