@@ -122,6 +122,16 @@ class STRATA_EXPORT CheckpointFs {
   virtual Status RemoveAll(const std::string& path) = 0;
   // Names in a directory (no "." or ".."), kNotFound if it is absent.
   virtual StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
+
+  // Held while a writer works in a directory; released when destroyed.
+  class Lock {
+   public:
+    virtual ~Lock() = default;
+  };
+  // Takes the writers' lock of `dir` (POSIX: an flock on a lock file in it,
+  // which also excludes a second writer of the same process). kBusy naming
+  // the holder's pid when it is taken.
+  virtual StatusOr<std::unique_ptr<Lock>> LockDir(const std::string& dir) = 0;
 };
 
 // POSIX files with the data path on `io` (not owned; it must outlive the
