@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -19,9 +18,9 @@
 
 #include "strata/host_buffer.h"
 #include "swap/swap_space_internal.h"
+#include "util/file_lock.h"
 #include "util/log.h"
 #include "util/mutex.h"
-#include "util/unique_handle.h"
 
 namespace strata::swap {
 namespace {
@@ -49,50 +48,6 @@ uint64_t FreeBytes(const std::string& dir) {
   return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
 }
 
-// Takes <dir>/strata-swap.lock, or says who holds it. The lock counts only on
-// the file that is at the path once it is held: an owner unlinks the file
-// (while still holding it) before it lets go, so a process that opened the
-// old file before that and is granted its lock afterwards would otherwise
-// own a directory that a third process has meanwhile locked anew through a
-// fresh file. Such a lock is dropped and the path opened again.
-StatusOr<UniqueFd> LockDirectory(const std::string& dir) {
-  const std::string path = dir + "/" + kLockName;
-  for (;;) {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!fd) return Status::FromErrno(errno, "open swap lock " + path);
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err == EWOULDBLOCK) {
-        char pid[32] = {};
-        (void)!::pread(fd.get(), pid, sizeof pid - 1, 0);
-        return Status(StatusCode::kBusy,
-                      "swap directory " + dir +
-                          " is in use by another strata engine (pid " +
-                          std::string(pid) + ", lock " + path +
-                          "); give each job its own directory",
-                      err);
-      }
-      return Status::FromErrno(err, "flock " + path);
-    }
-    struct stat held {
-    }, named{};
-    if (::fstat(fd.get(), &held) != 0) {
-      return Status::FromErrno(errno, "stat swap lock " + path);
-    }
-    if (::stat(path.c_str(), &named) != 0 || named.st_dev != held.st_dev ||
-        named.st_ino != held.st_ino) {
-      continue;  // locked a file its owner had already removed
-    }
-    const std::string pid = std::to_string(::getpid());
-    if (::ftruncate(fd.get(), 0) != 0 ||
-        ::pwrite(fd.get(), pid.data(), pid.size(), 0) !=
-            static_cast<ssize_t>(pid.size())) {
-      return Status::FromErrno(errno, "write swap lock " + path);
-    }
-    return fd;
-  }
-}
-
 // Removes swap files of earlier, dead owners of a directory we now hold.
 void RemoveStaleFiles(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
@@ -111,33 +66,27 @@ void RemoveStaleFiles(const std::string& dir) {
   ::closedir(d);
 }
 
-// A held directory lock. The lock file is unlinked while still held, then
-// closed (see LockDirectory).
-class DirLock {
- public:
-  DirLock(std::string path, UniqueFd fd)
-      : path_(std::move(path)), fd_(std::move(fd)) {}
-  DirLock(DirLock&&) noexcept = default;
-  DirLock& operator=(DirLock&&) = delete;
-  ~DirLock() {
-    if (fd_) ::unlink(path_.c_str());
-  }
-
- private:
-  std::string path_;
-  UniqueFd fd_;
-};
-
 // Locks every directory (none for the in-memory engine) and removes stale
 // swap files from each; before any ring or thread exists, so that a busy
 // directory is refused cheaply.
-StatusOr<std::vector<DirLock>> LockDirectories(const SwapSpaceOptions& o,
-                                               bool memory) {
-  std::vector<DirLock> locks;
+StatusOr<std::vector<FileLock>> LockDirectories(const SwapSpaceOptions& o,
+                                                bool memory) {
+  std::vector<FileLock> locks;
   if (memory) return locks;
   for (const auto& dir : o.dirs) {
-    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, LockDirectory(dir));
-    locks.emplace_back(dir + "/" + kLockName, std::move(fd));
+    StatusOr<FileLock> lock = FileLock::Acquire(dir + "/" + kLockName);
+    if (!lock.ok()) {
+      if (lock.status().code() == StatusCode::kBusy) {
+        return Status(StatusCode::kBusy,
+                      "swap directory " + dir +
+                          " is in use by another strata engine (" +
+                          std::string(lock.status().message()) +
+                          "); give each job its own directory",
+                      lock.status().sys_errno());
+      }
+      return lock.status().WithContext("swap directory " + dir);
+    }
+    locks.push_back(std::move(*lock));
     RemoveStaleFiles(dir);
   }
   return locks;
@@ -199,7 +148,7 @@ class HeaderPool {
 class SwapSpaceImpl final : public SwapSpace {
  public:
   SwapSpaceImpl(const SwapSpaceOptions& o, std::shared_ptr<AsyncIo> io,
-                std::vector<DirLock> locks)
+                std::vector<FileLock> locks)
       : io_(std::move(io)), options_(o), locks_(std::move(locks)) {}
 
   ~SwapSpaceImpl() override {
@@ -667,7 +616,7 @@ class SwapSpaceImpl final : public SwapSpace {
   std::shared_ptr<AsyncIo> io_;
   SwapSpaceOptions options_;
   bool memory_ = false;  // in-memory engine: no real files or locks
-  std::vector<DirLock> locks_;
+  std::vector<FileLock> locks_;
   std::vector<FileId> file_ids_;
   std::vector<std::string> paths_;
   size_t align_ = 1;
@@ -693,7 +642,7 @@ namespace {
 
 StatusOr<std::unique_ptr<SwapSpace>> OpenLocked(const SwapSpaceOptions& options,
                                                 std::shared_ptr<AsyncIo> io,
-                                                std::vector<DirLock> locks) {
+                                                std::vector<FileLock> locks) {
   auto space =
       std::make_unique<SwapSpaceImpl>(options, std::move(io), std::move(locks));
   STRATA_RETURN_IF_ERROR(space->Init());

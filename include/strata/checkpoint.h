@@ -122,6 +122,16 @@ class STRATA_EXPORT CheckpointFs {
   virtual Status RemoveAll(const std::string& path) = 0;
   // Names in a directory (no "." or ".."), kNotFound if it is absent.
   virtual StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
+
+  // Held while a writer works in a directory; released when destroyed.
+  class Lock {
+   public:
+    virtual ~Lock() = default;
+  };
+  // Takes the writers' lock of `dir` (POSIX: an flock on a lock file in it,
+  // which also excludes a second writer of the same process). kBusy naming
+  // the holder's pid when it is taken.
+  virtual StatusOr<std::unique_ptr<Lock>> LockDir(const std::string& dir) = 0;
 };
 
 // POSIX files with the data path on `io` (not owned; it must outlive the
@@ -146,7 +156,10 @@ class STRATA_EXPORT CheckpointWriter {
  public:
   // Locks `dir` (kBusy naming the other writer's pid while another process
   // writes there), removes temporary directories of writers that are gone,
-  // and creates this checkpoint's. kAlreadyExists if "step-<N>" exists.
+  // and creates this checkpoint's. kAlreadyExists if "step-<N>" exists and
+  // is the one "latest" names; one that "latest" does not name (a commit
+  // cut short between its rename and "latest", or a checkpoint superseded)
+  // is replaced by this one at Commit.
   static StatusOr<std::unique_ptr<CheckpointWriter>> Begin(
       const CheckpointWriterOptions& options);
   virtual ~CheckpointWriter() = default;
@@ -158,12 +171,15 @@ class STRATA_EXPORT CheckpointWriter {
   // Appends `data` to `role`'s file at the next aligned offset and records
   // its placements (validated: inside the tensor and inside `data`, the
   // element type being StateRoleType of each tensor's dtype, which must be
-  // the same for all of them). `data`'s address and size must be multiples
+  // the same for all of them; placements non-empty). `data`'s address and
+  // size must be positive multiples
   // of kCheckpointAlign (pad the buffer; the padding is stored and
   // checksummed with the rest). `data` stays valid until `done` runs (once,
   // on any thread). A refused call returns the error and `done` never runs.
-  // Every element of every tensor of a role written at least once must be
-  // covered exactly once by that role's extents by Commit.
+  // A role written at least once must, by Commit, cover every element of
+  // every tensor exactly once with its extents (Commit fails with
+  // kFailedPrecondition naming the first range missing or stored twice).
+  // After a refused or failed write, later calls return that error.
   virtual Status WriteExtent(StateRole role, std::span<const std::byte> data,
                              std::vector<StatePlacement> placements,
                              std::function<void(Status)> done) = 0;
@@ -207,9 +223,12 @@ class STRATA_EXPORT CheckpointReader {
   // Fills `out` with the placements' elements of `role` (StateRoleType of
   // the tensors' dtype; placements index tensors()), reading and verifying
   // every extent that holds them; bytes of `out` no placement covers are
-  // left as they are. When one stored extent has exactly these placements
-  // and `out` is aligned, it is read straight into `out`. A checksum
-  // mismatch is kCorruption naming the file and the offset.
+  // left as they are, except on the fast path: when one stored extent has
+  // exactly these placements, `out` is aligned and holds at least the
+  // extent's bytes, the extent is read straight into `out` (its padding
+  // and gaps included). A checksum mismatch is kCorruption naming the file
+  // and the offset; after any error `out`'s contents are unspecified and
+  // must not be used.
   virtual Status Read(StateRole role,
                       std::span<const StatePlacement> placements,
                       std::span<std::byte> out) = 0;

@@ -1,0 +1,229 @@
+// Checkpoints on real files: round trips in any layout, the fast path,
+// keep/prune, refusals, the writer lock, and stale temporary directories.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/ckpt/test_fs.h"
+#include "tests/ckpt/test_util.h"
+#include "tests/swap/test_util.h"
+
+namespace strata::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+CheckpointWriterOptions Options(const std::string& dir, int64_t step,
+                                int keep = 2) {
+  CheckpointWriterOptions o;
+  o.dir = dir;
+  o.step = step;
+  o.keep = keep;
+  return o;
+}
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    names.push_back(e.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(CheckpointTest, RoundTripInTheWritersLayout) {
+  ScratchDir dir;
+  const Layout layout{3000, 5};
+  ASSERT_TRUE(WriteState(Options(dir.path(), 7), layout).ok());
+  auto r = CheckpointReader::Open(dir.path());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->step(), 7);
+  EXPECT_EQ((*r)->path(), dir.File("step-000000000007"));
+  EXPECT_EQ(ExpectState(**r, layout), 7);
+  EXPECT_TRUE((*r)->Verify().ok());
+  ASSERT_TRUE((*r)->Find("proj").ok());
+  EXPECT_EQ(*(*r)->Find("proj"), 2u);
+  EXPECT_EQ((*r)->Find("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*r)->Blob("nope").status().code(), StatusCode::kNotFound);
+  const auto& t = (*r)->tensors()[2];
+  EXPECT_EQ(t.name, "proj");
+  EXPECT_EQ(t.shape, (std::vector<int64_t>{5, 7, 11}));
+  EXPECT_EQ(t.dtype, ElementType::kFloat16);
+}
+
+TEST(CheckpointTest, LoadsIntoAnyOtherLayout) {
+  ScratchDir dir;
+  ASSERT_TRUE(WriteState(Options(dir.path(), 3), Layout{4096, 0}).ok());
+  // Opened as the checkpoint's own directory as well as through "latest".
+  for (const std::string& path : {dir.path(), dir.File("step-000000000003")}) {
+    auto r = CheckpointReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (Layout other : {Layout{61, 0}, Layout{777, 3}, Layout{100000, 1},
+                         Layout{5000, 4097}}) {
+      EXPECT_EQ(ExpectState(**r, other), 3);
+    }
+  }
+}
+
+TEST(CheckpointTest, ReadsStraightIntoAnAlignedBufferWhenPlacementsMatch) {
+  ScratchDir dir;
+  const Layout layout{2048, 0};
+  ASSERT_TRUE(WriteState(Options(dir.path(), 1), layout).ok());
+  auto posix = NewPosixCheckpointFs();
+  ASSERT_TRUE(posix.ok());
+  std::vector<const std::byte*> reads;
+  ProbeFs probe(
+      posix->get(), [](std::string_view, const std::string&, bool) {},
+      [&](const std::string&, std::span<std::byte> buf) {
+        reads.push_back(buf.data());
+      });
+  auto r = CheckpointReader::Open(dir.path(), &probe);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const Piece p = Cut(ModelTensors(), StateRole::kExpAvg, layout)[1];
+  AlignedBuf out(p.elems * p.esize);
+  ASSERT_TRUE((*r)->Read(StateRole::kExpAvg, p.placements, out.span()).ok());
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_EQ(reads[0], out.ptr.get());  // no bounce buffer
+  // Another layout of the same elements goes through a bounce buffer.
+  reads.clear();
+  const Piece q = Cut(ModelTensors(), StateRole::kExpAvg, Layout{1000, 0})[2];
+  AlignedBuf out2(q.elems * q.esize);
+  ASSERT_TRUE((*r)->Read(StateRole::kExpAvg, q.placements, out2.span()).ok());
+  ASSERT_FALSE(reads.empty());
+  EXPECT_NE(reads[0], out2.ptr.get());
+  EXPECT_EQ(ExpectState(**r, Layout{1000, 0}), 1);
+}
+
+TEST(CheckpointTest, KeepsTheNewestAndPrunesTheRest) {
+  ScratchDir dir;
+  for (int64_t step : {1, 2, 3, 4}) {
+    ASSERT_TRUE(WriteState(Options(dir.path(), step, 2)).ok());
+  }
+  EXPECT_EQ(Names(dir.path()),
+            (std::vector<std::string>{"latest", "step-000000000003",
+                                      "step-000000000004"}));
+  // An older step written last is the latest and is kept; keep 1 prunes
+  // every other.
+  ASSERT_TRUE(WriteState(Options(dir.path(), 2, 1)).ok());
+  EXPECT_EQ(Names(dir.path()),
+            (std::vector<std::string>{"latest", "step-000000000002"}));
+  auto r = CheckpointReader::Open(dir.path());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(ExpectState(**r), 2);
+}
+
+TEST(CheckpointTest, RefusesToOverwriteTheLatest) {
+  ScratchDir dir;
+  ASSERT_TRUE(WriteState(Options(dir.path(), 5)).ok());
+  auto w = CheckpointWriter::Begin(Options(dir.path(), 5));
+  ASSERT_EQ(w.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(w.status().message()),
+              HasSubstr("step-000000000005"));
+  // An unpublished one of the same step (a commit that did not finish) is
+  // replaced.
+  ASSERT_TRUE(WriteState(Options(dir.path(), 6)).ok());
+  ASSERT_TRUE(WriteState(Options(dir.path(), 5)).ok());
+  auto r = CheckpointReader::Open(dir.path());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(ExpectState(**r), 5);
+}
+
+TEST(CheckpointTest, RefusesBadCalls) {
+  ScratchDir dir;
+  EXPECT_EQ(CheckpointWriter::Begin(Options("", 1)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckpointWriter::Begin(Options(dir.path(), -1)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckpointWriter::Begin(Options(dir.path(), 1, 0)).status().code(),
+            StatusCode::kInvalidArgument);
+  auto w = CheckpointWriter::Begin(Options(dir.path(), 1));
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->AddTensor({"x", {0}}).status().code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*w)->AddTensor({"x", {10}, ElementType::kFloat32}).ok());
+  EXPECT_EQ((*w)->AddTensor({"x", {10}}).status().code(),
+            StatusCode::kAlreadyExists);
+  ASSERT_TRUE((*w)->AddTensor({"y", {10}, ElementType::kBFloat16}).ok());
+  AlignedBuf buf(4096);
+  bool ran = false;
+  auto done = [&](Status) { ran = true; };
+  // Misaligned, outside the tensor, outside the buffer, mixed types.
+  EXPECT_FALSE((*w)->WriteExtent(StateRole::kMaster, buf.span().subspan(8),
+                                 {{0, 0, 0, 10}}, done)
+                   .ok());
+  EXPECT_FALSE(
+      (*w)->WriteExtent(StateRole::kMaster, buf.span(), {{0, 5, 0, 10}}, done)
+          .ok());
+  EXPECT_FALSE((*w)->WriteExtent(StateRole::kMaster, buf.span(),
+                                 {{0, 0, 1020, 10}}, done)
+                   .ok());
+  EXPECT_FALSE((*w)->WriteExtent(StateRole::kParam, buf.span(),
+                                 {{0, 0, 0, 10}, {1, 0, 10, 10}}, done)
+                   .ok());
+  EXPECT_FALSE(ran);
+  // Half of "x" only: Commit refuses and names what is missing.
+  ASSERT_TRUE(
+      (*w)->WriteExtent(StateRole::kMaster, buf.span(), {{0, 0, 0, 5}}, done)
+          .ok());
+  EXPECT_EQ((*w)->AddTensor({"z", {1}}).status().code(),
+            StatusCode::kFailedPrecondition);
+  auto c = (*w)->Commit();
+  EXPECT_TRUE(ran);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'x'"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("[5, 10)"));
+  w->reset();
+  // Nothing was published and nothing is left behind.
+  EXPECT_EQ(Names(dir.path()), std::vector<std::string>{});
+  EXPECT_EQ(CheckpointReader::Open(dir.path()).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, RemovesStaleTemporaryDirectories) {
+  ScratchDir dir;
+  ASSERT_TRUE(WriteState(Options(dir.path(), 1)).ok());
+  fs::create_directories(dir.File(".tmp-step-000000000002-999999/sub"));
+  std::ofstream(dir.File(".tmp-step-000000000002-999999/sub/master.bin"))
+      << "x";
+  std::ofstream(dir.File(".tmp-latest-999999")) << "step-000000000002\n";
+  // A symbolic link inside is removed, not followed.
+  std::ofstream(dir.File("keep-me")) << "y";
+  fs::create_directory_symlink(dir.path(),
+                               dir.File(".tmp-step-000000000002-999999/link"));
+  ASSERT_TRUE(WriteState(Options(dir.path(), 2)).ok());
+  EXPECT_EQ(Names(dir.path()),
+            (std::vector<std::string>{"keep-me", "latest", "step-000000000001",
+                                      "step-000000000002"}));
+}
+
+TEST(CheckpointTest, SecondWriterOfADirectoryIsBusy) {
+  ScratchDir dir;
+  auto w = CheckpointWriter::Begin(Options(dir.path(), 1));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  // In this process, and in another one.
+  auto again = CheckpointWriter::Begin(Options(dir.path(), 2));
+  EXPECT_EQ(again.status().code(), StatusCode::kBusy);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto other = CheckpointWriter::Begin(Options(dir.path(), 2));
+    const bool busy =
+        other.status().code() == StatusCode::kBusy &&
+        std::string(other.status().message())
+                .find(std::to_string(::getppid())) != std::string::npos;
+    ::_exit(busy ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  w->reset();
+  EXPECT_TRUE(CheckpointWriter::Begin(Options(dir.path(), 2)).ok());
+}
+
+}  // namespace
+}  // namespace strata::testing
