@@ -54,6 +54,9 @@ struct Flags {
   std::string json, plot;
   uint64_t seed = 1;
   int64_t threads = 0;
+  std::string checkpoint_dir, export_path, export_dtype = "fp32";
+  int64_t save_every = 0, keep = 2, stop_after = 0;
+  bool resume = false, save_params = false;
 };
 
 // "4096", "512K", "64M", "2G" (powers of 1024).
@@ -282,6 +285,46 @@ Status CheckOutput(const char* option, const std::string& path) {
                             : path.substr(0, std::max<size_t>(slash, 1)));
 }
 
+// --checkpoint-dir (created when missing, its parent must exist),
+// --save-every, --keep, --resume, --save-params, --export, --export-dtype.
+Status ParseCheckpoints(const Flags& f, TrainOptions* o) {
+  STRATA_RETURN_IF_ERROR(Range("--save-every", f.save_every, 0, INT64_MAX));
+  STRATA_RETURN_IF_ERROR(Range("--keep", f.keep, 1, 1000000));
+  STRATA_RETURN_IF_ERROR(Range("--stop-after", f.stop_after, 0, INT64_MAX));
+  if (f.checkpoint_dir.empty() &&
+      (f.resume || f.save_every != 0 || f.save_params)) {
+    return Status::InvalidArgument(
+        "--resume, --save-every and --save-params need --checkpoint-dir");
+  }
+  if (!f.checkpoint_dir.empty()) {
+    STRATA_RETURN_IF_ERROR(CheckOutput("--checkpoint-dir", f.checkpoint_dir));
+    struct stat st;
+    if (f.resume && stat(f.checkpoint_dir.c_str(), &st) != 0) {
+      return Status::InvalidArgument("--resume: --checkpoint-dir '" +
+                                     f.checkpoint_dir + "' does not exist");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(CheckOutput("--export", f.export_path));
+  if (f.export_dtype == "fp32") {
+    o->export_dtype = strata::ElementType::kFloat32;
+  } else if (f.export_dtype == "bf16") {
+    o->export_dtype = strata::ElementType::kBFloat16;
+  } else if (f.export_dtype == "fp16") {
+    o->export_dtype = strata::ElementType::kFloat16;
+  } else {
+    return Status::InvalidArgument("--export-dtype: '" + f.export_dtype +
+                                   "'; accepted: fp32, bf16, fp16");
+  }
+  o->checkpoint_dir = f.checkpoint_dir;
+  o->save_every = f.save_every;
+  o->stop_after = f.stop_after;
+  o->keep = static_cast<int>(f.keep);
+  o->resume = f.resume;
+  o->save_params = f.save_params;
+  o->export_path = f.export_path;
+  return Status::Ok();
+}
+
 StatusOr<Setup> ParseFlags(const Flags& f) {
   Setup s;
   STRATA_RETURN_IF_ERROR(CheckOutput("--json", f.json));
@@ -338,6 +381,7 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
   o.max_grad_norm = f.max_grad_norm;
   o.seed = f.seed;
   o.weights = f.weights;
+  STRATA_RETURN_IF_ERROR(ParseCheckpoints(f, &o));
   if (!f.weights.empty()) {
     auto file = strata::finetune::SafetensorsFile::Open(f.weights);
     if (!file.ok()) {
@@ -394,6 +438,11 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
   s.config["seed"] = o.seed;
   s.config["threads"] = f.threads;
   s.config["weights"] = o.weights;
+  s.config["checkpoint"] = {
+      {"dir", o.checkpoint_dir},    {"save_every", o.save_every},
+      {"stop_after", o.stop_after}, {"keep", o.keep},
+      {"resume", o.resume},         {"save_params", o.save_params},
+      {"export", o.export_path},    {"export_dtype", f.export_dtype}};
   s.config["engine_config"] = f.config;
   s.config["engine"] = {
       {"params", std::string(strata::ResidenceName(o.engine.params))},
@@ -453,6 +502,22 @@ int Main(int argc, char** argv) {
   app.add_option("--json", f.json, "Write the results as JSON here");
   app.add_option("--plot", f.plot, "Write the loss curve (SVG) here");
   app.add_option("--seed", f.seed, "Initialization and batch seed (1)");
+  app.add_option("--checkpoint-dir", f.checkpoint_dir,
+                 "Save checkpoints here (docs/checkpoints.md)");
+  app.add_option("--save-every", f.save_every,
+                 "Save every N steps (0: after the last step only)");
+  app.add_option("--keep", f.keep, "Checkpoints kept (2)");
+  app.add_option("--stop-after", f.stop_after,
+                 "Stop after N steps of the --steps schedule (resume later)");
+  app.add_flag("--resume", f.resume,
+               "Continue from the latest checkpoint in --checkpoint-dir");
+  app.add_flag("--save-params", f.save_params,
+               "Also save the working-precision copy");
+  app.add_option("--export", f.export_path,
+                 "After training, write the weights here (safetensors, "
+                 "the layout --weights loads)");
+  app.add_option("--export-dtype", f.export_dtype,
+                 "fp32 (masters), bf16 or fp16");
   app.add_option("--threads", f.threads,
                  "CPU threads for compute and the optimizer (0: all)");
   app.set_version_flag("--version", std::string(strata_version()));
@@ -476,8 +541,9 @@ int Main(int argc, char** argv) {
   const TrainOptions& o = s.options;
   std::fprintf(stderr, "strata-finetune: %s, %s; %lld text files, %s\n",
                o.model_name.c_str(),
-               o.weights.empty() ? "fresh initialization (no --weights)"
-                                 : "weights from the checkpoint",
+               o.resume            ? "resuming from the latest checkpoint"
+               : o.weights.empty() ? "fresh initialization (no --weights)"
+                                   : "weights from the checkpoint",
                static_cast<long long>(s.data->files().size()),
                HumanBytes(s.data->text_bytes()).c_str());
   Progress progress(stderr, o.steps,

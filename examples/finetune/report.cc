@@ -130,6 +130,21 @@ std::string Summary(const TrainOptions& o, const TrainReport& r) {
   line("steps skipped", std::to_string(e.skipped_steps));
   line("updates in backward", std::to_string(e.early_units) + " units");
   line("wall time", Fixed(r.seconds, 1) + " s");
+  if (r.resumed_from > 0) {
+    line("resumed", "from step " + std::to_string(r.resumed_from) + " in " +
+                        Fixed(r.load_seconds, 2) + " s");
+  }
+  if (!r.saves.empty()) {
+    double secs = 0;
+    for (const TrainReport::Save& v : r.saves) secs += v.seconds;
+    line("checkpoints", std::to_string(r.saves.size()) + " saved in " +
+                            Fixed(secs, 2) + " s, the last " +
+                            r.saves.back().path);
+  }
+  if (!o.export_path.empty()) {
+    line("exported",
+         o.export_path + " in " + Fixed(r.export_seconds, 2) + " s");
+  }
   return s;
 }
 
@@ -165,6 +180,15 @@ nlohmann::json ReportJson(const TrainOptions& o, const TrainReport& r,
   j["device_memory_peak_bytes"] = r.device_peak_bytes;
   j["workspace_bytes"] = r.workspace_bytes;
   j["from_checkpoint"] = r.from_checkpoint;
+  j["resumed_from_step"] = r.resumed_from;
+  j["load_seconds"] = r.load_seconds;
+  nlohmann::json saves = nlohmann::json::array();
+  for (const TrainReport::Save& v : r.saves) {
+    saves.push_back(
+        {{"step", v.step}, {"path", v.path}, {"seconds", v.seconds}});
+  }
+  j["checkpoints"] = saves;
+  j["export_seconds"] = r.export_seconds;
   j["wall_seconds"] = r.seconds;
   j["losses"] = losses;
   j["step_records"] = steps;
@@ -185,8 +209,9 @@ std::string LossPlotSvg(const TrainReport& r, const std::string& title) {
   lo -= pad;
   hi += pad;
   const double n = static_cast<double>(std::max<size_t>(r.steps.size(), 2));
+  const double first = static_cast<double>(r.steps.front().step);
   auto x = [&](double step) {
-    return kL + (step - 1) / (n - 1) * (kW - kL - kR);
+    return kL + (step - first) / (n - 1) * (kW - kL - kR);
   };
   auto y = [&](double loss) {
     return kT + (hi - loss) / (hi - lo) * (kH - kT - kB);

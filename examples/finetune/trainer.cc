@@ -10,7 +10,10 @@
 #include "examples/finetune/io/gpt2_checkpoint.h"
 #include "examples/finetune/io/safetensors.h"
 #include "examples/finetune/model/model.h"
+#include "strata/checkpoint.h"
 #include "strata/log.h"
+
+#include <nlohmann/json.hpp>
 
 namespace finetune {
 namespace {
@@ -53,6 +56,22 @@ class LossScaler {
     hysteresis_ = o.hysteresis;
   }
   double scale() const { return scale_; }
+  nlohmann::json State() const {
+    return {{"scale", scale_}, {"hysteresis", hysteresis_}, {"good", good_}};
+  }
+  Status Restore(const nlohmann::json& j) {
+    if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() ||
+        !j.contains("hysteresis") || !j["hysteresis"].is_number_unsigned() ||
+        !j.contains("good") || !j["good"].is_number_unsigned() ||
+        !(j["scale"].get<double>() > 0)) {
+      return Status::Corruption("the loss scaler's state is not valid: " +
+                                j.dump());
+    }
+    scale_ = j["scale"].get<double>();
+    hysteresis_ = j["hysteresis"].get<uint32_t>();
+    good_ = j["good"].get<uint64_t>();
+    return Status::Ok();
+  }
   void Update(bool overflow) {
     if (!active_ || o_.mode != strata::LossScaleMode::kDynamic) return;
     if (overflow) {
@@ -81,6 +100,11 @@ class Run {
 
   Status Setup(TrainReport* report);
   StatusOr<StepRecord> TrainStep(int64_t s);
+  // Checkpoints: the step to start from (0 without resume), a save after
+  // `steps` steps, and the export of the weights.
+  StatusOr<int64_t> Resume(TrainReport* report);
+  Status Save(int64_t steps, TrainReport* report);
+  Status Export(TrainReport* report);
   Engine& engine() { return *engine_; }
   strata::Device& device() { return *device_; }
 
@@ -95,6 +119,9 @@ class Run {
   // order once handed over.
   StatusOr<DeviceMemory> GradBuffer(TensorId id);
   Status HandOver(TensorId id, DeviceMemory grad);
+
+  // What must be the same on resume: the data order depends on it.
+  nlohmann::json DataConfig() const;
 
   const TrainOptions& o_;
   const strata::finetune::BatchSampler& sampler_;
@@ -154,7 +181,8 @@ Status Run::Setup(TrainReport* report) {
     }
   }
   STRATA_RETURN_IF_ERROR(engine_->Start());
-  STRATA_RETURN_IF_ERROR(LoadInitialValues(report));
+  // A resumed run gets every value from the checkpoint.
+  if (!o_.resume) STRATA_RETURN_IF_ERROR(LoadInitialValues(report));
 
   ModelOptions mo;
   mo.batch_size = o_.batch;
@@ -332,6 +360,113 @@ StatusOr<StepRecord> Run::TrainStep(int64_t s) {
   return rec;
 }
 
+constexpr const char* kTrainerBlob = "finetune.trainer";
+
+nlohmann::json Run::DataConfig() const {
+  return {{"batch", o_.batch},
+          {"seq_len", o_.seq_len},
+          {"micro_batches", o_.micro_batches},
+          {"seed", o_.seed},
+          {"vocab_size", o_.model.vocab_size},
+          {"n_layer", o_.model.n_layer},
+          {"n_embd", o_.model.n_embd}};
+}
+
+Status Run::Save(int64_t steps, TrainReport* report) {
+  const auto t0 = Clock::now();
+  strata::CheckpointWriterOptions wo;
+  wo.dir = o_.checkpoint_dir;
+  wo.step = steps;
+  wo.keep = o_.keep;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::CheckpointWriter> w,
+                          strata::CheckpointWriter::Begin(wo));
+  STRATA_RETURN_IF_ERROR(engine_->SaveState(*w, o_.save_params));
+  nlohmann::json j = {{"step", steps},
+                      {"model", o_.model_name},
+                      {"data", DataConfig()},
+                      {"loss_scaler", scaler_->State()}};
+  STRATA_RETURN_IF_ERROR(w->PutBlob(kTrainerBlob, j.dump()));
+  STRATA_ASSIGN_OR_RETURN(std::string path, w->Commit());
+  report->saves.push_back({steps, path, Since(t0)});
+  return Status::Ok();
+}
+
+StatusOr<int64_t> Run::Resume(TrainReport* report) {
+  if (!o_.resume) return 0;
+  const auto t0 = Clock::now();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::CheckpointReader> r,
+                          strata::CheckpointReader::Open(o_.checkpoint_dir));
+  STRATA_ASSIGN_OR_RETURN(std::string blob, r->Blob(kTrainerBlob));
+  const nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+      !j["step"].is_number_integer() || !j.contains("data") ||
+      !j.contains("loss_scaler")) {
+    return Status::Corruption(r->path() + ": blob " + kTrainerBlob +
+                              " is not the trainer's state");
+  }
+  const nlohmann::json want = DataConfig();
+  for (auto it = want.begin(); it != want.end(); ++it) {
+    if (!j["data"].contains(it.key()) || j["data"][it.key()] != it.value()) {
+      return Status::InvalidArgument(
+          "--resume: the checkpoint " + r->path() + " was trained with " +
+          it.key() + " " +
+          (j["data"].contains(it.key()) ? j["data"][it.key()].dump() : "?") +
+          ", this run has " + it.value().dump() +
+          " (the data order depends on it)");
+    }
+  }
+  const int64_t step = j["step"].get<int64_t>();
+  if (step >= o_.steps) {
+    return Status::InvalidArgument(
+        "--resume: the checkpoint " + r->path() + " is at step " +
+        std::to_string(step) + ", and --steps is " + std::to_string(o_.steps) +
+        ": nothing is left to train");
+  }
+  STRATA_RETURN_IF_ERROR(scaler_->Restore(j["loss_scaler"]));
+  STRATA_RETURN_IF_ERROR(engine_->LoadState(*r));
+  report->resumed_from = step;
+  report->load_seconds = Since(t0);
+  return step;
+}
+
+Status Run::Export(TrainReport* report) {
+  if (o_.export_path.empty()) return Status::Ok();
+  const auto t0 = Clock::now();
+  using strata::finetune::SafetensorsDType;
+  SafetensorsDType dt = SafetensorsDType::kF32;
+  strata::CpuDType cdt = strata::CpuDType::kFloat32;
+  if (o_.export_dtype == ElementType::kBFloat16) {
+    dt = SafetensorsDType::kBF16;
+    cdt = strata::CpuDType::kBFloat16;
+  } else if (o_.export_dtype == ElementType::kFloat16) {
+    dt = SafetensorsDType::kF16;
+    cdt = strata::CpuDType::kFloat16;
+  }
+  std::vector<strata::finetune::SafetensorsTensorSpec> specs;
+  for (const ParamSpec& p : specs_) specs.push_back({p.name, dt, p.shape});
+  STRATA_ASSIGN_OR_RETURN(
+      strata::finetune::SafetensorsWriter w,
+      strata::finetune::SafetensorsWriter::Create(
+          o_.export_path, std::move(specs),
+          {{"format", "pt"}, {"exported_by", "strata-finetune"}}));
+  // One tensor at a time: the model is never whole in RAM.
+  std::vector<float> master;
+  std::vector<std::byte> out;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    master.resize(specs_[i].numel);
+    STRATA_RETURN_IF_ERROR(engine_->ReadMaster(ids_[i], master));
+    const size_t esize = strata::ElementSize(o_.export_dtype);
+    out.resize(master.size() * esize);
+    STRATA_RETURN_IF_ERROR(
+        strata::ConvertCpuArray(master.data(), strata::CpuDType::kFloat32,
+                                out.data(), cdt, master.size()));
+    STRATA_RETURN_IF_ERROR(w.Write(out));
+  }
+  STRATA_RETURN_IF_ERROR(w.Finish());
+  report->export_seconds = Since(t0);
+  return Status::Ok();
+}
+
 }  // namespace
 
 uint64_t ModelStateBytes(const GptConfig& config, ElementType dtype) {
@@ -350,20 +485,44 @@ StatusOr<TrainReport> Train(const TrainOptions& o,
   if (o.dtype != ElementType::kBFloat16 && o.dtype != ElementType::kFloat16) {
     return Status::InvalidArgument("the working dtype is bf16 or fp16");
   }
+  if (o.checkpoint_dir.empty() && (o.resume || o.save_every != 0)) {
+    return Status::InvalidArgument(
+        "--resume and --save-every need --checkpoint-dir");
+  }
+  if (o.save_every < 0 || o.keep < 1 || o.stop_after < 0) {
+    return Status::InvalidArgument(
+        "--save-every and --stop-after must be >= 0, --keep >= 1");
+  }
   TrainReport report;
   Run run(o, sampler);
   STRATA_RETURN_IF_ERROR(run.Setup(&report));
+  STRATA_ASSIGN_OR_RETURN(const int64_t first, run.Resume(&report));
   const auto t0 = Clock::now();
   double after_first = 0;
-  for (int64_t s = 0; s < o.steps; ++s) {
+  const int64_t end =
+      o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
+  if (first >= end) {
+    return Status::InvalidArgument(
+        "--stop-after " + std::to_string(o.stop_after) +
+        ": the run resumed at step " + std::to_string(first) +
+        "; nothing is left to train");
+  }
+  for (int64_t s = first; s < end; ++s) {
     STRATA_ASSIGN_OR_RETURN(StepRecord rec, run.TrainStep(s));
-    if (s > 0) after_first += rec.seconds;
+    if (s > first) after_first += rec.seconds;
     report.steps.push_back(rec);
     if (progress) progress(rec);
+    const bool last = s + 1 == end;
+    if (!o.checkpoint_dir.empty() &&
+        (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
+      STRATA_RETURN_IF_ERROR(run.Save(s + 1, &report));
+    }
   }
   report.seconds = Since(t0);
-  const double timed = o.steps > 1 ? after_first : report.steps[0].seconds;
-  const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
+  STRATA_RETURN_IF_ERROR(run.Export(&report));
+  const int64_t ran = end - first;
+  const double timed = ran > 1 ? after_first : report.steps[0].seconds;
+  const int64_t timed_steps = ran > 1 ? ran - 1 : 1;
   report.tokens_per_s =
       static_cast<double>(report.tokens_per_step * timed_steps) / timed;
   report.tflops = report.tokens_per_s * report.flops_per_token / 1e12;

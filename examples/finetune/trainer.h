@@ -32,6 +32,9 @@ struct TrainOptions {
   int seq_len = 128;                  // <= model.context_length
   int micro_batches = 1;              // per optimizer step
   int64_t steps = 200;
+  // Stop after this many steps in total (0: at `steps`), keeping the
+  // schedule of `steps`: a long run trained in several jobs, with --resume.
+  int64_t stop_after = 0;
   // Learning rate: linear warm-up over warmup_steps, then cosine decay to
   // lr * min_lr_ratio at the last step.
   double lr = 3e-3;
@@ -49,6 +52,25 @@ struct TrainOptions {
   // match `model`; empty: GPT-2's initialization from `seed`.
   std::string weights;
   uint64_t seed = 1;
+
+  // Checkpoints (docs/checkpoints.md). With a directory, the whole training
+  // state (the engine's master, moments and step count; the loss scaler;
+  // the data position, which is the step) is saved every `save_every` steps
+  // (0: only after the last step) and after the last step, keeping `keep`
+  // checkpoints. `resume` continues from the directory's latest checkpoint:
+  // steps runs to the same total, and the batch, sequence length,
+  // micro-batches and seed must be the checkpoint's (the data order
+  // depends on them); budgets and tiers may differ.
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  int keep = 2;
+  bool resume = false;
+  bool save_params = false;  // also store the working-precision copy
+  // After training, the weights as safetensors in the layout `weights`
+  // takes (Hugging Face's GPT-2 names, Conv1D layout): fp32 masters, or
+  // rounded to bf16/fp16 (kFloat32, kBFloat16, kFloat16).
+  std::string export_path;
+  strata::ElementType export_dtype = strata::ElementType::kFloat32;
 };
 
 struct StepRecord {
@@ -78,6 +100,16 @@ struct TrainReport {
   double tokens_per_s = 0;
   double tflops = 0;
   bool from_checkpoint = false;
+  // Checkpoints: the step resumed from (0: none), and each save.
+  int64_t resumed_from = 0;
+  struct Save {
+    int64_t step = 0;
+    std::string path;
+    double seconds = 0;
+  };
+  std::vector<Save> saves;
+  double load_seconds = 0;
+  double export_seconds = 0;
   strata::EngineStats engine;
 };
 

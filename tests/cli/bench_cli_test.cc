@@ -328,6 +328,11 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
       {{"step", "--cases", "gpu"}, "--cases"},
       {{"step", "--engine", "bogus"}, "--engine"},
       {{"step", "--threads", "-1"}, "--threads"},
+      {{"checkpoint", "--params", "0"}, "--params"},
+      {{"checkpoint", "--params", big}, "--params"},
+      {{"checkpoint", "--reps", "0"}, "--reps"},
+      {{"checkpoint", "--queue-depth", "0"}, "--queue-depth"},
+      {{"checkpoint", "--engine", "bogus"}, "--engine"},
       {{"tiers", "--size", big}, "--size"},
       {{"tiers", "--size", big}, "64 bits"},
       {{"tiers", "--budget", big}, "--budget"},
@@ -431,7 +436,8 @@ TEST(BenchCliTest, BadChoicesAndUnknownOptionsAreUsageErrors) {
 
 TEST(BenchCliTest, HelpExitsZero) {
   ScratchDir d;
-  for (const char* cmd : {"io", "adam", "copy", "step", "tiers"}) {
+  for (const char* cmd :
+       {"io", "adam", "copy", "step", "tiers", "checkpoint"}) {
     const Outcome o = RunBench({cmd, "--help"}, d.path());
     EXPECT_EQ(o.code, 0) << cmd;
     EXPECT_TRUE(Has(o.out, "--json")) << cmd;
@@ -520,6 +526,11 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
        "step",
        {"params", "cases", "dir", "engine", "queue_depth", "block_size",
         "threads", "reps", "tensor_elems"}},
+      {{"checkpoint", "--params", "2M", "--dir", d.path(), "--reps", "1",
+        "--engine", "psync", "--queue-depth", "4"},
+       "checkpoint",
+       {"params", "dir", "engine", "engine_used", "queue_depth", "block_size",
+        "reps", "tensor_elems", "saved_roles"}},
       {SmallTiers(d.path()),
        "tiers",
        {"size", "dir", "engine", "queue_depth", "block_size", "threads",
@@ -539,9 +550,10 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
     }
     EXPECT_FALSE(j["results"].empty()) << c.command;
   }
-  EXPECT_EQ(Entries(d.path()),
-            (std::set<std::string>{"io.json", "adam.json", "copy.json",
-                                   "step.json", "tiers.json"}));
+  EXPECT_EQ(
+      Entries(d.path()),
+      (std::set<std::string>{"io.json", "adam.json", "copy.json", "step.json",
+                             "checkpoint.json", "tiers.json"}));
 }
 
 // Every row and key docs/bench.md promises, and an efficiency that is a
@@ -780,6 +792,24 @@ void ExpectTiersInterruptCleans(int sig, int settle_ms) {
   ASSERT_EQ(::kill(b.pid(), sig), 0);
   const Outcome o = b.Wait();
   EXPECT_EQ(o.code, 128 + sig) << o.err;
+  EXPECT_TRUE(Has(o.err, "interrupted by SIG")) << o.err;
+  EXPECT_TRUE(Entries(d.path()).empty());
+}
+
+// Interrupted while checkpoints are being saved and loaded: the swap space,
+// the checkpoint directory and the scratch file all go.
+TEST(BenchCliTest, SigtermDuringCheckpointsLeavesTheDirEmpty) {
+  ScratchDir d;
+  Bench b({"checkpoint", "--dir", d.path(), "--params", "8M", "--reps", "100",
+           "--queue-depth", "4", "--engine", "psync"},
+          d.path());
+  const std::string ckpt = d.path() + "/strata-bench-checkpoint.d";
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(ckpt + "/latest"); }, 60))
+      << "no checkpoint was ever published";
+  ASSERT_FALSE(b.Done()) << "finished before the signal";
+  ASSERT_EQ(::kill(b.pid(), SIGTERM), 0);
+  const Outcome o = b.Wait();
+  EXPECT_EQ(o.code, 128 + SIGTERM) << o.err;
   EXPECT_TRUE(Has(o.err, "interrupted by SIG")) << o.err;
   EXPECT_TRUE(Entries(d.path()).empty());
 }

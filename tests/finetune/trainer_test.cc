@@ -66,12 +66,16 @@ class TrainerTest : public ::testing::Test {
     data_.emplace(std::move(data).value());
   }
 
-  std::vector<double> Losses(const TrainOptions& o,
-                             strata::EngineStats* stats = nullptr) {
+  strata::StatusOr<TrainReport> Report(const TrainOptions& o) {
     auto sampler = strata::finetune::BatchSampler::Create(
         data_->train(), o.batch, o.seq_len, o.seed);
     EXPECT_TRUE(sampler.ok());
-    auto r = Train(o, *sampler, nullptr);
+    return Train(o, *sampler, nullptr);
+  }
+
+  std::vector<double> Losses(const TrainOptions& o,
+                             strata::EngineStats* stats = nullptr) {
+    auto r = Report(o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     std::vector<double> out;
     if (!r.ok()) return out;
@@ -167,6 +171,82 @@ TEST_F(TrainerTest, WeightsFromACheckpointGiveTheSameLossAsThoseValues) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("wte"), std::string::npos)
       << r.status().ToString();
+}
+
+TEST_F(TrainerTest, ResumingGivesTheUninterruptedLossesBitForBit) {
+  TrainOptions o = Tiny();
+  o.dtype = strata::ElementType::kFloat16;  // the loss scaler is resumed too
+  o.engine.loss_scale.mode = strata::LossScaleMode::kDynamic;
+  o.engine.loss_scale.initial_scale = 65536;
+  o.engine.loss_scale.window = 3;
+  const std::vector<double> base = Losses(o);
+  ASSERT_EQ(base.size(), 12u);
+
+  // The same schedule, stopped after 6 steps, saving every 4 (and at the
+  // stop).
+  TrainOptions cut = o;
+  cut.stop_after = 6;
+  cut.checkpoint_dir = dir_.path() + "/ckpt";
+  cut.save_every = 4;
+  auto first = Report(cut);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->saves.size(), 2u);
+  EXPECT_EQ(first->saves[1].step, 6);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(first->steps[i].loss, base[i]);
+
+  // Resumed into another placement: NVMe, a small device budget, other
+  // partitions and an early step.
+  TrainOptions resumed = o;
+  resumed.checkpoint_dir = cut.checkpoint_dir;
+  resumed.resume = true;
+  resumed.max_grad_norm = o.max_grad_norm;
+  resumed.engine.params = strata::Residence::kNvme;
+  resumed.engine.optimizer_states = strata::Residence::kNvme;
+  resumed.engine.nvme_paths = {dir_.path()};
+  resumed.engine.partition_bytes = 128 << 10;
+  resumed.engine.device_budget_bytes = 512 << 10;
+  auto rest = Report(resumed);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ(rest->resumed_from, 6);
+  ASSERT_EQ(rest->steps.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(rest->steps[i].step, static_cast<int64_t>(i) + 7);
+    EXPECT_EQ(rest->steps[i].loss, base[6 + i]) << "step " << i + 7;
+  }
+
+  // The latest is now step 12, the schedule's end: nothing is left.
+  auto done = Report(resumed);
+  EXPECT_EQ(done.status().code(), strata::StatusCode::kInvalidArgument);
+  // Another batch would change the data order: refused, naming it.
+  TrainOptions other = resumed;
+  other.steps = 20;
+  other.batch = 2;
+  auto refused = Report(other);
+  EXPECT_EQ(refused.status().code(), strata::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().ToString().find("batch"), std::string::npos)
+      << refused.status().ToString();
+}
+
+TEST_F(TrainerTest, TheExportLoadsAsWeights) {
+  TrainOptions o = Tiny();
+  o.steps = 3;
+  o.export_path = dir_.path() + "/export.safetensors";
+  auto r = Report(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // The export is what --weights loads (Hugging Face's names and layout),
+  // and it is the trained model: its first loss is far below a fresh one's.
+  TrainOptions from = Tiny();
+  from.weights = o.export_path;
+  from.steps = 1;
+  auto again = Report(from);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->from_checkpoint);
+  EXPECT_LT(again->steps[0].loss, r->steps[0].loss - 0.3);
+  auto file = strata::finetune::SafetensorsFile::Open(o.export_path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto wte = file->ReadFloat32("wte.weight");
+  ASSERT_TRUE(wte.ok());
+  EXPECT_EQ(wte->size(), 256u * 32u);
 }
 
 }  // namespace
