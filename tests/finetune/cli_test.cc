@@ -106,6 +106,31 @@ TEST_F(FinetuneCliTest, ATinyRunWritesItsJsonAndPlotAndNothingElse) {
   EXPECT_EQ(head, "<svg ");
 }
 
+TEST_F(FinetuneCliTest, SavesStopsResumesAndExports) {
+  std::vector<std::string> args = Tiny();
+  // Tiny() trains 3 steps: 2, then the last after resuming.
+  args.insert(args.end(), {"--checkpoint-dir", "ckpt", "--stop-after", "2",
+                           "--json", "a.json"});
+  const Outcome first = RunFinetune(args, cwd_.path(), logs_.path());
+  ASSERT_EQ(first.code, 0) << first.err;
+  std::vector<std::string> again = Tiny();
+  again.insert(again.end(), {"--checkpoint-dir", "ckpt", "--resume", "--export",
+                             "m.safetensors", "--json", "b.json"});
+  const Outcome second = RunFinetune(again, cwd_.path(), logs_.path());
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(
+      Entries(cwd_.path()),
+      (std::set<std::string>{"a.json", "b.json", "ckpt", "m.safetensors"}));
+  std::ifstream in(cwd_.path() + "/b.json");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["resumed_from_step"], 2);
+  EXPECT_EQ(j["steps"], 1);
+  EXPECT_EQ(j["step_records"][0]["step"], 3);
+  EXPECT_EQ(j["checkpoints"].size(), 1u);
+  EXPECT_EQ(j["config"]["checkpoint"]["resume"], true);
+}
+
 TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
   const std::string bad_config = logs_.path() + "/bad.json";
   std::ofstream(bad_config) << R"({"zero_optimization": {"stage": 3,
@@ -128,6 +153,13 @@ TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
       {{"--lr", "-1"}, "--lr"},
       {{"--vocab", "v.json"}, "--merges"},
       {{"--weights", "/nonexistent.safetensors"}, "--weights"},
+      {{"--resume"}, "--checkpoint-dir"},
+      {{"--checkpoint-dir", "/nonexistent/dir/ckpt"}, "--checkpoint-dir"},
+      {{"--checkpoint-dir", "c", "--resume"}, "--resume"},
+      {{"--checkpoint-dir", "c", "--keep", "0"}, "--keep"},
+      {{"--export-dtype", "fp8"}, "--export-dtype"},
+      {{"--export", "/nonexistent/dir/m.safetensors"}, "--export"},
+      {{"--stop-after", "-1"}, "--stop-after"},
       {{"--no-such-flag"}, "no-such-flag"}};
   for (const Case& c : cases) {
     std::vector<std::string> args = Tiny();
