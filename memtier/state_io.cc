@@ -24,6 +24,7 @@
 // alignment gaps are never given a gradient), padded with zeros to the
 // checkpoint's alignment, so a piece is written without reshaping it.
 #include <cstring>
+#include <deque>
 #include <future>
 #include <memory>
 #include <string>
@@ -174,67 +175,103 @@ std::vector<StatePlacement> EngineImpl::PlacementsOf(
 Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   const StateRole state = StateOf(r);
   const Residence where = RoleResidence(r);
-  for (uint32_t u = 0; u < units_.size(); ++u) {
+  // A piece whose bytes are arriving in (or are in) a staging buffer.
+  struct Ready {
+    std::shared_ptr<StagingLease> lease;
+    size_t bytes = 0, padded = 0;
+    std::vector<StatePlacement> places;
+    std::future<Status> arrived;
+  };
+  // Hands a piece to the writer on this thread (the writer checksums it,
+  // which must not hold up the I/O completion thread); the buffer goes back
+  // when the write is done.
+  auto emit = [&](Ready& p) -> Status {
+    Status st = p.arrived.get();
+    writes.Add();
+    if (st.ok()) {
+      std::memset(p.lease->data() + p.bytes, 0, p.padded - p.bytes);
+      st = writer.WriteExtent(state, {p.lease->data(), p.padded},
+                              std::move(p.places),
+                              [&writes, lease = p.lease](Status wst) mutable {
+                                lease.reset();  // back before the count drops
+                                writes.Finish(wst);
+                              });
+      if (st.ok()) return st;
+    }
+    writes.Finish(st);
+    return st;
+  };
+  // NVMe reads in flight, at most half the buffers: the rest carry writes.
+  const size_t depth = std::max<size_t>(1, staging_->count() / 2);
+  std::deque<Ready> reading;
+  Status st;
+  for (uint32_t u = 0; u < units_.size() && st.ok(); ++u) {
     UnitState& s = units_[u];
     const size_t esize = ElemBytes(r, s);
-    for (size_t p = 0; p < NumPieces(u); ++p) {
+    for (size_t p = 0; p < NumPieces(u) && st.ok(); ++p) {
       const uint64_t begin = p * piece_elems_;
       const uint64_t n = std::min(piece_elems_, s.elems - begin);
-      const size_t bytes = n * esize;
-      const size_t padded = RoundUp(bytes, kCheckpointAlign);
-      std::vector<StatePlacement> places = PlacementsOf(u, begin, n, {});
+      Ready piece;
+      piece.bytes = n * esize;
+      piece.padded = RoundUp(piece.bytes, kCheckpointAlign);
+      piece.places = PlacementsOf(u, begin, n, {});
       if (where == Residence::kHost) {
         std::byte* src = HostAt(r, u, begin);
         const bool aligned =
             reinterpret_cast<uintptr_t>(src) % kCheckpointAlign == 0 &&
-            (begin * esize) + padded <= RoundUp(s.elems * esize, 4096);
-        if (aligned) {
+            (begin * esize) + piece.padded <= RoundUp(s.elems * esize, 4096);
+        if (aligned) {  // straight from the host array
           writes.Add();
-          Status st =
-              writer.WriteExtent(state, {src, padded}, std::move(places),
-                                 [&writes](Status wst) { writes.Finish(wst); });
-          if (!st.ok()) {
-            writes.Finish(st);
-            return st;
-          }
+          st = writer.WriteExtent(
+              state, {src, piece.padded}, std::move(piece.places),
+              [&writes](Status wst) { writes.Finish(wst); });
+          if (!st.ok()) writes.Finish(st);
           continue;
         }
       }
-      STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
-      auto lease = std::make_shared<StagingLease>(std::move(acquired));
-      std::byte* buf = lease->data();
-      // Called once the piece's bytes are in the lease.
-      auto emit = [&writer, &writes, state, lease, bytes, padded,
-                   places = std::move(places)](Status st) mutable {
-        if (st.ok()) {
-          std::memset(lease->data() + bytes, 0, padded - bytes);
-          st = writer.WriteExtent(
-              state, {lease->data(), padded}, std::move(places),
-              [&writes, lease](Status wst) mutable {
-                lease.reset();  // back to the pool before the count drops
-                writes.Finish(wst);
-              });
-          if (st.ok()) return;
-        }
-        writes.Finish(st);
-      };
-      writes.Add();
-      if (where == Residence::kHost) {
-        std::memcpy(buf, HostAt(r, u, begin), bytes);
-        emit(Status::Ok());
-      } else if (where == Residence::kDevice) {
-        Status st =
-            device_->CopyAsync(*copy_stream_, buf, DevAt(s, begin * esize),
-                               bytes, CopyKind::kDeviceToHost);
-        if (st.ok()) st = device_->SynchronizeStream(*copy_stream_);
-        emit(std::move(st));
-      } else {
-        ReadPieceAsync(u, r, p, lease->span(), IoPriority::kUrgent,
-                       std::move(emit));
+      if (reading.size() >= depth) {
+        st = emit(reading.front());
+        reading.pop_front();
+        if (!st.ok()) break;
       }
+      StatusOr<StagingLease> acquired = staging_->Acquire();
+      if (!acquired.ok()) {
+        st = acquired.status();
+        break;
+      }
+      piece.lease = std::make_shared<StagingLease>(std::move(*acquired));
+      std::byte* buf = piece.lease->data();
+      if (where == Residence::kNvme) {
+        auto promise = std::make_shared<std::promise<Status>>();
+        piece.arrived = promise->get_future();
+        ReadPieceAsync(u, r, p, piece.lease->span(), IoPriority::kUrgent,
+                       [promise](Status rst) { promise->set_value(rst); });
+        reading.push_back(std::move(piece));
+        continue;
+      }
+      Status copied;
+      if (where == Residence::kHost) {
+        std::memcpy(buf, HostAt(r, u, begin), piece.bytes);
+      } else {
+        copied = device_->CopyAsync(*copy_stream_, buf, DevAt(s, begin * esize),
+                                    piece.bytes, CopyKind::kDeviceToHost);
+        if (copied.ok()) copied = device_->SynchronizeStream(*copy_stream_);
+      }
+      std::promise<Status> now;
+      now.set_value(copied);
+      piece.arrived = now.get_future();
+      st = emit(piece);
     }
   }
-  return Status::Ok();
+  // The reads still in flight end before their buffers go back.
+  for (Ready& p : reading) {
+    if (st.ok()) {
+      st = emit(p);
+    } else {
+      p.arrived.wait();
+    }
+  }
+  return st;
 }
 
 Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +110,7 @@ class Trainer {
   }
 
   Engine& engine() { return *engine_; }
+  const std::string& dir() const { return dir_.path(); }
 
   Status AddGrads(int step) {
     for (size_t i = 0; i < model_.size(); ++i) {
@@ -269,6 +272,30 @@ TEST(StateIo, RefusalsChangeNothing) {
   MemoryCheckpointReader reader(&ckpt);
   EXPECT_EQ(run.engine().LoadState(reader).code(),
             StatusCode::kFailedPrecondition);
+}
+
+TEST(StateIo, ACorruptPieceFailsTheSaveNamingIt) {
+  Trainer run(Placement::kNvmeEverything, 1);
+  ASSERT_TRUE(run.Train(0, 1).ok());
+  // Damage every swap file past its first blocks: reads of the states fail
+  // their checksums.
+  int damaged = 0;
+  for (const auto& e : std::filesystem::directory_iterator(run.dir())) {
+    if (!e.is_regular_file() || e.file_size() < (64 << 10)) continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    for (uint64_t off = 20 << 10; off < e.file_size(); off += 16 << 10) {
+      f.seekp(static_cast<std::streamoff>(off));
+      f.put('\x5a');
+    }
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0);
+  MemoryCheckpoint ckpt;
+  MemoryCheckpointWriter w(&ckpt);
+  Status st = run.engine().SaveState(w);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_NE(st.ToString().find("SaveState"), std::string::npos);
+  EXPECT_FALSE(ckpt.committed);
 }
 
 TEST(StateIo, AFailedReadBeforeAnyStoreLeavesTheEngineUsable) {
