@@ -43,14 +43,19 @@ class _StrataAdamBase(Optimizer):
     at a time.
     """
 
-    # The torch.optim class whose param-group keys this one carries, so that
-    # a state_dict loads into either.
+    # Set by the subclasses: strata's algorithm name, the class name in
+    # messages, and the torch.optim class's default weight decay.
     _algo = "adamw"
     _name = "strata.torch.AdamW"
+    _default_weight_decay = 1e-2
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad,
-                 maximize, foreach, capturable, differentiable, fused,
-                 moment_dtype, bias_correction, threads):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=None, amsgrad=False, *, maximize=False,
+                 foreach=None, capturable=False, differentiable=False,
+                 fused=None, moment_dtype=torch.float32, bias_correction=True,
+                 threads=0):
+        if weight_decay is None:
+            weight_decay = self._default_weight_decay
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -230,9 +235,10 @@ class _StrataAdamBase(Optimizer):
 class AdamW(_StrataAdamBase):
     """torch.optim.AdamW (decoupled weight decay) with strata's kernel.
 
-    Same arguments as torch.optim.AdamW; amsgrad, maximize, capturable and
-    differentiable must be False; foreach and fused are accepted and ignored
-    (the kernel is always fused). Extra keyword arguments:
+    Same arguments as torch.optim.AdamW (weight_decay defaults to 1e-2);
+    amsgrad, maximize, capturable and differentiable must be False; foreach
+    and fused are accepted and ignored (the kernel is always fused). Extra
+    keyword arguments:
       moment_dtype: torch.float32 (default) or torch.bfloat16 moments.
       bias_correction: False gives DeepSpeed's bias_correction=False.
       threads: the kernel's threads, 0 (default) = all cores.
@@ -240,15 +246,7 @@ class AdamW(_StrataAdamBase):
 
     _algo = "adamw"
     _name = "strata.torch.AdamW"
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=1e-2, amsgrad=False, *, maximize=False,
-                 foreach=None, capturable=False, differentiable=False,
-                 fused=None, moment_dtype=torch.float32, bias_correction=True,
-                 threads=0):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
-                         maximize, foreach, capturable, differentiable, fused,
-                         moment_dtype, bias_correction, threads)
+    _default_weight_decay = 1e-2
 
 
 class Adam(_StrataAdamBase):
@@ -259,15 +257,7 @@ class Adam(_StrataAdamBase):
 
     _algo = "adam"
     _name = "strata.torch.Adam"
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.0, amsgrad=False, *, maximize=False,
-                 foreach=None, capturable=False, differentiable=False,
-                 fused=None, moment_dtype=torch.float32, bias_correction=True,
-                 threads=0):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
-                         maximize, foreach, capturable, differentiable, fused,
-                         moment_dtype, bias_correction, threads)
+    _default_weight_decay = 0.0
 
 
 def CPUAdam(model_params, lr=1e-3, bias_correction=True,
