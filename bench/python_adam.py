@@ -55,7 +55,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="strata's optimizer threads (0 = all cores)")
     ap.add_argument("--torch-threads", type=int, default=0,
-                    help="torch intra-op threads (0 = torch's default)")
+                    help="torch intra-op threads (0 = the CPUs this process "
+                    "may use, as strata's threads=0; torch's own default "
+                    "can be fewer)")
     ap.add_argument("--moment-dtype", choices=["float32", "bfloat16"],
                     default="float32", help="strata's moment dtype")
     ap.add_argument("--impls", default="strata,torch_foreach,torch_single",
@@ -68,8 +70,8 @@ def main():
     n = parse_count(args.params)
     if args.tensors < 1 or n < args.tensors:
         sys.exit("--tensors must be in [1, --params]")
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(args.torch_threads if args.torch_threads > 0
+                          else len(os.sched_getaffinity(0)))
     impls = [s for s in args.impls.split(",") if s]
     known = {"strata", "torch_foreach", "torch_single"}
     if not set(impls) <= known:
