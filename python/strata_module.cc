@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -195,11 +196,13 @@ Borrowed Borrow(py::handle obj, const std::string& what, unsigned accept) {
     }
   }
   if ((kind & accept) == 0) {
-    static constexpr const char* kCodes[] = {"int", "uint", "float", "opaque",
-                                             "bfloat"};
-    const std::string code = t.dtype.code < 5
-                                 ? kCodes[t.dtype.code]
-                                 : "code " + std::to_string(t.dtype.code);
+    // DLDataTypeCode names; float64 reads "float64", DLPack's bool "bool8".
+    static constexpr const char* kCodes[] = {
+        "int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    const std::string code =
+        t.dtype.code < std::size(kCodes)
+            ? kCodes[t.dtype.code]
+            : "(DLPack type code " + std::to_string(t.dtype.code) + ") ";
     throw py::type_error(
         what + " has dtype " + code + std::to_string(t.dtype.bits) +
         (t.dtype.lanes == 1 ? "" : "x" + std::to_string(t.dtype.lanes)) +
