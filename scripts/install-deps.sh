@@ -10,12 +10,13 @@ build_pkgs=(
   liburing-dev libaio-dev libtbb-dev libhwloc-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev
   libopenblas-dev
+  python3-dev pybind11-dev  # the Python package (python/, docs/python.md)
   fio
   fortunes  # the fine-tune example's default corpus (English text)
 )
 test_pkgs=(
   googletest libgtest-dev libgmock-dev libseccomp-dev
-  python3 python3-numpy python3-torch util-linux clang-format clang
+  python3 python3-numpy python3-torch python3-pytest util-linux clang-format clang
 )
 
 pkgs=("${build_pkgs[@]}")

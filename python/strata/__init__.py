@@ -1,0 +1,29 @@
+"""strata: tiered memory for training huge models, from Python.
+
+The CPU optimizer on any DLPack array (NumPy, torch) is ``strata.CpuOptimizer``;
+the PyTorch optimizers are in ``strata.torch`` (imported on demand, so that
+``import strata`` needs no torch). See docs/python.md.
+"""
+
+from strata._strata import (
+    CpuOptimizer,
+    Error,
+    InvalidArgumentError,
+    best_variant,
+    state_bytes,
+    version,
+)
+
+# The version of the libstrata this package loaded (the library and the
+# package are built and installed together, so they agree).
+__version__ = version()
+
+__all__ = [
+    "CpuOptimizer",
+    "Error",
+    "InvalidArgumentError",
+    "best_variant",
+    "state_bytes",
+    "version",
+    "__version__",
+]

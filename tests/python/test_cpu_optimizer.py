@@ -1,0 +1,193 @@
+"""strata.CpuOptimizer on NumPy arrays: the update, the working copy, the
+overflow contract, and the errors a caller gets for bad arrays."""
+
+import math
+import os
+import unittest
+
+import strata
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - python3-numpy is a test package
+    np = None
+
+
+class VersionTest(unittest.TestCase):
+    def test_version_is_the_librarys(self):
+        self.assertEqual(strata.__version__, strata.version())
+        expected = os.environ.get("STRATA_EXPECTED_VERSION")
+        if expected:
+            self.assertEqual(strata.__version__, expected)
+        self.assertEqual(strata._strata.__version__, strata.__version__)
+
+    def test_exception_hierarchy(self):
+        self.assertTrue(issubclass(strata.Error, RuntimeError))
+        self.assertTrue(issubclass(strata.InvalidArgumentError, strata.Error))
+        self.assertTrue(issubclass(strata.InvalidArgumentError, ValueError))
+
+    def test_state_bytes(self):
+        self.assertEqual(strata.state_bytes("float32", 10), 40)
+        self.assertEqual(strata.state_bytes("bfloat16", 10), 20)
+        with self.assertRaisesRegex(ValueError, "unknown dtype 'int8'"):
+            strata.state_bytes("int8", 10)
+
+
+def adamw_reference(p, g, m, v, step, lr, b1, b2, eps, wd):
+    """torch.optim.AdamW's update in float64 (for a loose comparison)."""
+    p = p * (1 - lr * wd)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    bc1 = 1 - b1**step
+    bc2 = 1 - b2**step
+    denom = np.sqrt(v) / math.sqrt(bc2) + eps
+    return p - (lr / bc1) * m / denom, m, v
+
+
+@unittest.skipIf(np is None, "needs numpy")
+class NumpyStepTest(unittest.TestCase):
+    def setUp(self):
+        rng = np.random.default_rng(7)
+        self.n = 3000
+        self.p = rng.standard_normal(self.n).astype(np.float32)
+        self.grads = [rng.standard_normal(self.n).astype(np.float32)
+                      for _ in range(5)]
+
+    def test_adamw_matches_reference(self):
+        p = self.p.copy()
+        m = np.zeros(self.n, np.float32)
+        v = np.zeros(self.n, np.float32)
+        rp, rm, rv = (self.p.astype(np.float64), np.zeros(self.n),
+                      np.zeros(self.n))
+        with strata.CpuOptimizer("adamw", betas=(0.9, 0.99), eps=1e-8,
+                                 weight_decay=0.1, threads=2) as opt:
+            self.assertEqual(opt.algo, "adamw")
+            self.assertEqual(opt.betas, (0.9, 0.99))
+            for step, g in enumerate(self.grads, start=1):
+                self.assertTrue(opt.step(p, g, m, v, step=step, lr=1e-2))
+                rp, rm, rv = adamw_reference(rp, g.astype(np.float64), rm, rv,
+                                             step, 1e-2, 0.9, 0.99, 1e-8, 0.1)
+        np.testing.assert_allclose(p, rp, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(m, rm, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(v, rv, rtol=1e-5, atol=1e-9)
+
+    def test_capsule_and_reshaped_arrays_are_accepted(self):
+        p = self.p.reshape(30, 100).copy()
+        m = np.zeros((30, 100), np.float32)
+        v = np.zeros(self.n, np.float32)
+        with strata.CpuOptimizer(threads=1) as opt:
+            self.assertTrue(opt.step(p, self.grads[0].__dlpack__(), m, v,
+                                     step=1, lr=1e-3))
+        self.assertFalse(np.array_equal(p.ravel(), self.p))
+
+    def test_float16_working_copy_written_in_the_same_pass(self):
+        p = self.p.copy()
+        m = np.zeros(self.n, np.float32)
+        v = np.zeros(self.n, np.float32)
+        w = np.zeros(self.n, np.float16)
+        with strata.CpuOptimizer(threads=1) as opt:
+            opt.step(p, self.grads[0], m, v, step=1, lr=1e-3, working=w)
+        np.testing.assert_array_equal(w, p.astype(np.float16))
+
+    def test_overflow_writes_nothing(self):
+        p = self.p.copy()
+        m = np.zeros(self.n, np.float32)
+        v = np.zeros(self.n, np.float32)
+        g = self.grads[0].copy()
+        g[17] = np.inf
+        with strata.CpuOptimizer(threads=1) as opt:
+            sum_sq, finite = opt.grad_stats(g)
+            self.assertFalse(finite)
+            self.assertFalse(opt.step(p, g, m, v, step=1, lr=1e-3))
+            sum_sq, finite = opt.grad_stats(self.grads[0], scale=0.5)
+            self.assertTrue(finite)
+            self.assertAlmostEqual(
+                sum_sq, float(np.sum((self.grads[0] * 0.5)**2, dtype=np.float64)),
+                delta=1e-4 * sum_sq)
+        np.testing.assert_array_equal(p, self.p)
+        self.assertFalse(m.any() or v.any())
+
+
+@unittest.skipIf(np is None, "needs numpy")
+class BadInputTest(unittest.TestCase):
+    def setUp(self):
+        self.n = 256
+        self.p = np.ones(self.n, np.float32)
+        self.g = np.ones(self.n, np.float32)
+        self.m = np.zeros(self.n, np.float32)
+        self.v = np.zeros(self.n, np.float32)
+        self.opt = strata.CpuOptimizer(threads=1)
+
+    def tearDown(self):
+        self.opt.close()
+
+    def assertUntouched(self):
+        np.testing.assert_array_equal(self.p, np.ones(self.n, np.float32))
+        self.assertFalse(self.m.any() or self.v.any())
+
+    def test_non_contiguous(self):
+        g = np.ones(2 * self.n, np.float32)[::2]
+        with self.assertRaisesRegex(ValueError, r"grad is not contiguous .*"
+                                    r"strides \[2\]"):
+            self.opt.step(self.p, g, self.m, self.v, step=1, lr=1e-3)
+        self.assertUntouched()
+
+    def test_wrong_dtype(self):
+        with self.assertRaisesRegex(TypeError, "master has dtype float64; "
+                                    "accepted: float32"):
+            self.opt.step(self.p.astype(np.float64), self.g, self.m, self.v,
+                          step=1, lr=1e-3)
+        with self.assertRaisesRegex(TypeError, "grad has dtype int32"):
+            self.opt.step(self.p, self.g.astype(np.int32), self.m, self.v,
+                          step=1, lr=1e-3)
+        self.assertUntouched()
+
+    def test_not_an_array(self):
+        with self.assertRaisesRegex(TypeError, "grad: expected an array that "
+                                    "supports DLPack.* got list"):
+            self.opt.step(self.p, [1.0] * self.n, self.m, self.v, step=1,
+                          lr=1e-3)
+
+    def test_wrong_length_and_missing_state(self):
+        with self.assertRaisesRegex(ValueError, "grad has 255 elements; "
+                                    "master has 256"):
+            self.opt.step(self.p, self.g[:255], self.m, self.v, step=1,
+                          lr=1e-3)
+        with self.assertRaisesRegex(ValueError, "exp_avg_sq holds 1020 bytes"):
+            self.opt.step(self.p, self.g, self.m, self.v[:255], step=1,
+                          lr=1e-3)
+        with self.assertRaisesRegex(ValueError, "exp_avg_sq is required"):
+            self.opt.step(self.p, self.g, self.m, None, step=1, lr=1e-3)
+        self.assertUntouched()
+
+    def test_overlap(self):
+        with self.assertRaisesRegex(ValueError, "exp_avg and exp_avg_sq "
+                                    "overlap"):
+            self.opt.step(self.p, self.g, self.m, self.m, step=1, lr=1e-3)
+
+    def test_strata_status_becomes_exception(self):
+        with self.assertRaises(strata.InvalidArgumentError) as cm:
+            self.opt.step(self.p, self.g, self.m, self.v, step=1,
+                          lr=float("nan"))
+        self.assertEqual(cm.exception.code, "InvalidArgument")
+        self.assertIn("lr", str(cm.exception))
+        with self.assertRaisesRegex(ValueError, "beta"):
+            strata.CpuOptimizer(betas=(1.5, 0.999))
+        with self.assertRaisesRegex(ValueError, "adamw"):
+            strata.CpuOptimizer(algo="sgd")
+        self.assertUntouched()
+
+    def test_closed(self):
+        self.opt.close()
+        self.assertTrue(self.opt.closed)
+        with self.assertRaisesRegex(strata.Error, r"step\(\) on a closed "
+                                    "optimizer") as cm:
+            self.opt.step(self.p, self.g, self.m, self.v, step=1, lr=1e-3)
+        self.assertEqual(cm.exception.code, "FailedPrecondition")
+        self.assertIsInstance(cm.exception, RuntimeError)
+        self.opt.close()  # idempotent
+        self.assertUntouched()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,317 @@
+"""strata.torch.Adam/AdamW against torch.optim: trajectories, state_dict
+round trips both ways, bf16 moments, working copies, and bad inputs."""
+
+import copy
+import unittest
+
+import strata
+
+try:
+    import torch
+    import strata.torch as storch
+except ImportError:  # pragma: no cover - python3-torch is a test package
+    torch = None
+
+STEPS = 100
+
+
+def make_groups(seed):
+    """Three parameter groups with their own hyper-parameters, as a model
+    with decayed, undecayed and differently tuned weights has. Weights are
+    drawn away from zero (|w| >= 0.5) and the learning rates keep 100 steps
+    from moving them across it: a weight that crosses zero has no meaningful
+    relative error (its value is a cancellation)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [[(64, 33), (33,)], [(17, 5, 3)], [(1000,), (7, 7)]]
+    hyper = [dict(lr=2e-3, weight_decay=0.1),
+             dict(lr=3e-3, weight_decay=0.0, betas=(0.8, 0.99)),
+             dict(lr=1e-3, weight_decay=0.01, eps=1e-6)]
+    groups = []
+    for group_shapes, h in zip(shapes, hyper):
+        params = []
+        for s in group_shapes:
+            w = torch.randn(s, generator=gen)
+            params.append(torch.nn.Parameter(w.sign() * (0.5 + w.abs())))
+        groups.append(dict(params=params, **h))
+    return groups
+
+
+def clone_groups(groups):
+    return [dict(g, params=[torch.nn.Parameter(p.detach().clone())
+                            for p in g["params"]]) for g in groups]
+
+
+def params_of(opt):
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def set_grads(opts, step, seed=1234):
+    """The same gradient for the same parameter of each optimizer."""
+    gen = torch.Generator().manual_seed(seed + step)
+    for ps in zip(*[params_of(o) for o in opts]):
+        g = torch.randn(ps[0].shape, generator=gen)
+        for p in ps:
+            p.grad = g.clone()
+
+
+def max_rel_err(a, b):
+    """max |a - b| / |b| over the elements where b is a normal float (a
+    moment may underflow or be exactly zero)."""
+    a = a.detach().double().flatten()
+    b = b.detach().double().flatten()
+    normal = b.abs() >= torch.finfo(torch.float32).tiny
+    if not bool(normal.any()):
+        return 0.0
+    return ((a - b).abs()[normal] / b.abs()[normal]).max().item()
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class TrajectoryTest(unittest.TestCase):
+    def run_pair(self, ours, theirs, steps):
+        for step in range(steps):
+            set_grads([ours, theirs], step)
+            ours.step()
+            theirs.step()
+
+    def assert_close(self, ours, theirs, tol, moments=True):
+        worst = 0.0
+        for p, q in zip(params_of(ours), params_of(theirs)):
+            worst = max(worst, max_rel_err(p, q))
+            if moments and p in ours.state:
+                s, t = ours.state[p], theirs.state[q]
+                self.assertEqual(int(s["step"].item()), int(t["step"].item()))
+                worst = max(worst, max_rel_err(s["exp_avg"], t["exp_avg"]))
+                worst = max(worst, max_rel_err(s["exp_avg_sq"], t["exp_avg_sq"]))
+        self.assertLessEqual(worst, tol)
+        return worst
+
+    def test_adamw_100_steps_param_groups_weight_decay(self):
+        groups = make_groups(0)
+        ours = storch.AdamW(clone_groups(groups), betas=(0.9, 0.999),
+                            threads=2)
+        theirs = torch.optim.AdamW(clone_groups(groups), betas=(0.9, 0.999))
+        self.run_pair(ours, theirs, STEPS)
+        self.assert_close(ours, theirs, 1e-6)
+
+    def test_adam_l2_matches_torch_adam(self):
+        groups = make_groups(1)
+        ours = storch.Adam(clone_groups(groups), threads=2)
+        theirs = torch.optim.Adam(clone_groups(groups))
+        self.run_pair(ours, theirs, 30)
+        self.assert_close(ours, theirs, 1e-6)
+
+    def test_lr_schedule_and_params_without_grad(self):
+        groups = make_groups(2)
+        ours = storch.AdamW(clone_groups(groups), threads=1)
+        theirs = torch.optim.AdamW(clone_groups(groups))
+        sched = [torch.optim.lr_scheduler.StepLR(o, 5, gamma=0.5)
+                 for o in (ours, theirs)]
+        for step in range(12):
+            set_grads([ours, theirs], step)
+            for o in (ours, theirs):
+                params_of(o)[1].grad = None  # never stepped
+                o.step()
+            for s in sched:
+                s.step()
+        self.assert_close(ours, theirs, 1e-6)
+        self.assertNotIn(params_of(ours)[1], ours.state)
+
+    def test_bf16_moments(self):
+        groups = make_groups(3)
+        ours = storch.AdamW(clone_groups(groups), moment_dtype=torch.bfloat16,
+                            threads=2)
+        theirs = torch.optim.AdamW(clone_groups(groups))
+        self.run_pair(ours, theirs, 20)
+        for p in params_of(ours):
+            self.assertEqual(ours.state[p]["exp_avg"].dtype, torch.bfloat16)
+            self.assertEqual(ours.state[p]["exp_avg_sq"].dtype, torch.bfloat16)
+        # bf16 moments round to 8 bits of mantissa: the weights stay within
+        # lr-sized differences of fp32 training, not bitwise.
+        for p, q in zip(params_of(ours), params_of(theirs)):
+            self.assertLess((p - q).abs().max().item(), 2e-2)
+        # Its state_dict loads into torch (which casts the moments to fp32).
+        torch_copy = torch.optim.AdamW(clone_groups(groups))
+        torch_copy.load_state_dict(ours.state_dict())
+        q = params_of(torch_copy)[0]
+        self.assertEqual(torch_copy.state[q]["exp_avg"].dtype, torch.float32)
+
+    def test_working_copy_written_in_the_same_pass(self):
+        groups = make_groups(4)
+        ours = storch.AdamW(clone_groups(groups), threads=2)
+        theirs = torch.optim.AdamW(clone_groups(groups))
+        for dtype in (torch.bfloat16, torch.float16):
+            working = [[torch.zeros(p.shape, dtype=dtype) for p in g["params"]]
+                       for g in ours.param_groups]
+            for step in range(5):
+                set_grads([ours, theirs], step)
+                ours.step(fp16_param_groups=working)
+                theirs.step()
+                for p, w in zip(params_of(ours), sum(working, [])):
+                    self.assertTrue(torch.equal(w, p.detach().to(dtype)))
+        self.assert_close(ours, theirs, 1e-6)
+
+    def test_deepspeed_signature(self):
+        groups = make_groups(5)
+        ours = storch.CPUAdam(clone_groups(groups), lr=1e-3, weight_decay=0.01,
+                              adamw_mode=True)
+        self.assertIsInstance(ours, storch.AdamW)
+        theirs = torch.optim.AdamW(clone_groups(groups), lr=1e-3,
+                                   weight_decay=0.01)
+        self.run_pair(ours, theirs, 5)
+        self.assert_close(ours, theirs, 1e-6)
+        self.assertIsInstance(storch.CPUAdam(clone_groups(groups),
+                                             adamw_mode=False), storch.Adam)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class StateDictTest(unittest.TestCase):
+    def roundtrip(self, first_cls, second_cls, first_kw, second_kw):
+        """first trains 10 steps, hands its state_dict to second, both go on
+        10 steps beside a reference that never switched."""
+        groups = make_groups(6)
+        first = first_cls(clone_groups(groups), **first_kw)
+        reference = torch.optim.AdamW(clone_groups(groups))
+        for step in range(10):
+            set_grads([first, reference], step)
+            first.step()
+            reference.step()
+        saved = copy.deepcopy(first.state_dict())
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            self.assertIn(key, saved["state"][0])
+        second_groups = clone_groups(groups)
+        for g, src in zip(second_groups, first.param_groups):
+            for p, q in zip(g["params"], src["params"]):
+                p.data.copy_(q.detach())
+        second = second_cls(second_groups, **second_kw)
+        second.load_state_dict(saved)
+        for step in range(10, 20):
+            set_grads([second, reference], step)
+            second.step()
+            reference.step()
+        for p, q in zip(params_of(second), params_of(reference)):
+            self.assertLessEqual(max_rel_err(p, q), 1e-6)
+            self.assertEqual(int(second.state[p]["step"].item()), 20)
+        return second
+
+    def test_torch_to_strata(self):
+        second = self.roundtrip(torch.optim.AdamW, storch.AdamW, {},
+                                dict(threads=2))
+        p = params_of(second)[0]
+        self.assertTrue(torch.is_tensor(second.state[p]["step"]))
+
+    def test_strata_to_torch(self):
+        self.roundtrip(storch.AdamW, torch.optim.AdamW, dict(threads=2), {})
+
+    def test_strata_to_strata_bf16_converts_loaded_moments(self):
+        groups = make_groups(7)
+        first = torch.optim.AdamW(clone_groups(groups))
+        set_grads([first], 0)
+        first.step()
+        second = storch.AdamW(clone_groups(groups),
+                              moment_dtype=torch.bfloat16)
+        second.load_state_dict(first.state_dict())
+        set_grads([second], 1)
+        second.step()
+        p = params_of(second)[0]
+        self.assertEqual(second.state[p]["exp_avg"].dtype, torch.bfloat16)
+        self.assertEqual(int(second.state[p]["step"].item()), 2)
+
+    def test_amsgrad_state_is_refused(self):
+        groups = make_groups(8)
+        first = torch.optim.AdamW(clone_groups(groups), amsgrad=True)
+        second = storch.AdamW(clone_groups(groups))
+        second.load_state_dict(first.state_dict())
+        set_grads([second], 0)
+        with self.assertRaisesRegex(ValueError, "amsgrad=True is not "
+                                    "supported"):
+            second.step()
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class BadInputTest(unittest.TestCase):
+    def test_refused_options(self):
+        p = [torch.nn.Parameter(torch.zeros(4))]
+        with self.assertRaisesRegex(ValueError, "amsgrad=True is not "
+                                    "supported"):
+            storch.AdamW(p, amsgrad=True)
+        with self.assertRaisesRegex(ValueError, "maximize=True"):
+            storch.Adam(p, maximize=True)
+        with self.assertRaisesRegex(ValueError, "Invalid beta parameter at "
+                                    "index 1"):
+            storch.AdamW(p, betas=(0.9, 1.0))
+        with self.assertRaisesRegex(TypeError, "moment_dtype"):
+            storch.AdamW(p, moment_dtype=torch.float16)
+
+    def test_wrong_param_dtype(self):
+        p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+        with self.assertRaisesRegex(TypeError, r"parameter 0 of group 0 is "
+                                    r"torch.float64.*float32"):
+            storch.AdamW([p])
+
+    def test_non_contiguous_param(self):
+        base = torch.randn(8, 4)
+        p = torch.nn.Parameter(base.t())  # a transposed view
+        self.assertFalse(p.is_contiguous())
+        before = p.detach().clone()
+        opt = storch.AdamW([p])
+        p.grad = torch.ones(4, 8)
+        with self.assertRaisesRegex(ValueError, r"parameter 0 of group 0: "
+                                    r"master is not contiguous"):
+            opt.step()
+        self.assertTrue(torch.equal(p.detach(), before))
+
+    def test_non_contiguous_grad(self):
+        p = torch.nn.Parameter(torch.randn(4, 8))
+        before = p.detach().clone()
+        opt = storch.AdamW([p])
+        p.grad = torch.ones(8, 4).t()
+        with self.assertRaisesRegex(ValueError, "grad is not contiguous"):
+            opt.step()
+        self.assertTrue(torch.equal(p.detach(), before))
+
+    def test_wrong_working_copy(self):
+        p = torch.nn.Parameter(torch.randn(16))
+        opt = storch.AdamW([p])
+        p.grad = torch.ones(16)
+        with self.assertRaisesRegex(TypeError, "working has dtype float32; "
+                                    "accepted: float16 or bfloat16"):
+            opt.step(fp16_param_groups=[torch.zeros(16)])
+        with self.assertRaisesRegex(ValueError, "working has 15 elements"):
+            opt.step(fp16_param_groups=[torch.zeros(15,
+                                                    dtype=torch.bfloat16)])
+        with self.assertRaisesRegex(ValueError, "fp16_param_groups has 2 "
+                                    "groups"):
+            opt.step(fp16_param_groups=[[], []])
+
+    def test_low_level_int_tensor_and_used_capsule(self):
+        n = 32
+        p, g, m, v = (torch.zeros(n) for _ in range(4))
+        with strata.CpuOptimizer(threads=1) as opt:
+            with self.assertRaisesRegex(TypeError, "grad has dtype int64"):
+                opt.step(p, torch.zeros(n, dtype=torch.int64), m, v, step=1,
+                         lr=1e-3)
+            capsule = torch.utils.dlpack.to_dlpack(g)
+            torch.utils.dlpack.from_dlpack(capsule)  # consumes it
+            with self.assertRaisesRegex(ValueError, "already consumed"):
+                opt.step(p, capsule, m, v, step=1, lr=1e-3)
+            # bf16 moments and gradient straight from torch.
+            mb = torch.zeros(n, dtype=torch.bfloat16)
+            vb = torch.zeros(n, dtype=torch.bfloat16)
+            self.assertTrue(opt.step(p, torch.ones(n, dtype=torch.bfloat16),
+                                     mb, vb, step=1, lr=1e-3))
+            self.assertTrue(bool((p < 0).all()))
+
+    def test_closed_optimizer(self):
+        p = torch.nn.Parameter(torch.randn(16))
+        opt = storch.AdamW([p])
+        p.grad = torch.ones(16)
+        opt.step()
+        opt.close()
+        before = p.detach().clone()
+        with self.assertRaisesRegex(strata.Error, r"step\(\) after close"):
+            opt.step()
+        self.assertTrue(torch.equal(p.detach(), before))
+
+
+if __name__ == "__main__":
+    unittest.main()
