@@ -39,18 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-CpuDType ToCpu(ElementType t) {
-  switch (t) {
-    case ElementType::kFloat32:
-      return CpuDType::kFloat32;
-    case ElementType::kFloat16:
-      return CpuDType::kFloat16;
-    case ElementType::kBFloat16:
-      break;
-  }
-  return CpuDType::kBFloat16;
-}
-
 std::string Bytes(uint64_t b) { return std::to_string(b) + " bytes"; }
 
 }  // namespace

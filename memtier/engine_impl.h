@@ -26,6 +26,19 @@ namespace strata::memtier {
 // The roles of a unit, in the order of EngineImpl's per-role arrays.
 enum : int { kParam = 0, kGrad, kMaster, kExpAvg, kExpAvgSq, kRoles };
 
+// The CPU optimizer's name of a working dtype.
+inline CpuDType ToCpu(ElementType t) {
+  switch (t) {
+    case ElementType::kFloat32:
+      return CpuDType::kFloat32;
+    case ElementType::kFloat16:
+      return CpuDType::kFloat16;
+    case ElementType::kBFloat16:
+      break;
+  }
+  return CpuDType::kBFloat16;
+}
+
 // Where a unit stands in an update during backward (EngineImpl's
 // early_state_).
 enum : uint8_t { kEarlyNone = 0, kEarlyUpdating, kEarlyUpdated };

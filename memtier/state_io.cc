@@ -69,18 +69,6 @@ const char* RoleWord(int role) {
   }
 }
 
-CpuDType ToCpu(ElementType t) {
-  switch (t) {
-    case ElementType::kFloat32:
-      return CpuDType::kFloat32;
-    case ElementType::kFloat16:
-      return CpuDType::kFloat16;
-    case ElementType::kBFloat16:
-      break;
-  }
-  return CpuDType::kBFloat16;
-}
-
 constexpr const char* kEngineBlob = "strata.engine";
 
 }  // namespace
