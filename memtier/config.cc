@@ -1536,6 +1536,15 @@ class DuplicateKeyFinder {
 
   // Path of the first duplicate; empty if none.
   const std::string& first() const { return first_; }
+  // Path of the value being parsed ("" at the top level).
+  std::string Path() const {
+    std::string path;
+    for (const Frame& f : frames_) {
+      path = f.array ? path + "[" + std::to_string(f.index) + "]"
+                     : JoinPath(path, f.key);
+    }
+    return path;
+  }
 
  private:
   struct Frame {
@@ -1549,20 +1558,18 @@ class DuplicateKeyFinder {
     if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
   }
 
-  std::string Path() const {
-    std::string path;
-    for (const Frame& f : frames_) {
-      path = f.array ? path + "[" + std::to_string(f.index) + "]"
-                     : JoinPath(path, f.key);
-    }
-    return path;
-  }
-
   std::vector<Frame> frames_;
   std::string first_;
 };
 
 constexpr std::string_view kPrefix = "engine config: ";
+
+// nlohmann's message without its "[json.exception.<kind>.<id>] " tag.
+std::string WhatOf(const Json::exception& e) {
+  std::string what = e.what();
+  const size_t start = what.find("] ");
+  return start == std::string::npos ? what : what.substr(start + 2);
+}
 
 StatusOr<EngineConfig> ParseImpl(std::string_view text) {
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
@@ -1576,11 +1583,16 @@ StatusOr<EngineConfig> ParseImpl(std::string_view text) {
                        /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const Json::parse_error& e) {
     // "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
-    std::string what = e.what();
-    const size_t start = what.find("] ");
-    if (start != std::string::npos) what = what.substr(start + 2);
     return Status::InvalidArgument(std::string(kPrefix) +
-                                   "invalid JSON: " + what);
+                                   "invalid JSON: " + WhatOf(e));
+  } catch (const Json::out_of_range& e) {
+    // A number beyond a double ("number overflow parsing '1e400'"), which
+    // nlohmann reports without a position: the path the parser was at names
+    // the value.
+    const std::string path = dups.Path();
+    return Status::InvalidArgument(
+        std::string(kPrefix) + (path.empty() ? "(top level)" : path) + ": " +
+        WhatOf(e) + "; a number must be within a double's range");
   }
   if (!dups.first().empty()) {
     return Status::InvalidArgument(std::string(kPrefix) + dups.first() +

@@ -17,6 +17,7 @@ build_pkgs=(
 test_pkgs=(
   googletest libgtest-dev libgmock-dev libseccomp-dev
   python3 python3-numpy python3-torch python3-pytest util-linux clang-format clang
+  libclang-rt-dev  # clang's libFuzzer and sanitizer runtimes (fuzz/)
 )
 
 pkgs=("${build_pkgs[@]}")

@@ -303,6 +303,44 @@ TEST(SafetensorsTest, AcceptsHeaderPaddingAndEmptyFile) {
   EXPECT_TRUE(file->tensors().empty());
 }
 
+// Found by fuzz/safetensors_header_fuzz.cc: numel() multiplied the
+// dimensions in order, overflowing int64 before the zero.
+TEST(SafetensorsTest, EmptyTensorWithHugeDimensionsHasNoElements) {
+  ScratchDir dir;
+  const std::string path = dir.File("empty.safetensors");
+  WriteBytes(path, SafetensorsBytes(R"({"a":{"dtype":"U8","shape":)"
+                                    R"([3,4611686018427387904,0],)"
+                                    R"("data_offsets":[0,0]}})",
+                                    ""));
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_EQ(file->tensors().size(), 1u);
+  EXPECT_EQ(file->tensors()[0].numel(), 0);
+  auto values = file->ReadFloat32("a");
+  ASSERT_TRUE(values.ok()) << values.status().ToString();
+  EXPECT_TRUE(values->empty());
+}
+
+// The header check Open runs, on a header held in memory.
+TEST(SafetensorsTest, ParsesHeaderFromMemory) {
+  auto h = ParseSafetensorsHeader(
+      R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+      R"("a":{"dtype":"I16","shape":[2],"data_offsets":[0,4]},)"
+      R"("__metadata__":{"k":"v"}})",
+      8, "mem");
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_EQ(h->tensors.size(), 2u);
+  EXPECT_EQ(h->tensors[0].name, "a");
+  EXPECT_EQ(h->tensors[1].name, "b");
+  EXPECT_EQ(h->metadata.at("k"), "v");
+  auto trailing = ParseSafetensorsHeader(
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 9, "mem");
+  EXPECT_EQ(trailing.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(trailing.status().message().find("mem: 5 trailing bytes"),
+            std::string_view::npos)
+      << trailing.status().ToString();
+}
+
 TEST(SafetensorsTest, ConvertToFloat32ChecksSizes) {
   const std::vector<uint16_t> h = {0x3c00, 0x7c00};  // 1, +inf
   std::vector<float> out(2);

@@ -575,6 +575,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"InvalidJson",
                 "{\n  \"aio\": {\"block_size\": 1,}\n}",
                 {"invalid JSON: parse error at line 2, column"}},
+        // Beyond a double: nlohmann throws out_of_range, not parse_error
+        // (found by fuzz/engine_config_fuzz.cc).
+        BadCase{"NumberOverflow",
+                R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e400}}})",
+                {"optimizer.params.lr: number overflow parsing '1e400'"}},
+        BadCase{"NumberOverflowInArray",
+                R"({"x": [1, -2e999]})",
+                {"x[1]: number overflow parsing '-2e999'"}},
+        BadCase{"NumberOverflowTopLevel",
+                "1e400",
+                {"(top level): number overflow"}},
         BadCase{"TopLevelArray",
                 "[1, 2]",
                 {"(top level): expected a JSON object, got an array"}},

@@ -230,6 +230,11 @@ size_t SafetensorsDTypeSize(SafetensorsDType dtype) {
 }
 
 int64_t SafetensorsTensorInfo::numel() const {
+  // A zero dimension empties the tensor whatever the others are, and the
+  // header check lets those be up to INT64_MAX: multiplying in order could
+  // overflow before reaching the zero. Without one, the product is bounded by
+  // the tensor's byte size.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -359,9 +364,23 @@ StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   std::string text(header_len, '\0');
   STRATA_RETURN_IF_ERROR(
       f.ReadAt(8, std::as_writable_bytes(std::span<char>(text)), "the header"));
-  STRATA_ASSIGN_OR_RETURN(json header, ParseHeader(text, path));
   f.data_offset_ = 8 + header_len;
-  const uint64_t data_size = file_size - f.data_offset_;
+  STRATA_ASSIGN_OR_RETURN(
+      SafetensorsHeader header,
+      ParseSafetensorsHeader(text, file_size - f.data_offset_, path));
+  f.tensors_ = std::move(header.tensors);
+  f.metadata_ = std::move(header.metadata);
+  for (size_t i = 0; i < f.tensors_.size(); ++i) {
+    f.index_.emplace(f.tensors_[i].name, i);
+  }
+  return f;
+}
+
+StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view text,
+                                                   uint64_t data_size,
+                                                   const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(json header, ParseHeader(text, path));
+  SafetensorsHeader h;
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -373,7 +392,7 @@ StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
           return Status::Corruption(path + ": __metadata__ value " + Quote(k) +
                                     " is not a string");
         }
-        f.metadata_[k] = v.get<std::string>();
+        h.metadata[k] = v.get<std::string>();
       }
       continue;
     }
@@ -386,20 +405,20 @@ StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
           std::to_string(info.data_end) + "] run past the " +
           std::to_string(data_size) + "-byte data buffer (file truncated?)");
     }
-    f.tensors_.push_back(std::move(info));
+    h.tensors.push_back(std::move(info));
   }
 
   // The tensors must tile [0, data_size): sorted by begin (an empty tensor
   // before a non-empty one at the same offset), each begins where the
   // previous ended.
-  std::sort(f.tensors_.begin(), f.tensors_.end(),
+  std::sort(h.tensors.begin(), h.tensors.end(),
             [](const SafetensorsTensorInfo& a, const SafetensorsTensorInfo& b) {
               return std::pair(a.data_begin, a.data_end) <
                      std::pair(b.data_begin, b.data_end);
             });
   uint64_t pos = 0;
   const SafetensorsTensorInfo* prev = nullptr;
-  for (const SafetensorsTensorInfo& t : f.tensors_) {
+  for (const SafetensorsTensorInfo& t : h.tensors) {
     if (t.data_begin < pos) {
       return Status::Corruption(path + ": tensors " + Quote(prev->name) +
                                 " and " + Quote(t.name) + " overlap (bytes " +
@@ -423,10 +442,7 @@ StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
                               std::to_string(data_size) + " bytes, tensors " +
                               std::to_string(pos) + ")");
   }
-  for (size_t i = 0; i < f.tensors_.size(); ++i) {
-    f.index_.emplace(f.tensors_[i].name, i);
-  }
-  return f;
+  return h;
 }
 
 const SafetensorsTensorInfo* SafetensorsFile::Find(

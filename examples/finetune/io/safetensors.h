@@ -82,6 +82,23 @@ struct SafetensorsTensorInfo {
   int64_t numel() const;  // product of shape; 1 for a scalar
 };
 
+// The validated header of a safetensors file.
+struct SafetensorsHeader {
+  // Every tensor, in the order of their data (ascending data_begin).
+  std::vector<SafetensorsTensorInfo> tensors;
+  // "__metadata__" (empty when the header has none).
+  std::map<std::string, std::string> metadata;
+};
+
+// Validates the JSON header `text` of a file whose data buffer (what follows
+// the header) is `data_size` bytes, as SafetensorsFile::Open does once it has
+// read them (Open's own check, so that a header held in memory, such as a
+// fuzzer's input, is held to the same rules). kCorruption with `path`, the
+// tensor and the offending value in the message.
+StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view text,
+                                                   uint64_t data_size,
+                                                   const std::string& path);
+
 // A validated safetensors file, open for reading. Move-only; owns its file
 // descriptor. Thread-compatible, and the const reads may run concurrently
 // (pread shares no file offset).
