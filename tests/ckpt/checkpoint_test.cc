@@ -145,6 +145,9 @@ TEST(CheckpointTest, RefusesBadCalls) {
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)->AddTensor({"x", {0}}).status().code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->AddTensor({"\xff\xfe", {1}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->PutBlob("\xc0", "x").code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE((*w)->AddTensor({"x", {10}, ElementType::kFloat32}).ok());
   EXPECT_EQ((*w)->AddTensor({"x", {10}}).status().code(),
             StatusCode::kAlreadyExists);
