@@ -134,7 +134,7 @@ class Writer final : public CheckpointWriter {
                      std::function<void(Status)> done) override
       STRATA_EXCLUDES(mu_) {
     const auto r = static_cast<size_t>(role);
-    if (r >= files_.size()) {
+    if (r >= static_cast<size_t>(kNumStateRoles)) {
       return Status::InvalidArgument("unknown state role " + std::to_string(r));
     }
     if (data.empty() || data.size() % kCheckpointAlign != 0 ||
