@@ -640,6 +640,15 @@ Status CheckCoverage(const std::vector<CheckpointTensor>& tensors,
   return Status::Ok();
 }
 
+bool IsUtf8(std::string_view name) {
+  try {
+    (void)Json(std::string(name)).dump();
+    return true;
+  } catch (const Json::exception&) {
+    return false;
+  }
+}
+
 std::string SerializeManifest(const Manifest& m) {
   Json root = Json::object();
   root["format"] = kFormatName;

@@ -94,6 +94,10 @@ Status CheckPlacements(const std::vector<CheckpointTensor>& tensors,
                        std::span<const StatePlacement> placements,
                        std::string_view where);
 
+// True when `name` is valid UTF-8 (the manifest stores names as JSON
+// strings).
+bool IsUtf8(std::string_view name);
+
 // The manifest's text, trailing checksum line included.
 std::string SerializeManifest(const Manifest& manifest);
 

@@ -103,8 +103,9 @@ class Writer final : public CheckpointWriter {
   StatusOr<uint32_t> AddTensor(const CheckpointTensor& tensor) override
       STRATA_EXCLUDES(mu_) {
     const std::string what = "tensor '" + tensor.name + "'";
-    if (tensor.name.empty() || tensor.name.size() > ckpt::kMaxNameBytes) {
-      return Status::InvalidArgument("tensor name must have 1 to " +
+    if (tensor.name.empty() || tensor.name.size() > ckpt::kMaxNameBytes ||
+        !ckpt::IsUtf8(tensor.name)) {
+      return Status::InvalidArgument("tensor name must be UTF-8 of 1 to " +
                                      std::to_string(ckpt::kMaxNameBytes) +
                                      " bytes");
     }
@@ -133,7 +134,7 @@ class Writer final : public CheckpointWriter {
                      std::function<void(Status)> done) override
       STRATA_EXCLUDES(mu_) {
     const auto r = static_cast<size_t>(role);
-    if (r >= files_.size()) {
+    if (r >= static_cast<size_t>(kNumStateRoles)) {
       return Status::InvalidArgument("unknown state role " + std::to_string(r));
     }
     if (data.empty() || data.size() % kCheckpointAlign != 0 ||
@@ -219,8 +220,9 @@ class Writer final : public CheckpointWriter {
 
   Status PutBlob(std::string_view name, std::string_view bytes) override
       STRATA_EXCLUDES(mu_) {
-    if (name.empty() || name.size() > ckpt::kMaxNameBytes) {
-      return Status::InvalidArgument("blob name must have 1 to " +
+    if (name.empty() || name.size() > ckpt::kMaxNameBytes ||
+        !ckpt::IsUtf8(name)) {
+      return Status::InvalidArgument("blob name must be UTF-8 of 1 to " +
                                      std::to_string(ckpt::kMaxNameBytes) +
                                      " bytes");
     }

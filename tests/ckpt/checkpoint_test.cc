@@ -145,6 +145,9 @@ TEST(CheckpointTest, RefusesBadCalls) {
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)->AddTensor({"x", {0}}).status().code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->AddTensor({"\xff\xfe", {1}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->PutBlob("\xc0", "x").code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE((*w)->AddTensor({"x", {10}, ElementType::kFloat32}).ok());
   EXPECT_EQ((*w)->AddTensor({"x", {10}}).status().code(),
             StatusCode::kAlreadyExists);
@@ -203,26 +206,36 @@ TEST(CheckpointTest, RemovesStaleTemporaryDirectories) {
 
 TEST(CheckpointTest, SecondWriterOfADirectoryIsBusy) {
   ScratchDir dir;
-  auto w = CheckpointWriter::Begin(Options(dir.path(), 1));
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  // In this process, and in another one.
-  auto again = CheckpointWriter::Begin(Options(dir.path(), 2));
-  EXPECT_EQ(again.status().code(), StatusCode::kBusy);
+  // Another process holds the directory (forked before this process starts
+  // any thread: the child may start its own).
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto other = CheckpointWriter::Begin(Options(dir.path(), 2));
-    const bool busy =
-        other.status().code() == StatusCode::kBusy &&
-        std::string(other.status().message())
-                .find(std::to_string(::getppid())) != std::string::npos;
-    ::_exit(busy ? 0 : 1);
+    auto w = CheckpointWriter::Begin(Options(dir.path(), 1));
+    char c = w.ok() ? 'y' : 'n';
+    (void)!::write(ready[1], &c, 1);
+    (void)!::read(go[0], &c, 1);
+    ::_exit(0);
   }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  auto other = CheckpointWriter::Begin(Options(dir.path(), 2));
+  EXPECT_EQ(other.status().code(), StatusCode::kBusy);
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("pid " + std::to_string(child)));
+  ASSERT_EQ(::write(go[1], &c, 1), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  w->reset();
-  EXPECT_TRUE(CheckpointWriter::Begin(Options(dir.path(), 2)).ok());
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+  // Then this process, and a second writer in it.
+  auto w = CheckpointWriter::Begin(Options(dir.path(), 2));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(CheckpointWriter::Begin(Options(dir.path(), 3)).status().code(),
+            StatusCode::kBusy);
 }
 
 }  // namespace
