@@ -73,16 +73,10 @@ std::string HexEncode(std::string_view bytes) {
   return out;
 }
 
+// The manifest names dtypes as ElementTypeName does ("float32", "float16",
+// "bfloat16"): those names are part of the format and must not change.
 std::string_view ElementTypeJsonName(ElementType t) {
-  switch (t) {
-    case ElementType::kFloat32:
-      return "float32";
-    case ElementType::kFloat16:
-      return "float16";
-    case ElementType::kBFloat16:
-      return "bfloat16";
-  }
-  return "unknown";
+  return ElementTypeName(t);
 }
 
 // Depth of the deepest nesting of [ and { outside strings, stopping early
