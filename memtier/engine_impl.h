@@ -413,6 +413,10 @@ class EngineImpl final : public Engine {
   // Per unit and piece: the gradient's stats taken before an early update.
   std::vector<std::vector<GradStats>> early_stats_;
 
+  // LoadState's loaders: one device copy and its wait at a time on the copy
+  // stream (Note [Streaming the state]).
+  Mutex state_copy_mu_;
+
   // NVMe operations submitted and whose `done` has not returned yet: the
   // destructor waits for none before it destroys the swap space.
   Mutex io_mu_;

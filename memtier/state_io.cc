@@ -17,17 +17,20 @@
 //     placements (so the checkpoint's extents need not match this engine's
 //     pieces: another partition size, another tier placement or, with the
 //     collectives, another rank count), then stored where the role rests;
-//     NVMe writes stay in flight while the next piece is read. Without a
+//     two loaders take pieces in turn (a checkpoint read blocks), and NVMe
+//     writes stay in flight while the next pieces are read. Without a
 //     stored working copy the master is rounded to the working dtype in the
 //     same pass.
 // The extents carry what the piece holds between and after tensors (zeros:
 // alignment gaps are never given a gradient), padded with zeros to the
 // checkpoint's alignment, so a piece is written without reshaping it.
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -325,6 +328,9 @@ void EngineImpl::StorePiece(uint32_t u, int r, size_t p,
       writes.Finish(Status::Ok());
       return;
     case Residence::kDevice: {
+      // Loaders share the copy stream: one copy and its wait at a time (the
+      // lock guards nothing else, so waiting under it blocks only them).
+      MutexLock l(&state_copy_mu_);
       Status st =
           device_->CopyAsync(*copy_stream_, DevAt(s, begin * esize),
                              lease->data(), n * esize, CopyKind::kHostToDevice);
@@ -433,12 +439,44 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
     step = j["step"].get<int64_t>();
   }
   STRATA_RETURN_IF_ERROR(BeginExclusive("LoadState", /*load=*/true));
+  // Two loaders take pieces in turn, so that a checkpoint read is in
+  // flight while the other loader verifies, converts or stores its piece
+  // (a reader's Read blocks).
+  std::vector<std::pair<uint32_t, size_t>> pieces;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    for (size_t p = 0; p < NumPieces(u); ++p) pieces.emplace_back(u, p);
+  }
   Inflight writes;
+  std::atomic<size_t> next{0};
+  Mutex error_mu;
   Status st;
-  for (uint32_t u = 0; u < units_.size() && st.ok(); ++u) {
-    for (size_t p = 0; p < NumPieces(u) && st.ok(); ++p) {
-      st = LoadPiece(reader, u, p, index, ckpt_params, writes);
+  auto loader = [&] {
+    for (;;) {
+      {
+        MutexLock l(&error_mu);
+        if (!st.ok()) return;
+      }
+      const size_t i = next.fetch_add(1);
+      if (i >= pieces.size()) return;
+      Status pst = LoadPiece(reader, pieces[i].first, pieces[i].second, index,
+                             ckpt_params, writes);
+      if (!pst.ok()) {
+        MutexLock l(&error_mu);
+        if (st.ok()) st = pst;
+      }
     }
+  };
+  // The first piece alone: a checkpoint that fails its first read then
+  // changes nothing.
+  if (!pieces.empty()) {
+    next = 1;
+    st = LoadPiece(reader, pieces[0].first, pieces[0].second, index,
+                   ckpt_params, writes);
+  }
+  if (st.ok() && pieces.size() > 1) {
+    std::thread second(loader);
+    loader();
+    second.join();
   }
   Status written = writes.Wait();
   if (st.ok()) st = written;

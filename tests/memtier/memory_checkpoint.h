@@ -6,6 +6,7 @@
 #ifndef STRATA_TESTS_MEMTIER_MEMORY_CHECKPOINT_H_
 #define STRATA_TESTS_MEMTIER_MEMORY_CHECKPOINT_H_
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -132,7 +133,7 @@ class MemoryCheckpointReader final : public CheckpointReader {
 
   // The Read call (counting from 0) that fails with kCorruption; -1: none.
   int fail_read = -1;
-  int reads = 0;
+  std::atomic<int> reads{0};
 
   const std::string& path() const override { return path_; }
   int64_t step() const override { return 0; }
