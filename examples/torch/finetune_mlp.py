@@ -45,7 +45,8 @@ def make_data(steps, batch, device):
 def run_offloaded(model, data, args, device):
     nbytes = sum(p.numel() for p in model.parameters()) * 2  # bf16
     largest = max(p.numel() for p in model.parameters()) * 2
-    budget = max(3 * largest, nbytes // 2)
+    # Half the model, and room for the largest layer and a prefetch.
+    budget = max(largest + (2 << 20), nbytes // 2)
     budget = (budget + 4095) // 4096 * 4096
     config = {
         "strata": {
@@ -112,7 +113,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--nvme", default=None,
                     help="scratch directory for the NVMe tier "
