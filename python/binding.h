@@ -15,7 +15,7 @@
 
 // Hidden, as pybind11's own namespace is: the types hold pybind11 objects.
 namespace strata {
-namespace __attribute__((visibility("hidden"))) python {
+namespace python __attribute__((visibility("hidden"))) {
 
   namespace py = pybind11;
 
@@ -65,7 +65,7 @@ namespace __attribute__((visibility("hidden"))) python {
   // Adds strata.Engine and strata.Pin to the module (engine_binding.cc).
   void BindEngine(py::module_ & m);
 
-}  // namespace python
+}  // namespace )
 }  // namespace strata
 
 #endif  // STRATA_PYTHON_BINDING_H_

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,13 @@ struct Core {
     engine.reset();  // before the streams and the device it used
   }
 
+  // The wrapper of a stream handle as DLPack passes it (1: the legacy
+  // default stream, CUDA's null handle).
+  Stream* Native(int64_t handle) {
+    return ValueOrThrow(
+        Wrapped(handle == 1 ? 0 : static_cast<uintptr_t>(handle)));
+  }
+
   StatusOr<Stream*> Wrapped(uintptr_t handle) STRATA_EXCLUDES(mu) {
     MutexLock l(&mu);
     auto it = wrapped.find(handle);
@@ -80,6 +88,20 @@ struct PinState {
   }
 };
 
+// Runs `f` (a blocking engine call) without the GIL; raises its error.
+template <typename F>
+auto NoGil(F f) {
+  auto r = [&] {
+    py::gil_scoped_release nogil;
+    return f();
+  }();
+  if constexpr (std::is_same_v<decltype(r), Status>) {
+    OkOrThrow(r);
+  } else {
+    return ValueOrThrow(std::move(r));
+  }
+}
+
 int32_t DLDeviceTypeOf(const Device& d) {
   return d.kind() == DeviceKind::kCuda ? kDLCUDA : kDLCPU;
 }
@@ -94,18 +116,6 @@ DLDataType DLTypeOf(ElementType t) {
       return {kDLBfloat, 16, 1};
   }
   return {kDLFloat, 32, 1};
-}
-
-std::string ElementName(ElementType t) {
-  switch (t) {
-    case ElementType::kFloat32:
-      return "float32";
-    case ElementType::kFloat16:
-      return "float16";
-    case ElementType::kBFloat16:
-      return "bfloat16";
-  }
-  return "?";
 }
 
 ElementType ToElement(CpuDType d) {
@@ -143,12 +153,7 @@ class PyPin {
 
   void Wait() {
     std::shared_ptr<PinState> s = State("wait");
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = s->pin.Wait();
-    }
-    OkOrThrow(st);
+    NoGil([&] { return s->pin.Wait(); });
   }
 
   // The protocol's arguments: `stream` is the consumer's stream (CUDA: its
@@ -164,19 +169,12 @@ class PyPin {
           "memory only; copy the tensor made from it instead");
     }
     const bool cuda = s->core->device->kind() == DeviceKind::kCuda;
-    Status st;
     if (cuda && !stream.is_none() && stream.cast<int64_t>() != -1) {
-      int64_t h = stream.cast<int64_t>();
-      // DLPack's 1 is the legacy default stream, CUDA's null handle.
-      Stream* consumer = ValueOrThrow(
-          s->core->Wrapped(h == 1 ? 0 : static_cast<uintptr_t>(h)));
-      py::gil_scoped_release nogil;
-      st = s->pin.WaitOn(*consumer);
+      Stream* consumer = s->core->Native(stream.cast<int64_t>());
+      NoGil([&] { return s->pin.WaitOn(*consumer); });
     } else {
-      py::gil_scoped_release nogil;
-      st = s->pin.Wait();
+      NoGil([&] { return s->pin.Wait(); });
     }
-    OkOrThrow(st);
 
     auto e = std::make_unique<Export>();
     e->state = s;
@@ -221,14 +219,13 @@ class PyPin {
   std::shared_ptr<PinState> state_;
 };
 
-StatusOr<std::shared_ptr<Core>> NewCore(const DeviceOptions& d,
-                                        const EngineOptions& o) {
-  auto c = std::make_shared<Core>();
-  STRATA_ASSIGN_OR_RETURN(c->device, NewDevice(d));
-  STRATA_ASSIGN_OR_RETURN(c->stream, c->device->NewStream(StreamOptions{}));
-  STRATA_ASSIGN_OR_RETURN(c->engine, Engine::Create(o, c->device.get()));
-  c->ordinal = d.cuda_ordinal;
-  return c;
+// Into `c`, which the caller destroys (without the GIL) on failure too.
+Status NewCore(const DeviceOptions& d, const EngineOptions& o, Core& c) {
+  STRATA_ASSIGN_OR_RETURN(c.device, NewDevice(d));
+  STRATA_ASSIGN_OR_RETURN(c.stream, c.device->NewStream(StreamOptions{}));
+  STRATA_ASSIGN_OR_RETURN(c.engine, Engine::Create(o, c.device.get()));
+  c.ordinal = d.cuda_ordinal;
+  return Status::Ok();
 }
 
 struct PyStepResult {
@@ -257,11 +254,15 @@ class PyEngine {
     }
     d.memory_budget_bytes = device_memory_bytes;
     d.cuda_ordinal = cuda_ordinal;
-    StatusOr<std::shared_ptr<Core>> core = [&] {
+    auto core = std::make_shared<Core>();
+    const Status st = [&] {
       py::gil_scoped_release nogil;
-      return NewCore(d, cfg.options);
+      Status r = NewCore(d, cfg.options, *core);
+      if (!r.ok()) core.reset();
+      return r;
     }();
-    core_ = ValueOrThrow(std::move(core));
+    OkOrThrow(st);
+    core_ = std::move(core);
     ordinal_ = cuda_ordinal;
   }
 
@@ -291,40 +292,19 @@ class PyEngine {
 
   void Start() {
     std::shared_ptr<Core> c = Open("start");
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c->engine->Start();
-    }
-    OkOrThrow(st);
+    NoGil([&] { return c->engine->Start(); });
   }
 
   void SetInitialValues(TensorId id, py::handle values) {
     std::shared_ptr<Core> c = Open("set_initial_values");
-    const size_t n = Numel(*c, id, "set_initial_values");
-    const Borrowed v = Borrow(values, "values", kAcceptF32);
-    CheckCount(*c, id, v, n);
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c->engine->SetInitialValues(
-          id, std::span<const float>(static_cast<const float*>(v.data), n));
-    }
-    OkOrThrow(st);
+    const std::span<float> v = Master(*c, id, values, "values");
+    NoGil([&] { return c->engine->SetInitialValues(id, v); });
   }
 
   void ReadMaster(TensorId id, py::handle out) {
     std::shared_ptr<Core> c = Open("read_master");
-    const size_t n = Numel(*c, id, "read_master");
-    const Borrowed v = Borrow(out, "out", kAcceptF32);
-    CheckCount(*c, id, v, n);
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c->engine->ReadMaster(
-          id, std::span<float>(static_cast<float*>(v.data), n));
-    }
-    OkOrThrow(st);
+    const std::span<float> v = Master(*c, id, out, "out");
+    NoGil([&] { return c->engine->ReadMaster(id, v); });
   }
 
   PyPin Fetch(TensorId id) {
@@ -334,11 +314,7 @@ class PyEngine {
     c->live_pins.fetch_add(1);
     s->core = c;
     s->shape = c->engine->spec(id).shape;
-    StatusOr<ParamPin> pin = [&] {
-      py::gil_scoped_release nogil;
-      return c->engine->Fetch(id);
-    }();
-    s->pin = ValueOrThrow(std::move(pin));
+    s->pin = NoGil([&] { return c->engine->Fetch(id); });
     return PyPin(std::move(s));
   }
 
@@ -364,29 +340,16 @@ class PyEngine {
           (cuda ? "cuda:" + std::to_string(ordinal_) + " or host" : "host") +
           " memory");
     }
-    Stream* producer = c->stream.get();
-    if (cuda && !stream.is_none()) {
-      const int64_t h = stream.cast<int64_t>();
-      producer =
-          ValueOrThrow(c->Wrapped(h == 1 ? 0 : static_cast<uintptr_t>(h)));
-    }
+    Stream* producer = cuda && !stream.is_none()
+                           ? c->Native(stream.cast<int64_t>())
+                           : c->stream.get();
     const ElementType t = ToElement(g.dtype);
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = HandOver(*c, id, g, host_mem, t, *producer);
-    }
-    OkOrThrow(st);
+    NoGil([&] { return HandOver(*c, id, g, host_mem, t, *producer); });
   }
 
   void WaitGrads() {
     std::shared_ptr<Core> c = Open("wait_grads");
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c->engine->WaitGrads();
-    }
-    OkOrThrow(st);
+    NoGil([&] { return c->engine->WaitGrads(); });
   }
 
   PyStepResult Step(double lr, double loss_scale, double max_grad_norm) {
@@ -395,11 +358,7 @@ class PyEngine {
     a.lr = lr;
     a.loss_scale = loss_scale;
     a.max_grad_norm = max_grad_norm;
-    StatusOr<StepResult> r = [&] {
-      py::gil_scoped_release nogil;
-      return c->engine->Step(a);
-    }();
-    const StepResult v = ValueOrThrow(std::move(r));
+    const StepResult v = NoGil([&] { return c->engine->Step(a); });
     return PyStepResult{v.applied, v.grad_norm, v.step};
   }
 
@@ -419,7 +378,9 @@ class PyEngine {
   bool closed() const { return core_ == nullptr; }
   int64_t live_pins() { return core_ ? core_->live_pins.load() : 0; }
   const std::vector<std::string>& warnings() const { return warnings_; }
-  std::string working_dtype() const { return ElementName(ToElement(working_)); }
+  std::string working_dtype() const {
+    return std::string(ElementTypeName(ToElement(working_)));
+  }
   size_t num_tensors() { return Open("num_tensors")->engine->num_tensors(); }
   std::string device_name() { return Open("device")->device->name(); }
   std::string device_kind() {
@@ -430,7 +391,7 @@ class PyEngine {
     Numel(*c, id, "tensor");
     const TensorSpec& s = c->engine->spec(id);
     return py::make_tuple(s.name, py::tuple(py::cast(s.shape)),
-                          ElementName(s.dtype));
+                          std::string(ElementTypeName(s.dtype)));
   }
 
  private:
@@ -461,6 +422,16 @@ class PyEngine {
                             std::to_string(n) + " elements; the array has " +
                             std::to_string(b.numel));
     }
+  }
+
+  // A float32 host array of the tensor's element count, borrowed for the
+  // call (the caller holds `arr`).
+  static std::span<float> Master(Core& c, TensorId id, py::handle arr,
+                                 const char* what) {
+    const size_t n = Numel(c, id, what);
+    const Borrowed v = Borrow(arr, what, kAcceptF32);
+    CheckCount(c, id, v, n);
+    return std::span<float>(static_cast<float*>(v.data), n);
   }
 
   static Status HandOver(Core& c, TensorId id, const Borrowed& g, bool host_mem,
@@ -539,7 +510,7 @@ every such tensor is gone.
       .def_property_readonly(
           "dtype",
           [](PyPin& self) {
-            return ElementName(self.get("dtype").pin.dtype());
+            return std::string(ElementTypeName(self.get("dtype").pin.dtype()));
           })
       .def_property_readonly(
           "nbytes", [](PyPin& self) { return self.get("nbytes").pin.bytes(); })
