@@ -339,6 +339,10 @@ class OffloadMisuseTest(unittest.TestCase):
             with self.assertRaises(strata.Error) as cm:
                 off(torch.randn(2, 64).bfloat16())
             self.assertEqual(cm.exception.code, "OutOfMemory")
+            # The failed forward held nothing back.
+            self.assertEqual(off.engine.live_pins, 0)
+            for p in off.parameters():
+                self.assertEqual(p.numel(), 0)
 
 
 if __name__ == "__main__":

@@ -161,10 +161,14 @@ class Offloaded:
 
         @functools.wraps(original)
         def forward(*args, **kwargs):
-            with torch.autograd.graph.saved_tensors_hooks(
-                self._pack, self._unpack
-            ):
-                return original(*args, **kwargs)
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(
+                    self._pack, self._unpack
+                ):
+                    return original(*args, **kwargs)
+            except BaseException:
+                self._reset()  # forward hooks of the failed modules never ran
+                raise
 
         model.forward = forward
         model._strata_offloaded = self
@@ -209,6 +213,14 @@ class Offloaded:
             if entry[0] <= 0:
                 del self._active[pid]
                 self._live.pop(_storage_ptr(entry[1]), None)
+
+    def _reset(self):
+        """Puts every placeholder back and drops what modules held."""
+        for m, own in self._owned.items():
+            for attr, pid in own:
+                m._parameters[attr] = self._params[pid][1]
+        self._active.clear()
+        self._live.clear()
 
     def _pack(self, t):
         if not self._live or t.layout != torch.strided:
@@ -296,8 +308,7 @@ class Offloaded:
         self._handles = []
         self.model.__dict__.pop("forward", None)
         self.model._strata_offloaded = None
-        self._active.clear()
-        self._live.clear()
+        self._reset()
         self.engine.close()
 
     @property
