@@ -175,23 +175,23 @@ class Offloaded:
 
     # ---- hooks ----
 
-    def _fetch_tensor(self, pid):
-        t = torch.from_dlpack(self.engine.fetch(pid))
+    def _view(self, pid, pin):
+        """The pin as a tensor of the parameter's shape (waits for the
+        data); the tensor holds the pin, which is released with it."""
+        t = torch.from_dlpack(pin)
+        pin.release()
         shape = self._params[pid][2]
         return t.view(shape) if tuple(t.shape) != shape else t
 
     def _pre(self, module, inputs):
         self._check_open()
         own = self._owned[module]
-        need = [pid for _, pid in own if pid not in self._active]
+        need = list(dict.fromkeys(
+            pid for _, pid in own if pid not in self._active))
         # Every fetch is issued before the first wait.
         pins = [self.engine.fetch(pid) for pid in need]
         for pid, pin in zip(need, pins):
-            t = torch.from_dlpack(pin)
-            pin.release()
-            shape = self._params[pid][2]
-            if tuple(t.shape) != shape:
-                t = t.view(shape)
+            t = self._view(pid, pin)
             self._active[pid] = [0, t]
             self._live[_storage_ptr(t)] = pid
         for attr, pid in own:
@@ -238,7 +238,7 @@ class Offloaded:
     def _unpack(self, saved):
         if not isinstance(saved, _Saved):
             return saved
-        base = self._fetch_tensor(saved.pid)
+        base = self._view(saved.pid, self.engine.fetch(saved.pid))
         return base.as_strided(saved.size, saved.stride, saved.offset)
 
     def _hand_over(self, pid, grad):
