@@ -98,6 +98,8 @@ std::string DeviceName(int32_t type) {
   }
 }
 
+namespace {
+
 std::string Dims(const int64_t* v, int32_t n) {
   std::string s = "[";
   for (int32_t i = 0; i < n; ++i) {
@@ -146,6 +148,8 @@ py::object CapsuleOf(py::handle obj, const std::string& what) {
   }
   return capsule;
 }
+
+}  // namespace
 
 Borrowed Borrow(py::handle obj, const std::string& what, unsigned accept,
                 bool host_only) {
