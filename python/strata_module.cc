@@ -1,5 +1,6 @@
 // strata._strata: the extension module of the Python package (docs/python.md).
-// It binds the CPU optimizer on caller memory. Arrays arrive as DLPack: any
+// It binds the CPU optimizer on caller memory (here) and the engine
+// (engine_binding.cc). Arrays arrive as DLPack: any
 // object with __dlpack__ (torch tensors, NumPy arrays) or a "dltensor"
 // capsule; the module borrows the memory for the length of one call (it
 // holds the capsule, whose destructor returns the memory to its producer)
@@ -25,13 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include "python/binding.h"
 #include "python/dlpack.h"
 #include "strata/config.h"
 #include "strata/cpu_adam.h"
 #include "strata/status.h"
 #include "strata/version.h"
-
-namespace py = pybind11;
 
 namespace strata::python {
 namespace {
@@ -39,6 +39,8 @@ namespace {
 // The exception types (module attributes; alive as long as the module).
 PyObject* g_error = nullptr;
 PyObject* g_invalid_argument = nullptr;
+
+}  // namespace
 
 [[noreturn]] void ThrowStatus(const Status& s) {
   PyObject* type = (s.code() == StatusCode::kInvalidArgument ||
@@ -52,11 +54,7 @@ PyObject* g_invalid_argument = nullptr;
   throw py::error_already_set();
 }
 
-template <typename T>
-T ValueOrThrow(StatusOr<T> v) {
-  if (!v.ok()) ThrowStatus(v.status());
-  return *std::move(v);
-}
+namespace {
 
 std::string_view DTypeName(CpuDType d) {
   switch (d) {
@@ -81,6 +79,8 @@ CpuDType ParseDType(std::string_view name) {
                         "': accepted float32, float16, bfloat16, block8");
 }
 
+}  // namespace
+
 std::string DeviceName(int32_t type) {
   switch (type) {
     case kDLCPU:
@@ -98,6 +98,8 @@ std::string DeviceName(int32_t type) {
   }
 }
 
+namespace {
+
 std::string Dims(const int64_t* v, int32_t n) {
   std::string s = "[";
   for (int32_t i = 0; i < n; ++i) {
@@ -106,14 +108,6 @@ std::string Dims(const int64_t* v, int32_t n) {
   }
   return s + "]";
 }
-
-// The element kinds an argument may have. uint8 arrays hold kBlock8 state.
-enum Accept : unsigned {
-  kAcceptF32 = 1u << 0,
-  kAcceptF16 = 1u << 1,
-  kAcceptBF16 = 1u << 2,
-  kAcceptU8 = 1u << 3,
-};
 
 std::string Accepted(unsigned accept) {
   std::vector<std::string> names;
@@ -127,15 +121,6 @@ std::string Accepted(unsigned accept) {
   }
   return s;
 }
-
-// One array borrowed for the length of a call.
-struct Borrowed {
-  py::object capsule;  // keeps the producer's memory alive
-  void* data = nullptr;
-  size_t numel = 0;
-  size_t nbytes = 0;
-  CpuDType dtype = CpuDType::kFloat32;  // kBlock8 for uint8
-};
 
 // The "dltensor" capsule of `obj` (itself, or what obj.__dlpack__() gives).
 py::object CapsuleOf(py::handle obj, const std::string& what) {
@@ -164,9 +149,10 @@ py::object CapsuleOf(py::handle obj, const std::string& what) {
   return capsule;
 }
 
-// Checks one array: host memory, an accepted dtype, C-contiguous, naturally
-// aligned. `what` names it in every message.
-Borrowed Borrow(py::handle obj, const std::string& what, unsigned accept) {
+}  // namespace
+
+Borrowed Borrow(py::handle obj, const std::string& what, unsigned accept,
+                bool host_only) {
   Borrowed b;
   b.capsule = CapsuleOf(obj, what);
   auto* managed = static_cast<DLManagedTensor*>(
@@ -175,7 +161,9 @@ Borrowed Borrow(py::handle obj, const std::string& what, unsigned accept) {
   const DLTensor& t = managed->dl_tensor;
 
   const int32_t dev = t.device.device_type;
-  if (dev != kDLCPU && dev != kDLCUDAHost && dev != kDLROCMHost) {
+  b.device_type = dev;
+  b.device_id = t.device.device_id;
+  if (host_only && dev != kDLCPU && dev != kDLCUDAHost && dev != kDLROCMHost) {
     throw py::value_error(what + " is on " + DeviceName(dev) + ":" +
                           std::to_string(t.device.device_id) +
                           "; strata's CPU optimizer takes host memory (a "
@@ -239,6 +227,8 @@ Borrowed Borrow(py::handle obj, const std::string& what, unsigned accept) {
   b.nbytes = numel * elem;
   return b;
 }
+
+namespace {
 
 void CheckNumel(const Borrowed& b, const std::string& what, size_t n) {
   if (b.numel != n) {
@@ -465,7 +455,9 @@ PyObject* NewException(const char* name, const char* doc, PyObject* bases) {
 }  // namespace
 
 PYBIND11_MODULE(_strata, m) {
-  m.doc() = "strata's native module: the CPU optimizer on DLPack arrays";
+  m.doc() =
+      "strata's native module: the CPU optimizer on DLPack arrays and the "
+      "engine";
   m.attr("__version__") = STRATA_VERSION_STRING;
   m.def(
       "version", [] { return std::string(strata_version()); },
@@ -485,6 +477,8 @@ PYBIND11_MODULE(_strata, m) {
                    "OutOfRange); also a ValueError.",
                    bases.ptr());
   m.attr("InvalidArgumentError") = py::handle(g_invalid_argument);
+
+  BindEngine(m);
 
   m.def(
       "state_bytes",

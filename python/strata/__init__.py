@@ -1,14 +1,19 @@
 """strata: tiered memory for training huge models, from Python.
 
 The CPU optimizer on any DLPack array (NumPy, torch) is ``strata.CpuOptimizer``;
-the PyTorch optimizers are in ``strata.torch`` (imported on demand, so that
+the engine (parameters, optimizer states and gradients across device, host
+and NVMe) is ``strata.Engine``; the PyTorch optimizers and ``offload`` are in
+``strata.torch`` (imported on demand, so that
 ``import strata`` needs no torch). See docs/python.md.
 """
 
 from strata._strata import (
     CpuOptimizer,
+    Engine,
     Error,
     InvalidArgumentError,
+    Pin,
+    StepResult,
     best_variant,
     state_bytes,
     version,
@@ -20,8 +25,11 @@ __version__ = version()
 
 __all__ = [
     "CpuOptimizer",
+    "Engine",
     "Error",
     "InvalidArgumentError",
+    "Pin",
+    "StepResult",
     "best_variant",
     "state_bytes",
     "version",
