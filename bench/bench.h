@@ -32,6 +32,7 @@
 #include "strata/device.h"
 #include "strata/io_engine.h"
 #include "strata/status.h"
+#include "util/file_lock.h"
 #include "util/unique_handle.h"
 
 namespace strata::bench {
@@ -139,15 +140,9 @@ class DirLock {
  public:
   static StatusOr<DirLock> Acquire(const std::string& dir,
                                    const std::string& name);
-  DirLock() = default;
-  DirLock(DirLock&& other) noexcept = default;
-  DirLock& operator=(DirLock&& other) noexcept;
-  ~DirLock();
 
  private:
-  void Release();
-  std::string path_;
-  UniqueFd fd_;
+  FileLock lock_;  // util/file_lock.h: the lock and its removal
 };
 
 // Scope of one run: installs SIGINT and SIGTERM handlers that only record

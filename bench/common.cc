@@ -455,65 +455,21 @@ Status JsonOutput::Commit(const nlohmann::json& j) {
 
 StatusOr<DirLock> DirLock::Acquire(const std::string& dir,
                                    const std::string& name) {
-  const std::string path = dir + "/" + name;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-    if (!fd) return Status::FromErrno(errno, "open lock " + path);
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err != EWOULDBLOCK) return Status::FromErrno(err, "flock " + path);
-      char pid[32] = {};
-      (void)!::pread(fd.get(), pid, sizeof pid - 1, 0);
-      return Status(StatusCode::kBusy,
-                    dir + " is in use by pid " +
-                        (pid[0] != '\0' ? std::string(pid) : "(unknown)") +
-                        " (lock " + path +
-                        "); wait for it or give this run another --dir",
-                    err);
-    }
-    // The holder before us may have removed the file between our open and
-    // our flock: then we locked an orphan, and must start over.
-    struct stat by_fd {
-    }, by_path{};
-    if (::fstat(fd.get(), &by_fd) != 0) {
-      return Status::FromErrno(errno, "fstat " + path);
-    }
-    if (::stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino ||
-        by_fd.st_dev != by_path.st_dev) {
-      continue;
-    }
-    const std::string me = std::to_string(::getpid());
-    if (::ftruncate(fd.get(), 0) != 0 ||
-        ::pwrite(fd.get(), me.data(), me.size(), 0) !=
-            static_cast<ssize_t>(me.size())) {
-      const int err = errno;
-      ::unlink(path.c_str());
-      return Status::FromErrno(err, "write lock " + path);
-    }
-    DirLock lock;
-    lock.path_ = path;
-    lock.fd_ = std::move(fd);
-    return lock;
+  StatusOr<FileLock> lock = FileLock::Acquire(dir + "/" + name);
+  if (lock.status().code() == StatusCode::kBusy) {
+    // "held by pid N (lock P)" in the benchmark's words.
+    std::string_view holder = lock.status().message();
+    constexpr std::string_view kHeld = "held by ";
+    if (holder.starts_with(kHeld)) holder.remove_prefix(kHeld.size());
+    return Status(StatusCode::kBusy,
+                  dir + " is in use by " + std::string(holder) +
+                      "; wait for it or give this run another --dir",
+                  lock.status().sys_errno());
   }
-  return Status(StatusCode::kBusy, "lock " + path + " keeps changing hands");
-}
-
-DirLock& DirLock::operator=(DirLock&& other) noexcept {
-  if (this != &other) {
-    Release();
-    path_ = std::move(other.path_);
-    fd_ = std::move(other.fd_);
-  }
-  return *this;
-}
-
-DirLock::~DirLock() { Release(); }
-
-void DirLock::Release() {
-  // Unlinked while held: a waiter that locks the old file afterwards sees
-  // the path gone and starts over.
-  if (fd_) ::unlink(path_.c_str());
-  fd_.reset();
+  if (!lock.ok()) return lock.status();
+  DirLock out;
+  out.lock_ = std::move(*lock);
+  return out;
 }
 
 StatusOr<uint64_t> FreeBytes(const std::string& path) {

@@ -11,7 +11,8 @@
 namespace strata {
 
 StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
-  for (;;) {
+  // Bounded: a path that changes hands this often is not going to settle.
+  for (int attempt = 0; attempt < 100; ++attempt) {
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     if (!fd) return Status::FromErrno(errno, "open lock " + path);
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
@@ -19,9 +20,11 @@ StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
       if (err == EWOULDBLOCK) {
         char pid[32] = {};
         (void)!::pread(fd.get(), pid, sizeof pid - 1, 0);
-        return Status(
-            StatusCode::kBusy,
-            "held by pid " + std::string(pid) + " (lock " + path + ")", err);
+        return Status(StatusCode::kBusy,
+                      "held by pid " +
+                          (pid[0] != '\0' ? std::string(pid) : "(unknown)") +
+                          " (lock " + path + ")",
+                      err);
       }
       return Status::FromErrno(err, "flock " + path);
     }
@@ -38,10 +41,13 @@ StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
     if (::ftruncate(fd.get(), 0) != 0 ||
         ::pwrite(fd.get(), pid.data(), pid.size(), 0) !=
             static_cast<ssize_t>(pid.size())) {
-      return Status::FromErrno(errno, "write lock " + path);
+      const int err = errno;
+      ::unlink(path.c_str());  // ours: nothing is left behind
+      return Status::FromErrno(err, "write lock " + path);
     }
     return FileLock(path, std::move(fd));
   }
+  return Status(StatusCode::kBusy, "lock " + path + " keeps changing hands");
 }
 
 FileLock& FileLock::operator=(FileLock&& other) noexcept {

@@ -26,8 +26,9 @@ namespace strata {
 class FileLock {
  public:
   // Creates (mode 0600) and locks `path`. kBusy when another holder has it:
-  // the message is "held by pid <N> (lock <path>)", for the caller to put in
-  // its own words with WithContext.
+  // the message is "held by pid <N> (lock <path>)" (<N> "(unknown)" when the
+  // file names none yet), for the caller to put in its own words; also
+  // kBusy when the path changed hands 100 times while we tried.
   static StatusOr<FileLock> Acquire(const std::string& path);
 
   FileLock() = default;
