@@ -37,8 +37,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
 std::string Bytes(uint64_t b) { return std::to_string(b) + " bytes"; }
 
 }  // namespace
@@ -262,7 +260,7 @@ Status EngineImpl::Start() {
     uint64_t off = 0;
     for (UnitState& s : units_) {
       s.host_offset[r] = off;
-      off += RoundUp(s.elems * ElemBytes(r, s), 4096);
+      off += HostBlockBytes(r, s);
     }
     host_bytes += off;
   }
@@ -277,8 +275,7 @@ Status EngineImpl::Start() {
   for (int r = 0; r < kRoles; ++r) {
     if (RoleResidence(r) != Residence::kHost) continue;
     const uint64_t bytes =
-        units_.back().host_offset[r] +
-        RoundUp(units_.back().elems * ElemBytes(r, units_.back()), 4096);
+        units_.back().host_offset[r] + HostBlockBytes(r, units_.back());
     HostBufferOptions ho;
     ho.pin = options_.pin_memory;
     ho.prefault = true;  // zero-filled by the kernel, and no first-use faults

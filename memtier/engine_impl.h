@@ -207,6 +207,11 @@ class EngineImpl final : public Engine {
            piece;
   }
   std::byte* HostAt(int role, uint32_t unit, uint64_t elem);
+  // Bytes of role `role` a unit takes in its host array: whole pages, so
+  // that every unit starts page-aligned there.
+  uint64_t HostBlockBytes(int role, const UnitState& s) const {
+    return RoundUp(s.elems * ElemBytes(role, s), 4096);
+  }
   // The pinned device block of a unit, plus `bytes`. REQUIRES: s.pin held.
   static std::byte* DevAt(const UnitState& s, uint64_t bytes) {
     return static_cast<std::byte*>(s.pin.data()) + bytes;

@@ -6,8 +6,6 @@
 namespace strata::memtier {
 namespace {
 
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
 // Pads a unit so that it splits into world_size aligned shards.
 void Finish(UnitInfo& u, const LayoutOptions& o) {
   const uint64_t quantum = kTensorAlign * static_cast<uint64_t>(o.world_size);

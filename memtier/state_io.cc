@@ -40,8 +40,6 @@
 namespace strata::memtier {
 namespace {
 
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
 // The engine's roles a checkpoint stores, and their checkpoint names.
 struct SavedRole {
   int role;
@@ -57,19 +55,6 @@ StateRole StateOf(int role) {
     if (s.role == role) return s.state;
   }
   return StateRole::kMaster;
-}
-
-const char* RoleWord(int role) {
-  switch (role) {
-    case kMaster:
-      return "master";
-    case kExpAvg:
-      return "exp_avg";
-    case kExpAvgSq:
-      return "exp_avg_sq";
-    default:
-      return "param";
-  }
 }
 
 constexpr const char* kEngineBlob = "strata.engine";
@@ -210,7 +195,7 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
         std::byte* src = HostAt(r, u, begin);
         const bool aligned =
             reinterpret_cast<uintptr_t>(src) % kCheckpointAlign == 0 &&
-            (begin * esize) + piece.padded <= RoundUp(s.elems * esize, 4096);
+            (begin * esize) + piece.padded <= HostBlockBytes(r, s);
         if (aligned) {  // straight from the host array
           writes.Add();
           st = writer.WriteExtent(
@@ -419,7 +404,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
     if (!reader.HasRole(StateOf(r))) {
       return Status::Corruption(where + ": the checkpoint has no " +
-                                RoleWord(r));
+                                std::string(StateRoleName(StateOf(r))));
     }
   }
   // The stored working copy is used only when its dtypes are this engine's.
