@@ -151,7 +151,8 @@ std::vector<StatePlacement> EngineImpl::PlacementsOf(
 Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   const StateRole state = StateOf(r);
   const Residence where = RoleResidence(r);
-  // A piece whose bytes are arriving in (or are in) a staging buffer.
+  // A piece whose bytes are in, or arriving in (`arrived`: NVMe reads), a
+  // staging buffer.
   struct Ready {
     std::shared_ptr<StagingLease> lease;
     size_t bytes = 0, padded = 0;
@@ -161,8 +162,7 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   // Hands a piece to the writer on this thread (the writer checksums it,
   // which must not hold up the I/O completion thread); the buffer goes back
   // when the write is done.
-  auto emit = [&](Ready& p) -> Status {
-    Status st = p.arrived.get();
+  auto emit = [&](Ready& p, Status st) -> Status {
     writes.Add();
     if (st.ok()) {
       std::memset(p.lease->data() + p.bytes, 0, p.padded - p.bytes);
@@ -206,7 +206,7 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
         }
       }
       if (reading.size() >= depth) {
-        st = emit(reading.front());
+        st = emit(reading.front(), reading.front().arrived.get());
         reading.pop_front();
         if (!st.ok()) break;
       }
@@ -233,16 +233,13 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
                                     piece.bytes, CopyKind::kDeviceToHost);
         if (copied.ok()) copied = device_->SynchronizeStream(*copy_stream_);
       }
-      std::promise<Status> now;
-      now.set_value(copied);
-      piece.arrived = now.get_future();
-      st = emit(piece);
+      st = emit(piece, copied);
     }
   }
   // The reads still in flight end before their buffers go back.
   for (Ready& p : reading) {
     if (st.ok()) {
-      st = emit(p);
+      st = emit(p, p.arrived.get());
     } else {
       p.arrived.wait();
     }
