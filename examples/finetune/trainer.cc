@@ -362,6 +362,11 @@ StatusOr<StepRecord> Run::TrainStep(int64_t s) {
 
 constexpr const char* kTrainerBlob = "finetune.trainer";
 
+// The step after which the run stops: --stop-after within the schedule.
+int64_t EndStep(const TrainOptions& o) {
+  return o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
+}
+
 nlohmann::json Run::DataConfig() const {
   return {{"batch", o_.batch},
           {"seq_len", o_.seq_len},
@@ -416,11 +421,13 @@ StatusOr<int64_t> Run::Resume(TrainReport* report) {
     }
   }
   const int64_t step = j["step"].get<int64_t>();
-  if (step >= o_.steps) {
+  if (step >= EndStep(o_)) {
     return Status::InvalidArgument(
         "--resume: the checkpoint " + r->path() + " is at step " +
-        std::to_string(step) + ", and --steps is " + std::to_string(o_.steps) +
-        ": nothing is left to train");
+        std::to_string(step) + ", and this run ends at step " +
+        std::to_string(EndStep(o_)) + " (--steps " + std::to_string(o_.steps) +
+        ", --stop-after " + std::to_string(o_.stop_after) +
+        "): nothing is left to train");
   }
   STRATA_RETURN_IF_ERROR(scaler_->Restore(j["loss_scaler"]));
   STRATA_RETURN_IF_ERROR(engine_->LoadState(*r));
@@ -499,14 +506,7 @@ StatusOr<TrainReport> Train(const TrainOptions& o,
   STRATA_ASSIGN_OR_RETURN(const int64_t first, run.Resume(&report));
   const auto t0 = Clock::now();
   double after_first = 0;
-  const int64_t end =
-      o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
-  if (first >= end) {
-    return Status::InvalidArgument(
-        "--stop-after " + std::to_string(o.stop_after) +
-        ": the run resumed at step " + std::to_string(first) +
-        "; nothing is left to train");
-  }
+  const int64_t end = EndStep(o);  // > first: Resume checked it
   for (int64_t s = first; s < end; ++s) {
     STRATA_ASSIGN_OR_RETURN(StepRecord rec, run.TrainStep(s));
     if (s > first) after_first += rec.seconds;
