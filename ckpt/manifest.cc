@@ -1,7 +1,5 @@
 #include "ckpt/manifest.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -508,10 +506,6 @@ size_t StoredElemBytes(StateRole role, ElementType dtype) {
   return StateRoleType(role, dtype) == ElementType::kFloat32 ? 4 : 2;
 }
 
-uint64_t Xxh3(std::span<const std::byte> bytes) {
-  return XXH3_64bits(bytes.data(), bytes.size());
-}
-
 uint64_t FileChecksum(std::span<const ExtentRecord* const> extents) {
   std::vector<unsigned char> words(extents.size() * 8);
   for (size_t i = 0; i < extents.size(); ++i) {
@@ -520,7 +514,7 @@ uint64_t FileChecksum(std::span<const ExtentRecord* const> extents) {
           static_cast<unsigned char>(extents[i]->xxh3 >> (8 * b) & 0xff);
     }
   }
-  return XXH3_64bits(words.data(), words.size());
+  return Xxh3(std::as_bytes(std::span(words)));
 }
 
 StatusOr<uint64_t> TensorElems(const CheckpointTensor& tensor,
@@ -691,7 +685,7 @@ std::string SerializeManifest(const Manifest& m) {
   }
   root["blobs"] = std::move(blobs);
   std::string text = root.dump(1) + "\n";
-  text += "xxh3 " + Hex64(XXH3_64bits(text.data(), text.size())) + "\n";
+  text += "xxh3 " + Hex64(Xxh3(std::as_bytes(std::span(text)))) + "\n";
   return text;
 }
 
@@ -716,7 +710,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view file) {
     return Status::Corruption(f + ": checksum line is not 16 hex digits");
   }
   const std::string_view body = text.substr(0, text.size() - kTail);
-  const uint64_t got = XXH3_64bits(body.data(), body.size());
+  const uint64_t got = Xxh3(std::as_bytes(std::span(body)));
   if (got != want) {
     return Status::Corruption(f + ": checksum " + Hex64(got) +
                               " of the contents does not match the " +

@@ -15,6 +15,7 @@
 
 #include "strata/checkpoint.h"
 #include "strata/status.h"
+#include "util/checksum.h"
 
 namespace strata::ckpt {
 
@@ -70,7 +71,6 @@ int64_t ParseStepDirName(std::string_view name);
 // Bytes per element of `role` for a tensor of working type `dtype`.
 size_t StoredElemBytes(StateRole role, ElementType dtype);
 
-uint64_t Xxh3(std::span<const std::byte> bytes);
 // XXH3-64 of the extents' checksums (little-endian 64-bit words) in order.
 uint64_t FileChecksum(std::span<const ExtentRecord* const> extents);
 // Elements of a tensor (product of its shape); kInvalidArgument when a

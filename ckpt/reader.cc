@@ -281,7 +281,7 @@ class Reader final : public CheckpointReader {
       }
       return s;
     }
-    const uint64_t got = ckpt::Xxh3(buf);
+    const uint64_t got = Xxh3(buf);
     if (got != e.xxh3) {
       return Status::Corruption(path + " at offset " +
                                 std::to_string(e.offset) + ": the " +

@@ -182,7 +182,7 @@ class Writer final : public CheckpointWriter {
     }
     // Checksummed before the write is issued; the buffer is the caller's
     // until `done` runs.
-    const uint64_t sum = ckpt::Xxh3(data);
+    const uint64_t sum = Xxh3(data);
     CheckpointFs::File* file;
     uint64_t offset;
     {

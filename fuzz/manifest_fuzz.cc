@@ -16,6 +16,7 @@
 
 #include "ckpt/manifest.h"
 #include "strata/status.h"
+#include "util/checksum.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -24,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     char line[32];
     std::snprintf(
         line, sizeof(line), "xxh3 %016" PRIx64 "\n",
-        strata::ckpt::Xxh3(std::as_bytes(std::span(text.data(), text.size()))));
+        strata::Xxh3(std::as_bytes(std::span(text.data(), text.size()))));
     text += line;
   }
   constexpr std::string_view kFile = "fuzz/MANIFEST.json";

@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +16,7 @@
 
 #include "strata/host_buffer.h"
 #include "swap/swap_space_internal.h"
+#include "util/checksum.h"
 #include "util/file_lock.h"
 #include "util/log.h"
 #include "util/mutex.h"
@@ -35,11 +34,8 @@ uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 uint64_t Checksum(const BlockHeader& h, const std::byte* payload) {
   BlockHeader copy = h;
   copy.checksum = 0;
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  XXH3_64bits_update(&state, &copy, sizeof copy);
-  XXH3_64bits_update(&state, payload, h.payload_bytes);
-  return XXH3_64bits_digest(&state);
+  return Xxh3(std::as_bytes(std::span(&copy, 1)),
+              std::span(payload, h.payload_bytes));
 }
 
 uint64_t FreeBytes(const std::string& dir) {
