@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <deque>
@@ -92,6 +93,22 @@ IoTicket AsyncIo::Submit(std::span<const IoRequest> batch,
   return ticket;
 }
 
+Status AsyncIo::SubmitGroups(std::span<const IoRequest> batch, size_t group,
+                             IoPriority priority, IoGroupCallback done) {
+  if (group == 0) {
+    return Status::InvalidArgument("SubmitGroups with groups of 0 requests");
+  }
+  return Submit(batch, priority,
+                [group, done = std::move(done)](std::span<IoCompletion> c) {
+                  size_t g = 0;
+                  do {
+                    const size_t at = g * group;
+                    done(g, c.subspan(at, std::min(group, c.size() - at)));
+                    ++g;
+                  } while (g * group < c.size());
+                });
+}
+
 StatusOr<IoBufferRegistration> AsyncIo::RegisterBuffer(
     std::span<std::byte> buf) {
   if (buf.empty()) {
@@ -129,29 +146,51 @@ class AsyncIoImpl final : public AsyncIo {
 
   Status Submit(std::span<const IoRequest> batch, IoPriority priority,
                 IoCallback done) override {
+    return SubmitGroups(batch, std::max<size_t>(batch.size(), 1), priority,
+                        [done = std::move(done)](
+                            size_t, std::span<IoCompletion> c) { done(c); });
+  }
+
+  Status SubmitGroups(std::span<const IoRequest> batch, size_t group,
+                      IoPriority priority, IoGroupCallback done) override {
+    if (group == 0) {
+      return Status::InvalidArgument("SubmitGroups with groups of 0 requests");
+    }
     {
       MutexLock engine_lock(&engine_mu_);
       for (const IoRequest& r : batch) {
         STRATA_RETURN_IF_ERROR(engine_->Validate(r));
       }
     }
-    auto* b = new Batch;
-    b->done = std::move(done);
-    b->results.resize(batch.size());
-    b->remaining = batch.size();
+    // One Batch per group, sharing the caller's callback.
+    auto shared = std::make_shared<IoGroupCallback>(std::move(done));
+    const size_t groups =
+        std::max<size_t>((batch.size() + group - 1) / group, 1);
+    std::vector<Batch*> made(groups);
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t n =
+          std::min(group, batch.size() - std::min(batch.size(), g * group));
+      made[g] = new Batch;
+      made[g]->done = [shared, g](std::span<IoCompletion> c) {
+        (*shared)(g, c);
+      };
+      made[g]->results.resize(n);
+      made[g]->remaining = n;
+    }
     {
       MutexLock lock(&mu_);
       if (stopping_) {
-        delete b;
+        for (Batch* b : made) delete b;
         return Status::FailedPrecondition(
             "I/O submitted while the AsyncIo shuts down");
       }
       if (batch.empty()) {
-        empty_.push_back(b);
+        empty_.push_back(made[0]);
       } else {
         auto& q = queues_[priority == IoPriority::kUrgent ? 0 : 1];
         for (size_t i = 0; i < batch.size(); ++i) {
-          q.push_back({batch[i], b, static_cast<uint32_t>(i)});
+          q.push_back(
+              {batch[i], made[i / group], static_cast<uint32_t>(i % group)});
         }
       }
     }
@@ -240,7 +279,10 @@ class AsyncIoImpl final : public AsyncIo {
     return c;
   }
 
-  // The completion thread.
+  // The completion thread. Each turn reaps what the engine has finished,
+  // refills the engine from the queues with the slots that freed, and only
+  // then runs callbacks: a callback that takes time (the swap space verifies
+  // a block's checksum in its own) never leaves the device idle.
   void Run() STRATA_EXCLUDES(mu_, engine_mu_) {
     thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
     std::vector<Queued> admit;
@@ -248,9 +290,22 @@ class AsyncIoImpl final : public AsyncIo {
     std::vector<Batch*> empty;
     std::vector<IoRequest> reqs;
     std::vector<IoCompletion> out(depth_);
+    std::vector<InFlight> finished(depth_);
     for (;;) {
       uint64_t drained = 0;
       (void)!::eventfd_read(event_fd_, &drained);
+      size_t n = 0;
+      if (in_engine_ > 0) {
+        MutexLock lock(&engine_mu_);
+        auto polled = engine_->Poll(out);
+        if (polled.ok()) {
+          n = *polled;
+        } else {
+          STRATA_LOG_ONCE(ERROR, "strata io completion thread: {}",
+                          polled.status().ToString());
+        }
+      }
+      for (size_t i = 0; i < n; ++i) finished[i] = Release(out[i].tag);
       bool stop = false;
       {
         MutexLock lock(&mu_);
@@ -265,6 +320,12 @@ class AsyncIoImpl final : public AsyncIo {
       }
       const bool progress =
           !admit.empty() || !cancelled.empty() || !empty.empty();
+      if (!admit.empty()) SubmitToEngine(admit, reqs);
+      admit.clear();
+      for (size_t i = 0; i < n; ++i) {
+        out[i].tag = finished[i].tag;
+        Deliver(finished[i].batch, finished[i].index, std::move(out[i]));
+      }
       for (Batch* b : empty) {
         if (b->done) b->done({});
         delete b;
@@ -277,24 +338,6 @@ class AsyncIoImpl final : public AsyncIo {
                                        "down before it was submitted")));
       }
       cancelled.clear();
-      if (!admit.empty()) SubmitToEngine(admit, reqs);
-      admit.clear();
-      size_t n = 0;
-      if (in_engine_ > 0) {
-        MutexLock lock(&engine_mu_);
-        auto polled = engine_->Poll(out);
-        if (polled.ok()) {
-          n = *polled;
-        } else {
-          STRATA_LOG_ONCE(ERROR, "strata io completion thread: {}",
-                          polled.status().ToString());
-        }
-      }
-      for (size_t i = 0; i < n; ++i) {
-        const InFlight f = Release(out[i].tag);
-        out[i].tag = f.tag;
-        Deliver(f.batch, f.index, std::move(out[i]));
-      }
       if (progress || n > 0) continue;
       if (stop && in_engine_ == 0) {
         MutexLock lock(&mu_);

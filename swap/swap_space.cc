@@ -485,11 +485,13 @@ class SwapSpaceImpl final : public SwapSpace {
       reqs.push_back(
           {file, SlotOffset(slot), {Payload(*op, i), payload}, op->kind, i});
     }
-    ++op->batches;
-    Status s = io_->Submit(
-        reqs, op->priority,
-        [this, op](std::span<IoCompletion> c) { OnBatchDone(op, c); });
-    if (!s.ok()) --op->batches;
+    // A batch per block (its header and payload), so each block is checked
+    // as soon as it is in, while the op's later blocks are still in flight.
+    op->batches += blocks.size();
+    Status s = io_->SubmitGroups(
+        reqs, 2, op->priority,
+        [this, op](size_t, std::span<IoCompletion> c) { OnBatchDone(op, c); });
+    if (!s.ok()) op->batches -= blocks.size();
     return s;
   }
 

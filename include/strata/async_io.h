@@ -52,6 +52,10 @@ enum class IoPriority : uint8_t {
 // Runs once per accepted batch; completions[i] belongs to the batch's
 // request i (its tag is that request's tag).
 using IoCallback = std::function<void(std::span<IoCompletion> completions)>;
+// Runs once per group of a SubmitGroups batch: `group` is its index and
+// completions[i] belongs to the group's request i.
+using IoGroupCallback =
+    std::function<void(size_t group, std::span<IoCompletion> completions)>;
 
 // A one-shot result: a callback Sets it, any number of threads Wait for it.
 // Copies share one state. Thread-safe.
@@ -125,6 +129,15 @@ class STRATA_EXPORT AsyncIo {
                         IoCallback done) = 0;
   // Submit with a ticket that becomes FirstError of the batch (or the refusal).
   IoTicket Submit(std::span<const IoRequest> batch, IoPriority priority);
+  // Submit of `batch` cut into consecutive groups of `group` requests (the
+  // last may be shorter), each finished on its own: `done` runs once per
+  // group as soon as that group's requests have finished, so a large batch's
+  // results can be checked piece by piece while the rest is still in flight.
+  // All or nothing, as Submit: a refusal queues no group and `done` never
+  // runs. An empty batch is one empty group. kInvalidArgument when `group`
+  // is 0. The default runs `done` for every group after the whole batch.
+  virtual Status SubmitGroups(std::span<const IoRequest> batch, size_t group,
+                              IoPriority priority, IoGroupCallback done);
 
   // See IoBufferRegistration.
   StatusOr<IoBufferRegistration> RegisterBuffer(std::span<std::byte> buf);
