@@ -223,6 +223,38 @@ TEST(Gpt2CheckpointTest, InferNeedsEmbeddings) {
   EXPECT_NE(dims.status().message().find("wpe.weight"), std::string::npos);
 }
 
+// Found by the gpt2_checkpoint fuzz target: a stray block index made the
+// expected-tensor list billions long, and a zero-byte [0, 2^62] embedding
+// overflowed 4 * n_embd. Both are refused naming the file and the value.
+TEST(Gpt2CheckpointTest, InferRefusesDimensionsOutOfRange) {
+  ScratchDir dir;
+  struct Case {
+    std::vector<Extra> extras;
+    std::map<std::string, std::vector<int64_t>> reshape;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{{"h.300000000.ln_1.weight", {8}, std::vector<float>(8)}},
+       {},
+       "names block 300000000; accepted: blocks 0..4095"},
+      {{}, {{"wte.weight", {0, int64_t{1} << 62}}}, "vocab (dim 0) 0 is out"},
+      {{}, {{"wte.weight", {1, 0}}}, "n_embd (dim 1) 0 is out of range"},
+      {{}, {{"wpe.weight", {0, 8}}}, "n_ctx (dim 0) 0 is out of range"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir.File("dims" + std::to_string(i));
+    WriteCheckpoint(path, kTiny, "", {}, cases[i].extras, cases[i].reshape);
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    auto dims = InferGpt2Dims(*file);
+    ASSERT_FALSE(dims.ok()) << i;
+    EXPECT_EQ(dims.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(dims.status().message().find(cases[i].expect), std::string::npos)
+        << dims.status().ToString();
+    EXPECT_NE(dims.status().message().find(path), std::string::npos);
+  }
+}
+
 TEST(Gpt2CheckpointTest, Bf16CheckpointReadsAsFloat) {
   ScratchDir dir;
   const std::string path = dir.File("bf16.safetensors");

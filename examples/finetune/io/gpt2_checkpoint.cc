@@ -210,10 +210,30 @@ StatusOr<Gpt2Dims> InferGpt2Dims(const SafetensorsFile& file) {
   d.vocab = wte->shape[0];
   d.n_embd = wte->shape[1];
   d.n_ctx = wpe->shape[0];
+  // Bounded before anything is sized by them: a shape of [0, 2^62] holds no
+  // bytes, so the safetensors reader accepts it, but 4 * n_embd overflows.
+  for (const auto& [what, v] :
+       {std::pair<const char*, int64_t>{"wte.weight's vocab (dim 0)", d.vocab},
+        {"wte.weight's n_embd (dim 1)", d.n_embd},
+        {"wpe.weight's n_ctx (dim 0)", d.n_ctx}}) {
+    if (v < 1 || v > kMaxGpt2Dim) {
+      return Status::InvalidArgument(
+          file.path() + ": " + what + " " + std::to_string(v) +
+          " is out of range; accepted: 1.." + std::to_string(kMaxGpt2Dim));
+    }
+  }
   std::set<int64_t> blocks;
   for (const SafetensorsTensorInfo& t : file.tensors()) {
     std::string_view rest;
     const int64_t n = BlockIndex(Unprefixed(t.name), &rest);
+    if (n >= kMaxGpt2Layers) {
+      // One stray name must not make the model (and the list of the
+      // tensors it expects) that many blocks deep.
+      return Status::InvalidArgument(file.path() + ": tensor " + t.name +
+                                     " names block " + std::to_string(n) +
+                                     "; accepted: blocks 0.." +
+                                     std::to_string(kMaxGpt2Layers - 1));
+    }
     if (n >= 0) blocks.insert(n);
   }
   // One past the highest block: a gap then shows up as missing tensors.

@@ -78,10 +78,19 @@ struct Gpt2CheckpointMap {
 StatusOr<Gpt2CheckpointMap> MapGpt2Checkpoint(const SafetensorsFile& file,
                                               const Gpt2Dims& dims);
 
+// The largest dimensions a checkpoint may give: every GPT-style model fits
+// well inside them, and the shapes derived from them (4 * n_embd, the
+// products of two dimensions) stay far from int64 overflow.
+inline constexpr int64_t kMaxGpt2Dim = int64_t{1}
+                                       << 24;  // n_embd, vocab, n_ctx
+inline constexpr int64_t kMaxGpt2Layers = 4096;
+
 // The dimensions of the model in `file`: vocab and n_embd from wte.weight,
 // n_ctx from wpe.weight, n_layer from the h.N blocks (N = 0..n_layer-1). The
 // tensors are not checked beyond that; MapGpt2Checkpoint does it.
-// kInvalidArgument naming the file when wte/wpe are missing or not 2-D.
+// kInvalidArgument naming the file when wte/wpe are missing or not 2-D, when
+// n_embd, vocab or n_ctx is outside 1..kMaxGpt2Dim, or a block index is at
+// or above kMaxGpt2Layers.
 StatusOr<Gpt2Dims> InferGpt2Dims(const SafetensorsFile& file);
 
 // Reads parameter `param` (unprefixed name) as fp32 into `out` (its numel
