@@ -27,6 +27,8 @@ constexpr const char* kLockName = "writer.lock";
 constexpr int kMaxRemoveDepth = 64;
 // Largest single request a data transfer is split into (bytes).
 constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
+// The least a data file being written grows by at a time (bytes).
+constexpr uint64_t kMinReserve = uint64_t{256} << 20;
 
 class PosixFile final : public CheckpointFs::File {
  public:
@@ -42,6 +44,10 @@ class PosixFile final : public CheckpointFs::File {
 
   void Write(uint64_t offset, std::span<const std::byte> buf,
              std::function<void(Status)> done) override {
+    if (Status s = Reserve(offset + buf.size()); !s.ok()) {
+      done(std::move(s));
+      return;
+    }
     // The engine only reads a write's buffer.
     Transfer(IoOp::kWrite, offset,
              {const_cast<std::byte*>(buf.data()), buf.size()}, std::move(done));
@@ -50,7 +56,25 @@ class PosixFile final : public CheckpointFs::File {
             std::function<void(Status)> done) override {
     Transfer(IoOp::kRead, offset, buf, std::move(done));
   }
-  Status Sync() override { return io_->Sync(id_); }
+  // The reserved tail beyond the last byte written goes first, so the size
+  // that is made durable is the data's.
+  Status Sync() override {
+    uint64_t end, reserved;
+    {
+      MutexLock lock(&mu_);
+      end = end_;
+      reserved = reserved_;
+    }
+    if (reserved > end &&
+        ::ftruncate(fd_.get(), static_cast<off_t>(end)) != 0) {
+      return Status::FromErrno(errno, "truncate " + path_);
+    }
+    {
+      MutexLock lock(&mu_);
+      reserved_ = std::min(reserved_, end);
+    }
+    return io_->Sync(id_);
+  }
   StatusOr<uint64_t> Size() override {
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0) {
@@ -60,6 +84,40 @@ class PosixFile final : public CheckpointFs::File {
   }
 
  private:
+  // Note [Reserving ahead]: a direct write that extends a file is, on ext4
+  // and XFS, done under the inode's exclusive lock and waited for before
+  // the size changes, so a checkpoint's data file written from empty takes
+  // its extending writes one at a time, however many are in flight. The
+  // file is therefore grown ahead of the writes with fallocate (at least
+  // kMinReserve, doubling), which makes every write land inside the file;
+  // Sync cuts the unused tail. Without fallocate support (EOPNOTSUPP) the
+  // writes extend the file as before; a refusal for lack of space fails the
+  // write, naming the file, before any of it is issued.
+  Status Reserve(uint64_t end) STRATA_EXCLUDES(mu_) {
+    uint64_t want;
+    {
+      MutexLock lock(&mu_);
+      end_ = std::max(end_, end);
+      if (end <= reserved_ || !reserve_) return Status::Ok();
+      want = std::max({end, 2 * reserved_, kMinReserve});
+    }
+    // Outside the lock: fallocate is file-system work. Two writers may
+    // both grow the file; the second's call changes nothing.
+    if (::fallocate(fd_.get(), 0, 0, static_cast<off_t>(want)) != 0) {
+      const int err = errno;
+      if (err == EOPNOTSUPP || err == ENOSYS) {
+        MutexLock lock(&mu_);
+        reserve_ = false;
+        return Status::Ok();
+      }
+      return Status::FromErrno(
+          err, "reserve " + std::to_string(want) + " bytes for " + path_);
+    }
+    MutexLock lock(&mu_);
+    reserved_ = std::max(reserved_, want);
+    return Status::Ok();
+  }
+
   void Transfer(IoOp op, uint64_t offset, std::span<std::byte> buf,
                 std::function<void(Status)> done) {
     if (buf.empty()) {
@@ -110,6 +168,9 @@ class PosixFile final : public CheckpointFs::File {
   Mutex mu_;
   CondVar cv_;
   int64_t in_flight_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t end_ STRATA_GUARDED_BY(mu_) = 0;       // of the data written
+  uint64_t reserved_ STRATA_GUARDED_BY(mu_) = 0;  // the file's allocated size
+  bool reserve_ STRATA_GUARDED_BY(mu_) = true;    // fallocate works here
 };
 
 class PosixLock final : public CheckpointFs::Lock {
