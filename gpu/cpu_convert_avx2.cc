@@ -71,6 +71,37 @@ void Store8(std::byte* p, ElementType t, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
 }
 
+// Whole blocks of eight with both types fixed at compile time, so that the
+// loop neither branches on them nor reloads them (stores through dst could
+// alias the arguments otherwise). Returns the elements converted.
+template <ElementType kSrc, ElementType kDst>
+size_t ConvertBlocks(const std::byte* src, std::byte* dst, size_t count,
+                     float scale) {
+  constexpr size_t ss = kSrc == ElementType::kFloat32 ? 4 : 2;
+  constexpr size_t ds = kDst == ElementType::kFloat32 ? 4 : 2;
+  const __m256 s = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    Store8(dst + i * ds, kDst, _mm256_mul_ps(Load8(src + i * ss, kSrc), s));
+  }
+  return i;
+}
+
+template <ElementType kSrc>
+size_t ConvertBlocksFrom(const std::byte* src, std::byte* dst, ElementType d,
+                         size_t count, float scale) {
+  switch (d) {
+    case ElementType::kFloat32:
+      return ConvertBlocks<kSrc, ElementType::kFloat32>(src, dst, count, scale);
+    case ElementType::kFloat16:
+      return ConvertBlocks<kSrc, ElementType::kFloat16>(src, dst, count, scale);
+    case ElementType::kBFloat16:
+      return ConvertBlocks<kSrc, ElementType::kBFloat16>(src, dst, count,
+                                                         scale);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void ConvertOnCpuAvx2(const ConvertArgs& args) {
@@ -78,13 +109,22 @@ void ConvertOnCpuAvx2(const ConvertArgs& args) {
   auto* dst = static_cast<std::byte*>(args.dst);
   const size_t ss = ElementSize(args.src_type);
   const size_t ds = ElementSize(args.dst_type);
-  const __m256 scale = _mm256_set1_ps(args.scale);
   // In place between types of one size (the only overlap allowed) is safe:
   // each block is loaded whole before it is stored.
   size_t i = 0;
-  for (; i + 8 <= args.count; i += 8) {
-    Store8(dst + i * ds, args.dst_type,
-           _mm256_mul_ps(Load8(src + i * ss, args.src_type), scale));
+  switch (args.src_type) {
+    case ElementType::kFloat32:
+      i = ConvertBlocksFrom<ElementType::kFloat32>(src, dst, args.dst_type,
+                                                   args.count, args.scale);
+      break;
+    case ElementType::kFloat16:
+      i = ConvertBlocksFrom<ElementType::kFloat16>(src, dst, args.dst_type,
+                                                   args.count, args.scale);
+      break;
+    case ElementType::kBFloat16:
+      i = ConvertBlocksFrom<ElementType::kBFloat16>(src, dst, args.dst_type,
+                                                    args.count, args.scale);
+      break;
   }
   if (i == args.count) return;
   ConvertArgs tail = args;

@@ -47,6 +47,7 @@ struct Flags {
   double lr = 3e-3, max_grad_norm = 1.0, min_lr_ratio = 0.1;
   int64_t warmup = 10;
   std::string dtype = "bf16";
+  std::string recompute = "auto";
   std::string device = "auto";
   std::string device_budget;
   std::string nvme;
@@ -353,6 +354,16 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
     return Status::InvalidArgument("--dtype: '" + f.dtype +
                                    "'; accepted: bf16, fp16");
   }
+  if (f.recompute == "auto") {
+    o.recompute = Recompute::kAuto;
+  } else if (f.recompute == "always") {
+    o.recompute = Recompute::kAlways;
+  } else if (f.recompute == "never") {
+    o.recompute = Recompute::kNever;
+  } else {
+    return Status::InvalidArgument("--recompute: '" + f.recompute +
+                                   "'; accepted: auto, always, never");
+  }
   if (f.device == "auto") {
     o.device.choice = strata::DeviceChoice::kAuto;
   } else if (f.device == "cuda") {
@@ -434,6 +445,7 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
   s.config["min_lr_ratio"] = o.min_lr_ratio;
   s.config["max_grad_norm"] = o.max_grad_norm;
   s.config["dtype"] = f.dtype;
+  s.config["recompute"] = f.recompute;
   s.config["device"] = f.device;
   s.config["seed"] = o.seed;
   s.config["threads"] = f.threads;
@@ -485,6 +497,10 @@ int Main(int argc, char** argv) {
                  "step overlap the backward, keeping a copy of the optimizer "
                  "state in host RAM to undo an overflow (1.0)");
   app.add_option("--dtype", f.dtype, "Working precision: bf16 or fp16");
+  app.add_option("--recompute", f.recompute,
+                 "Recompute each block in backward: auto (only when keeping "
+                 "every block's activations would take over a quarter of the "
+                 "free device memory), always or never");
   app.add_option("--device", f.device, "auto, cuda or host");
   app.add_option("--device-budget", f.device_budget,
                  "Device memory for parameters (K/M/G suffixes; default a "

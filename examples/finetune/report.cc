@@ -119,6 +119,8 @@ std::string Summary(const TrainOptions& o, const TrainReport& r) {
   line("device memory peak",
        HumanBytes(r.device_peak_bytes) + " (engine budget, activations " +
            HumanBytes(r.workspace_bytes) + ", gradients in flight)");
+  line("recompute", r.recompute ? "each block in backward (checkpointing)"
+                                : "none (every block's activations kept)");
   line("moved", "host->device " + HumanBytes(e.h2d_bytes) + ", device->host " +
                     HumanBytes(e.d2h_bytes) + ", nvme read " +
                     HumanBytes(e.nvme_read_bytes) + ", nvme write " +
@@ -179,6 +181,7 @@ nlohmann::json ReportJson(const TrainOptions& o, const TrainReport& r,
   j["peak_device_bytes"] = r.engine.device.peak_bytes;
   j["device_memory_peak_bytes"] = r.device_peak_bytes;
   j["workspace_bytes"] = r.workspace_bytes;
+  j["recompute"] = r.recompute;
   j["from_checkpoint"] = r.from_checkpoint;
   j["resumed_from_step"] = r.resumed_from;
   j["load_seconds"] = r.load_seconds;

@@ -188,6 +188,16 @@ Status Run::Setup(TrainReport* report) {
   mo.batch_size = o_.batch;
   mo.seq_len = o_.seq_len;
   mo.param_type = o_.dtype;
+  mo.checkpoint_blocks = o_.recompute != Recompute::kNever;
+  if (o_.recompute == Recompute::kAuto) {
+    // Every block's activations against a quarter of the device memory
+    // free once the engine holds its arena.
+    const uint64_t free = device_->memory_stats().free_bytes;
+    const uint64_t all = uint64_t(o_.model.n_layer) *
+                         GptModel::BlockActivationBytes(o_.model, mo);
+    mo.checkpoint_blocks = all > free / 4;
+  }
+  report->recompute = mo.checkpoint_blocks;
   STRATA_ASSIGN_OR_RETURN(
       model_, GptModel::Create(device_.get(), stream_.get(), o_.model, mo));
   scaler_ = std::make_unique<LossScaler>(eo.loss_scale,

@@ -2,10 +2,11 @@
 // parameters, gradients and optimizer states rest in strata's engine. Every
 // block fetches its parameters just before its forward and releases them
 // after; in backward it fetches them again, recomputes the block from its
-// saved input, hands its gradients to the engine and releases them; the
-// optimizer step is the engine's (overlapping the backward when clipping is
-// off: Engine::BeginStep). Only strata's public API (include/strata/) is
-// used.
+// saved input (or, where the device has room, reads the activations its
+// forward kept: Recompute), hands its gradients to the engine and releases
+// them; the optimizer step is the engine's (overlapping the backward when
+// clipping is off: Engine::BeginStep). Only strata's public API
+// (include/strata/) is used.
 //
 // Thread-compatible: one thread runs Train.
 #ifndef STRATA_EXAMPLES_FINETUNE_TRAINER_H_
@@ -24,6 +25,18 @@
 #include "strata/status.h"
 
 namespace finetune {
+
+// Whether backward recomputes each block from its saved input (activation
+// checkpointing) or reads the activations its forward kept.
+enum class Recompute {
+  // Keep every block's activations when all of them take at most a quarter
+  // of the device memory free once the engine has its arena (on the
+  // host-emulated device, DeviceOptions::memory_budget_bytes less the
+  // engine's device budget), else recompute.
+  kAuto,
+  kAlways,
+  kNever,
+};
 
 struct TrainOptions {
   GptConfig model;                    // vocab_size = the tokenizer's
@@ -44,6 +57,7 @@ struct TrainOptions {
   // Working precision of parameters: kBFloat16 (default) or kFloat16 (with
   // the engine options' loss scale: dynamic unless they say otherwise).
   strata::ElementType dtype = strata::ElementType::kBFloat16;
+  Recompute recompute = Recompute::kAuto;
   // The engine: where each role rests, budgets, NVMe, the optimizer.
   // working_dtype and the optimizer's lr are set from the fields above.
   strata::EngineOptions engine;
@@ -93,6 +107,7 @@ struct TrainReport {
   uint64_t model_state_bytes = 0;
   uint64_t device_budget_bytes = 0;  // the engine's
   uint64_t workspace_bytes = 0;      // the model's activations
+  bool recompute = true;             // what Recompute resolved to
   uint64_t device_peak_bytes = 0;    // all device memory, at its peak
   double seconds = 0;                // the training loop
   // Over the steps after the first (which records the fetch order and

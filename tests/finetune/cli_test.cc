@@ -141,6 +141,7 @@ TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
   };
   const std::vector<Case> cases = {
       {{"--dtype", "fp8"}, "--dtype"},
+      {{"--recompute", "sometimes"}, "--recompute"},
       {{"--device", "tpu"}, "--device"},
       {{"--data", "/nonexistent/corpus"}, "--data"},
       {{"--device-budget", "12Q"}, "--device-budget"},

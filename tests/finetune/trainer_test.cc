@@ -125,6 +125,36 @@ TEST_F(TrainerTest, OffloadingAndUpdatesDuringBackwardChangeNoLoss) {
   EXPECT_GT(s.early_units, 0u);
 }
 
+TEST_F(TrainerTest, KeepingActivationsInsteadOfRecomputingChangesNoLoss) {
+  TrainOptions o = Tiny();
+  o.recompute = Recompute::kAlways;
+  auto always = Report(o);
+  ASSERT_TRUE(always.ok()) << always.status().ToString();
+  EXPECT_TRUE(always->recompute);
+  o.recompute = Recompute::kNever;
+  auto never = Report(o);
+  ASSERT_TRUE(never.ok()) << never.status().ToString();
+  EXPECT_FALSE(never->recompute);
+  EXPECT_GT(never->workspace_bytes, always->workspace_bytes);
+  ASSERT_EQ(never->steps.size(), always->steps.size());
+  for (size_t i = 0; i < never->steps.size(); ++i) {
+    EXPECT_EQ(never->steps[i].loss, always->steps[i].loss) << i;
+    EXPECT_EQ(never->steps[i].grad_norm, always->steps[i].grad_norm) << i;
+  }
+
+  // Auto keeps them where a quarter of the device's free memory holds
+  // every block's, and recomputes where it does not.
+  o.recompute = Recompute::kAuto;
+  o.device.memory_budget_bytes = o.engine.device_budget_bytes + (64 << 20);
+  auto roomy = Report(o);
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  EXPECT_FALSE(roomy->recompute);
+  o.device.memory_budget_bytes = o.engine.device_budget_bytes + (640 << 10);
+  auto tight = Report(o);
+  ASSERT_TRUE(tight.ok()) << tight.status().ToString();
+  EXPECT_TRUE(tight->recompute);
+}
+
 TEST_F(TrainerTest, Fp16WithADynamicLossScaleTrains) {
   TrainOptions o = Tiny();
   o.dtype = strata::ElementType::kFloat16;

@@ -498,22 +498,99 @@ void GeluBackward(float* dinout, const float* inp, size_t n) {
   });
 }
 
-// Keys (or values) of one head, transposed to [hs][n] so that the scores
-// of a query against every key are FMAs over contiguous keys rather than
-// one horizontal sum per key.
+inline size_t RoundUp(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// Keys (or values) of one head, transposed to [hs][ld] (columns n..ld-1
+// zero) so that the scores of a query against every key are FMAs over
+// contiguous keys.
 inline void TransposeHead(float* dst, const float* base, size_t C3, size_t n,
-                          size_t hs) {
+                          size_t ld, size_t hs) {
   for (size_t s = 0; s < n; ++s) {
     const float* k = base + s * C3;
-    for (size_t i = 0; i < hs; ++i) dst[i * n + s] = k[i];
+    for (size_t i = 0; i < hs; ++i) dst[i * ld + s] = k[i];
+  }
+  for (size_t i = 0; i < hs; ++i)
+    std::fill(dst + i * ld + n, dst + (i + 1) * ld, 0.0f);
+}
+
+// out[0..nv) = sum_i x[i] * scale * kt[i * ld + 0..nv), accumulated in
+// registers two vectors of keys at a time. REQUIRES: nv a multiple of the
+// vector width and kt's rows readable to nv.
+inline void ScoresRow(float* out, const float* x, float scale, const float* kt,
+                      size_t ld, size_t nv, size_t hs) {
+  constexpr size_t W = V::kWidth;
+  size_t s = 0;
+  for (; s + 2 * W <= nv; s += 2 * W) {
+    auto a0 = V::Set(0.0f), a1 = V::Set(0.0f);
+    for (size_t i = 0; i < hs; ++i) {
+      const auto xi = V::Set(x[i] * scale);
+      const float* k = kt + i * ld + s;
+      a0 = V::Fma(xi, V::Load(k), a0);
+      a1 = V::Fma(xi, V::Load(k + W), a1);
+    }
+    V::Store(out + s, a0);
+    V::Store(out + s + W, a1);
+  }
+  for (; s < nv; s += W) {
+    auto a0 = V::Set(0.0f);
+    for (size_t i = 0; i < hs; ++i) {
+      a0 = V::Fma(V::Set(x[i] * scale), V::Load(kt + i * ld + s), a0);
+    }
+    V::Store(out + s, a0);
   }
 }
 
-// a[0..n) = sum_i q[i] * scale * kt[i][0..n), kt rows of stride `ld`.
-inline void Scores(float* a, const float* q, float scale, const float* kt,
-                   size_t ld, size_t n, size_t hs) {
-  std::fill(a, a + n, 0.0f);
-  for (size_t i = 0; i < hs; ++i) Axpy(a, q[i] * scale, kt + i * ld, n);
+// out[0..hs) = sum_{k < n} w[k * w_stride] * rows[k * stride + 0..hs), with
+// up to four vectors of out held in registers over the whole sum.
+inline void WeightedRows(float* out, const float* w, size_t w_stride, size_t n,
+                         const float* rows, size_t stride, size_t hs) {
+  constexpr size_t W = V::kWidth;
+  size_t i = 0;
+  for (; i + 4 * W <= hs; i += 4 * W) {
+    auto r0 = V::Set(0.0f), r1 = r0, r2 = r0, r3 = r0;
+    for (size_t k = 0; k < n; ++k) {
+      const auto wk = V::Set(w[k * w_stride]);
+      const float* r = rows + k * stride + i;
+      r0 = V::Fma(wk, V::Load(r), r0);
+      r1 = V::Fma(wk, V::Load(r + W), r1);
+      r2 = V::Fma(wk, V::Load(r + 2 * W), r2);
+      r3 = V::Fma(wk, V::Load(r + 3 * W), r3);
+    }
+    V::Store(out + i, r0);
+    V::Store(out + i + W, r1);
+    V::Store(out + i + 2 * W, r2);
+    V::Store(out + i + 3 * W, r3);
+  }
+  for (; i + W <= hs; i += W) {
+    auto r0 = V::Set(0.0f);
+    for (size_t k = 0; k < n; ++k) {
+      r0 = V::Fma(V::Set(w[k * w_stride]), V::Load(rows + k * stride + i), r0);
+    }
+    V::Store(out + i, r0);
+  }
+  for (; i < hs; ++i) {
+    float r = 0.0f;
+    for (size_t k = 0; k < n; ++k) r += w[k * w_stride] * rows[k * stride + i];
+    out[i] = r;
+  }
+}
+
+// Softmax of sc[0..n) in place, sc[n..nv) set to 0; nv = RoundUp(n, width).
+inline void CausalSoftmax(float* sc, size_t n, size_t nv) {
+  constexpr size_t W = V::kWidth;
+  auto m = V::Set(-INFINITY);
+  size_t s = 0;
+  for (; s + W <= n; s += W) m = V::Max(m, V::Load(sc + s));
+  float mx = V::HMax(m);
+  for (; s < n; ++s) mx = std::max(mx, sc[s]);
+  for (s = 0; s < nv; s += W) {
+    V::Store(sc + s, V::Exp(V::Sub(V::Load(sc + s), V::Set(mx))));
+  }
+  std::fill(sc + n, sc + nv, 0.0f);
+  auto acc = V::Set(0.0f);
+  for (s = 0; s < nv; s += W) acc = V::Add(acc, V::Load(sc + s));
+  const auto inv = V::Set(1.0f / V::Sum(acc));
+  for (s = 0; s < nv; s += W) V::Store(sc + s, V::Mul(V::Load(sc + s), inv));
 }
 
 constexpr size_t kAttnRows = 32;  // queries per task
@@ -530,28 +607,18 @@ void AttentionForward(void* out, float* att, const float* qkv, DType wt, int B,
       const size_t bh = task / chunks, b = bh / NH, h = bh % NH;
       const size_t t0 = (task % chunks) * kAttnRows;
       const size_t t1 = std::min<size_t>(T, t0 + kAttnRows);
+      const size_t ld = RoundUp(t1, V::kWidth);
       const float* base = qkv + b * T * C3 + h * hs;
-      std::vector<float> kt(hs * t1), acc(hs);
-      TransposeHead(kt.data(), base + C, C3, t1, hs);
+      std::vector<float> kt(hs * ld), sc(ld), acc(hs);
+      TransposeHead(kt.data(), base + C, C3, t1, ld, hs);
       for (size_t t = t0; t < t1; ++t) {
+        const size_t nv = RoundUp(t + 1, V::kWidth);
+        ScoresRow(sc.data(), base + t * C3, scale, kt.data(), ld, nv, hs);
+        CausalSoftmax(sc.data(), t + 1, nv);
         float* a = att + (bh * T + t) * T;
-        Scores(a, base + t * C3, scale, kt.data(), t1, t + 1, hs);
-        float mx = -INFINITY;
-        for (size_t s = 0; s <= t; ++s) mx = std::max(mx, a[s]);
-        const float sum = SumOf(t + 1, [&]<class U>(size_t s) {
-          const auto e = U::Exp(U::Sub(U::Load(a + s), U::Set(mx)));
-          U::Store(a + s, e);
-          return e;
-        });
-        const float inv = 1.0f / sum;
-        ForEach(t + 1, [&]<class U>(size_t s) {
-          U::Store(a + s, U::Mul(U::Load(a + s), U::Set(inv)));
-        });
+        std::copy(sc.data(), sc.data() + t + 1, a);
         std::fill(a + t + 1, a + T, 0.0f);
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (size_t s = 0; s <= t; ++s) {
-          Axpy(acc.data(), a[s], base + s * C3 + 2 * size_t(C), hs);
-        }
+        WeightedRows(acc.data(), a, 1, t + 1, base + 2 * size_t(C), C3, hs);
         S* o = os + (b * T + t) * C + h * hs;
         ForEach(hs, [&]<class U>(size_t i) {
           U::Store(o + i, U::Load(acc.data() + i));
@@ -565,33 +632,39 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                        const float* att, int B, int T, int C, int NH) {
   const size_t hs = C / NH, C3 = 3 * size_t(C);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // One task per (b, h): dk and dv of a row gather from every later query of
-  // the same head, and heads own disjoint columns.
+  const size_t ld = RoundUp(T, V::kWidth);
+  // One task per (b, h): heads own disjoint columns. First, row by row,
+  // ds[t][s] = p_ts (dp_ts - sum_s' p_ts' dp_ts') scale with dp_ts = dout_t
+  // . v_s, and dq_t = sum_s ds[t][s] k_s; then, key by key, dk_s = sum_t
+  // ds[t][s] q_t and dv_s = sum_t p_ts dout_t (t >= s: p and ds are 0 above
+  // the diagonal).
   tbb::parallel_for(size_t{0}, size_t(B) * NH, [&](size_t bh) {
     const size_t b = bh / NH, h = bh % NH;
-    std::vector<float> dp(T), vt(hs * T);
-    for (size_t t = 0; t < size_t(T); ++t) {
-      float* row = dqkv + (b * T + t) * C3 + h * hs;
-      std::fill(row, row + hs, 0.0f);
-      std::fill(row + C, row + C + hs, 0.0f);
-      std::fill(row + 2 * C, row + 2 * C + hs, 0.0f);
-    }
+    std::vector<float> ds(size_t(T) * ld), vt(hs * ld);
     const float* base = qkv + b * T * C3 + h * hs;
+    const float* dbase_out = dout + b * T * size_t(C) + h * hs;
     float* dbase = dqkv + b * T * C3 + h * hs;
-    TransposeHead(vt.data(), base + 2 * C, C3, T, hs);
+    const float* arows = att + bh * T * T;
+    TransposeHead(vt.data(), base + 2 * C, C3, T, ld, hs);
     for (size_t t = 0; t < size_t(T); ++t) {
-      const float* a = att + (bh * T + t) * T;
-      const float* d = dout + (b * T + t) * C + h * hs;
-      const float* q = base + t * C3;
-      float* dq = dbase + t * C3;
-      Scores(dp.data(), d, 1.0f, vt.data(), T, t + 1, hs);  // dp_s = d . v_s
-      const float pdp = Dot(a, dp.data(), t + 1);
-      for (size_t s = 0; s <= t; ++s) {
-        const float ds = a[s] * (dp[s] - pdp) * scale;
-        Axpy(dq, ds, base + s * C3 + C, hs);
-        Axpy(dbase + s * C3 + C, ds, q, hs);
-        Axpy(dbase + s * C3 + 2 * C, a[s], d, hs);  // dv_s += p_s dout_t
-      }
+      const size_t nv = RoundUp(t + 1, V::kWidth);
+      float* row = ds.data() + t * ld;
+      ScoresRow(row, dbase_out + t * C, 1.0f, vt.data(), ld, nv, hs);
+      const float* a = arows + t * T;
+      const float pdp = Dot(a, row, t + 1);
+      ForEach(t + 1, [&]<class U>(size_t s) {
+        U::Store(row + s, U::Mul(U::Mul(U::Load(a + s),
+                                        U::Sub(U::Load(row + s), U::Set(pdp))),
+                                 U::Set(scale)));
+      });
+      WeightedRows(dbase + t * C3, row, 1, t + 1, base + C, C3, hs);
+    }
+    for (size_t s = 0; s < size_t(T); ++s) {
+      const size_t n = T - s;
+      WeightedRows(dbase + s * C3 + C, ds.data() + s * ld + s, ld, n,
+                   base + s * C3, C3, hs);
+      WeightedRows(dbase + s * C3 + 2 * C, arows + s * T + s, T, n,
+                   dbase_out + s * C, C, hs);
     }
   });
 }

@@ -99,6 +99,20 @@ StatusOr<void*> GptModel::Alloc(size_t bytes) {
   return p;
 }
 
+size_t GptModel::BlockActivationBytes(const GptConfig& config,
+                                      const ModelOptions& options) {
+  const size_t N = size_t(options.batch_size) * options.seq_len;
+  const size_t C = config.n_embd;
+  const size_t w = strata::ElementSize(options.param_type);
+  const size_t f = sizeof(float);
+  const size_t att = size_t(options.batch_size) * config.n_head *
+                     options.seq_len * options.seq_len;
+  // Allocate's fields of Acts, in its order: ln1, its mean and rstd, qkv,
+  // att, atty, x2, ln2, its mean and rstd, fch, fch_gelu.
+  return N * C * w + 2 * N * f + 3 * N * C * f + att * f + N * C * w +
+         N * C * f + N * C * w + 2 * N * f + 4 * N * C * f + 4 * N * C * w;
+}
+
 Status GptModel::Allocate() {
   const size_t N = n_, C = config_.n_embd, V = config_.vocab_size;
   const size_t w = strata::ElementSize(options_.param_type);

@@ -106,6 +106,12 @@ class GptModel {
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
+  // Device bytes of one block's activations (the set BlockForward writes
+  // and BlockBackward reads): checkpointing keeps one set, otherwise there
+  // is one per block. For a valid config and options.
+  static size_t BlockActivationBytes(const GptConfig& config,
+                                     const ModelOptions& options);
+
   const GptConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   int64_t tokens_per_step() const { return n_; }
