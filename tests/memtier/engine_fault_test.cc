@@ -337,6 +337,16 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
     return o;
   }
 
+  // Starts `t`, trains one step and begins the next (BeginStep, with the
+  // arguments of Trainer::Step).
+  static Status StartAndBeginStep(Trainer& t) {
+    STRATA_RETURN_IF_ERROR(t.Start());
+    STRATA_RETURN_IF_ERROR(t.TrainStep());
+    StepArgs a;
+    a.lr = 1e-2;
+    return t.engine().BeginStep(a);
+  }
+
   // kSteps steps without faults.
   std::vector<std::vector<float>> Baseline() {
     Trainer t(Options());
@@ -777,11 +787,7 @@ TEST_P(EngineFaultTest, AFaultDuringAnEarlyUpdateIsUndone) {
       EngineOptions o = Options();
       o.step_overlap_bytes = 16 << 20;
       Trainer t(o);
-      ASSERT_TRUE(t.Start().ok());
-      ASSERT_TRUE(t.TrainStep().ok());
-      StepArgs a;
-      a.lr = 1e-2;  // as Trainer::Step
-      ASSERT_TRUE(t.engine().BeginStep(a).ok());
+      ASSERT_TRUE(StartAndBeginStep(t).ok());
       plan_->Clear();
       plan_->Add(rule);
       Status st = t.MicroBatch();
@@ -860,11 +866,7 @@ TEST_P(EngineFaultTest, DestroyedWithEarlyUpdatesInFlight) {
       EngineOptions o = Options();
       o.step_overlap_bytes = 16 << 20;
       Trainer t(o);
-      ASSERT_TRUE(t.Start().ok());
-      ASSERT_TRUE(t.TrainStep().ok());
-      StepArgs a;
-      a.lr = 1e-2;
-      ASSERT_TRUE(t.engine().BeginStep(a).ok());
+      ASSERT_TRUE(StartAndBeginStep(t).ok());
       for (int i = 0; i < handed; ++i) {
         std::vector<uint16_t> p;
         ASSERT_TRUE(t.FetchToHost(i, &p).ok());
