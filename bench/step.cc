@@ -1,12 +1,14 @@
 // strata-bench step: one offloaded optimizer step over N parameters through
-// the engine (include/strata/engine.h), with the fp32 master and moments
-// resting on NVMe (case `nvme`) and in host RAM (case `host`), beside its
-// bound measured in the same run:
+// the engine (include/strata/engine.h), with the fp32 master and the moments
+// (fp32, bf16 or int8: --moments) resting on NVMe (case `nvme`) and in host
+// RAM (case `host`), beside its bound measured in the same run:
 //
 //   bound = max(I/O time, update time)
-//   I/O time    = the step's NVMe bytes (it reads and writes 12 bytes per
-//                 parameter) at the rate of the same I/O engine moving as
-//                 many reads as writes at once, on the same directory;
+//   I/O time    = the step's NVMe bytes (it reads and writes the master's 4
+//                 bytes per parameter and the moments' CpuStateBytes: 12 in
+//                 all with fp32 moments, 8 with bf16, about 6 with int8) at
+//                 the rate of the same I/O engine moving as many reads as
+//                 writes at once, on the same directory;
 //   update time = N at the CPU optimizer's own rate (the gradient-norm pass
 //                 and the fused update, the work the step does per
 //                 parameter) on arrays in RAM, same threads, measured
@@ -43,6 +45,7 @@ constexpr uint64_t kTensorElems = uint64_t{16} << 20;  // 64 MiB of fp32
 struct StepFlags {
   std::string params = "1G";
   std::string cases = "nvme,host";
+  std::string moments = "fp32";
   std::string dir = ".";
   SwapIoFlags io;
   std::string threads = "0";
@@ -53,6 +56,7 @@ struct StepFlags {
 struct StepConfig {
   uint64_t params = 0;
   std::vector<std::string> cases;
+  std::vector<CpuDType> moments;
   std::string dir;
   IoBackend engine = IoBackend::kAuto;
   uint32_t queue_depth = 32;
@@ -71,6 +75,9 @@ void AddOptions(CLI::App& app, StepFlags& f) {
                  "parameters, K/M/G/T suffixes (default 1G)");
   app.add_option("--cases", f.cases,
                  "where master and moments rest: nvme,host (default both)");
+  app.add_option("--moments", f.moments,
+                 "moment formats, each a run of the cases: fp32,bf16,int8 "
+                 "(default fp32)");
   app.add_option("--dir", f.dir, "directory for the NVMe tier (default .)");
   AddSwapIoOptions(app, f.io);
   app.add_option("--threads", f.threads,
@@ -85,6 +92,13 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
                           ParseSizeOption("--params", f.params, 1, kMaxParams));
   STRATA_ASSIGN_OR_RETURN(
       c.cases, ParseChoiceListOption("--cases", f.cases, {"nvme", "host"}));
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<std::string> moments,
+      ParseChoiceListOption("--moments", f.moments, {"fp32", "bf16", "int8"}));
+  for (const std::string& m : moments) {
+    STRATA_ASSIGN_OR_RETURN(CpuDType d, ParseMomentDType(m));
+    c.moments.push_back(d);
+  }
   c.dir = f.dir;
   STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
   c.engine = io.engine;
@@ -104,10 +118,23 @@ SwapIoConfig IoOf(const StepConfig& c) {
   return {c.engine, c.queue_depth, c.block_size};
 }
 
-// Bytes per parameter each case keeps in RAM: the host gradient (4) and
-// working copy (2), plus master and moments (12) when they rest there.
-uint64_t HostBytes(const StepConfig& c, bool nvme) {
-  return c.params * (nvme ? 6 : 18);
+// The bytes of the master and both moments of all parameters in format
+// `moments`: what the nvme case reads, and writes, per step. The engine's
+// pieces are its tensors here (kTensorElems of fp32 fill the automatic
+// staging buffer), so the moments are counted per tensor.
+uint64_t StateBytes(const StepConfig& c, CpuDType moments) {
+  uint64_t bytes = 0;
+  for (uint64_t done = 0; done < c.params; done += kTensorElems) {
+    const uint64_t n = std::min(kTensorElems, c.params - done);
+    bytes += n * 4 + 2 * CpuStateBytes(moments, n);
+  }
+  return bytes;
+}
+
+// Bytes each case keeps in RAM: the host gradient (4 per parameter) and
+// working copy (2), plus master and moments when they rest there.
+uint64_t HostBytes(const StepConfig& c, bool nvme, CpuDType moments) {
+  return c.params * 6 + (nvme ? 0 : StateBytes(c, moments));
 }
 
 Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
@@ -118,9 +145,11 @@ Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
     STRATA_ASSIGN_OR_RETURN(DirLock lock, DirLock::Acquire(c.dir, kLockName));
     guard.AdoptLock(std::move(lock));
     STRATA_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(c.dir));
-    // The swap space (12 bytes per parameter, plus slack) and the scratch
-    // file of the I/O measurement.
-    const uint64_t need = c.params * 12 + (uint64_t{2} << 30);
+    // The swap space (the widest format's states, plus slack) and the
+    // scratch file of the I/O measurement.
+    uint64_t states = 0;
+    for (CpuDType m : c.moments) states = std::max(states, StateBytes(c, m));
+    const uint64_t need = states + (uint64_t{2} << 30);
     if (need > free_bytes) {
       return Status::NoSpace("--dir " + c.dir + ": the nvme case needs " +
                              FormatBytes(need) + ", " +
@@ -129,7 +158,9 @@ Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
   }
   uint64_t most = 0;
   for (const std::string& k : c.cases) {
-    most = std::max(most, HostBytes(c, k == "nvme"));
+    for (CpuDType m : c.moments) {
+      most = std::max(most, HostBytes(c, k == "nvme", m));
+    }
   }
   return CheckMemory(
       "step's host arrays (--params " + std::to_string(c.params) + ")",
@@ -140,16 +171,21 @@ Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
 
 // The optimizer's own rate, params/s: the gradient-norm pass plus the fused
 // update, on pinned arrays in RAM (a sample of up to 64 Mi parameters), in
-// the engine's pieces, best of five: a bound must not be measured less
-// favourably than the step it bounds.
-StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
+// the engine's pieces and moment format, best of five: a bound must not be
+// measured less favourably than the step it bounds.
+StatusOr<double> MeasureUpdateRate(const StepConfig& c, CpuDType moments) {
   const uint64_t n = std::min<uint64_t>(c.params, uint64_t{64} << 20);
+  // Each piece's moments are one state array of the format.
+  const uint64_t piece_state = CpuStateBytes(moments, kTensorElems);
+  const uint64_t pieces = (n + kTensorElems - 1) / kTensorElems;
   HostBufferOptions o;
   o.prefault = true;
   STRATA_ASSIGN_OR_RETURN(HostBuffer master, HostBuffer::Allocate(n * 4, o));
   STRATA_ASSIGN_OR_RETURN(HostBuffer grad, HostBuffer::Allocate(n * 4, o));
-  STRATA_ASSIGN_OR_RETURN(HostBuffer m, HostBuffer::Allocate(n * 4, o));
-  STRATA_ASSIGN_OR_RETURN(HostBuffer v, HostBuffer::Allocate(n * 4, o));
+  STRATA_ASSIGN_OR_RETURN(HostBuffer m,
+                          HostBuffer::Allocate(pieces * piece_state, o));
+  STRATA_ASSIGN_OR_RETURN(HostBuffer v,
+                          HostBuffer::Allocate(pieces * piece_state, o));
   STRATA_ASSIGN_OR_RETURN(HostBuffer w, HostBuffer::Allocate(n * 2, o));
   std::fill_n(reinterpret_cast<float*>(grad.data()), n, 0.01f);
   CpuOptimizerOptions oo;
@@ -173,8 +209,9 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
       t.n = std::min(kTensorElems, n - b);
       t.master = reinterpret_cast<float*>(master.data()) + b;
       t.grad = grad.data() + b * 4;
-      t.exp_avg = m.data() + b * 4;
-      t.exp_avg_sq = v.data() + b * 4;
+      t.exp_avg = m.data() + b / kTensorElems * piece_state;
+      t.exp_avg_sq = v.data() + b / kTensorElems * piece_state;
+      t.moment_dtype = moments;
       t.working = w.data() + b * 2;
       STRATA_RETURN_IF_ERROR(opt->Step(t, a).status());
     }
@@ -187,13 +224,15 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c) {
 
 struct CaseResult {
   std::string name;
+  CpuDType moments = CpuDType::kFloat32;
   double step_s = 0, io_s = 0, update_s = 0;
   double update_rate = 0;  // params/s, measured beside this case's engine
   EngineStats stats;
   double bound_s() const { return std::max(io_s, update_s); }
 };
 
-StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
+StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
+                             double io_rate) {
   DeviceOptions dopt;
   dopt.choice = DeviceChoice::kHostEmulated;
   const uint64_t tensor = std::min(c.params, kTensorElems);
@@ -208,6 +247,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
   o.io_block_bytes = c.block_size;
   o.device_budget_bytes = uint64_t{64} << 20;
   o.optimizer.cpu.threads = c.threads;
+  o.optimizer.moment_dtype = moments;
   STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(o, device.get()));
   std::vector<TensorId> ids;
   for (uint64_t done = 0; done < c.params; done += tensor) {
@@ -217,8 +257,9 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
     STRATA_ASSIGN_OR_RETURN(TensorId id, engine->Register(s));
     ids.push_back(id);
   }
-  std::fprintf(stderr, "step: %s case, %zu tensors; laying out\n",
-               nvme ? "nvme" : "host", ids.size());
+  std::fprintf(stderr, "step: %s case, %s moments, %zu tensors; laying out\n",
+               nvme ? "nvme" : "host",
+               std::string(MomentDTypeName(moments)).c_str(), ids.size());
   STRATA_RETURN_IF_ERROR(engine->Start());
   STRATA_ASSIGN_OR_RETURN(auto stream, device->NewStream({}));
   STRATA_ASSIGN_OR_RETURN(DeviceMemory grad,
@@ -227,6 +268,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
                                              tensor * 4));  // ~0.0115
   CaseResult r;
   r.name = nvme ? "nvme" : "host";
+  r.moments = moments;
   r.step_s = 1e30;
   for (int rep = 0; rep <= c.reps; ++rep) {  // rep 0 warms up
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
@@ -247,16 +289,16 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, double io_rate) {
       // on a virtual machine the same kernel ran up to 3x slower on small
       // arrays once the process held a gigabyte more, so a sample taken
       // without the engine's memory is no bound for the step.
-      STRATA_ASSIGN_OR_RETURN(r.update_rate, MeasureUpdateRate(c));
+      STRATA_ASSIGN_OR_RETURN(r.update_rate, MeasureUpdateRate(c, moments));
     }
   }
   // Sampled again after the reps, the best kept: the machine may have been
   // slower while the first sample ran.
-  STRATA_ASSIGN_OR_RETURN(double again, MeasureUpdateRate(c));
+  STRATA_ASSIGN_OR_RETURN(double again, MeasureUpdateRate(c, moments));
   r.update_rate = std::max(r.update_rate, again);
   r.stats = engine->stats();
   // Per step, the nvme case reads and writes the master and both moments.
-  r.io_s = nvme ? 24.0 * static_cast<double>(c.params) / io_rate : 0;
+  r.io_s = nvme ? 2.0 * StateBytes(c, moments) / io_rate : 0;
   return r;
 }
 
@@ -273,9 +315,12 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
         out.io_rate,
         MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
   }
-  for (const std::string& k : c.cases) {
-    STRATA_ASSIGN_OR_RETURN(CaseResult r, RunCase(c, k == "nvme", out.io_rate));
-    out.cases.push_back(std::move(r));
+  for (CpuDType m : c.moments) {
+    for (const std::string& k : c.cases) {
+      STRATA_ASSIGN_OR_RETURN(CaseResult r,
+                              RunCase(c, k == "nvme", m, out.io_rate));
+      out.cases.push_back(std::move(r));
+    }
   }
   // Measured again after the cases, the best kept: the machine may have
   // been slower while the first sample ran.
@@ -289,7 +334,7 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
     out.update_rate = std::max(out.update_rate, r.update_rate);
     r.update_s = static_cast<double>(c.params) / r.update_rate;
     if (r.name == "nvme") {
-      r.io_s = 24.0 * static_cast<double>(c.params) / out.io_rate;
+      r.io_s = 2.0 * StateBytes(c, r.moments) / out.io_rate;
     }
   }
   return out;
@@ -297,18 +342,25 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
 
 Status ReportStep(const StepConfig& c, const StepOutcome& out,
                   JsonOutput& json) {
-  Table table({"case", "params", "step s", "I/O s", "update s", "bound s",
-               "efficiency", "NVMe GB read", "NVMe GB written"});
+  Table table({"case", "moments", "state B/param", "params", "step s", "I/O s",
+               "update s", "bound s", "efficiency", "NVMe GB read",
+               "NVMe GB written"});
   nlohmann::json results = nlohmann::json::array();
   for (const CaseResult& r : out.cases) {
     const double eff = r.bound_s() / r.step_s;
-    table.AddRow({r.name, std::to_string(c.params), Fixed(r.step_s, 3),
+    const double per_param = static_cast<double>(StateBytes(c, r.moments)) /
+                             static_cast<double>(c.params);
+    const std::string moments(MomentDTypeName(r.moments));
+    table.AddRow({r.name, moments, Fixed(per_param, 3),
+                  std::to_string(c.params), Fixed(r.step_s, 3),
                   r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
                   Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
                   Fixed(r.stats.nvme_read_bytes / 1e9, 2),
                   Fixed(r.stats.nvme_write_bytes / 1e9, 2)});
     results.push_back(
         {{"case", r.name},
+         {"moments", moments},
+         {"state_bytes_per_param", per_param},
          {"params", c.params},
          {"step_s", r.step_s},
          {"bound_s", r.bound_s()},
@@ -328,11 +380,16 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                     : "",
       c.reps, table.ToString().c_str());
   if (!json.active()) return Status::Ok();
+  std::vector<std::string> moment_names;
+  for (CpuDType m : c.moments) {
+    moment_names.emplace_back(MomentDTypeName(m));
+  }
   nlohmann::json j = {{"command", kCommand},
                       {"machine", MachineInfo()},
                       {"config",
                        {{"params", c.params},
                         {"cases", c.cases},
+                        {"moments", moment_names},
                         {"dir", c.dir},
                         {"engine", std::string(IoBackendName(c.engine))},
                         {"queue_depth", c.queue_depth},

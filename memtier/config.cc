@@ -266,6 +266,21 @@ void CheckTraining(const EngineOptions& o, Checker& c) {
   c.Real("optimizer.cpu.weight_decay", opt.cpu.weight_decay, 0, true, INFINITY,
          false);
   c.Count("optimizer.cpu.threads", opt.cpu.threads, 0, 4096);
+  if (opt.moment_dtype != CpuDType::kFloat32 &&
+      opt.moment_dtype != CpuDType::kBFloat16 &&
+      opt.moment_dtype != CpuDType::kBlock8) {
+    c.Fail("optimizer.moment_dtype",
+           "fp16 is not a moment format; accepted: fp32, bf16, int8");
+  } else if (opt.moment_dtype != CpuDType::kFloat32 &&
+             opt.cpu.algo != CpuOptimizerAlgo::kAdam &&
+             opt.cpu.algo != CpuOptimizerAlgo::kAdamW &&
+             opt.cpu.algo != CpuOptimizerAlgo::kLion) {
+    c.Fail("optimizer.moment_dtype",
+           std::string(MomentDTypeName(opt.moment_dtype)) + " with " +
+               std::string(CpuOptimizerAlgoName(opt.cpu.algo)) +
+               "; accepted: fp32 with any optimizer, bf16 or int8 with adam, "
+               "adamw or lion");
+  }
   c.Count("optimizer.cpu.tile_elems",
           static_cast<int64_t>(std::min<size_t>(opt.cpu.tile_elems, INT64_MAX)),
           1, int64_t{1} << 30);
@@ -622,6 +637,8 @@ constexpr CpuOptimizerAlgo kDsAlgos[] = {
 constexpr std::string_view kModeNames[] = {"none", "static", "dynamic"};
 constexpr LossScaleMode kModes[] = {
     LossScaleMode::kNone, LossScaleMode::kStatic, LossScaleMode::kDynamic};
+// The moment formats, in CpuDType order (fp16 is not one).
+constexpr std::string_view kMomentNames[] = {"fp32", "fp16", "bf16", "int8"};
 constexpr std::string_view kDtypeNames[] = {"fp16", "bf16", "fp32"};
 constexpr CpuDType kDtypes[] = {CpuDType::kFloat16, CpuDType::kBFloat16,
                                 CpuDType::kFloat32};
@@ -1363,6 +1380,10 @@ void ReadStrataOptimizer(Ctx& ctx, const Field& f, OptimizerOptions* out) {
       ctx, sec, {{"variant", "optimizer.cpu.variant", &out->cpu.variant}},
       ReadNamed(&ParseCpuKernelVariant,
                 "one of auto, scalar, avx2, avx512, avx512bf16"));
+  ReadInto<CpuDType>(
+      ctx, sec,
+      {{"moment_dtype", "optimizer.moment_dtype", &out->moment_dtype}},
+      ReadNamed(&ParseMomentDType, "one of fp32, bf16, int8"));
 }
 
 void ReadStrataLossScale(Ctx& ctx, const Field& f, LossScaleOptions* ls) {
@@ -1625,6 +1646,20 @@ std::string_view ResidenceName(Residence residence) {
 
 std::string_view LossScaleModeName(LossScaleMode mode) {
   return NameOf(mode, kModeNames);
+}
+
+std::string_view MomentDTypeName(CpuDType dtype) {
+  return NameOf(dtype, kMomentNames);
+}
+
+StatusOr<CpuDType> ParseMomentDType(std::string_view name) {
+  const std::string lower = Lower(name);
+  for (CpuDType d :
+       {CpuDType::kFloat32, CpuDType::kBFloat16, CpuDType::kBlock8}) {
+    if (lower == MomentDTypeName(d)) return d;
+  }
+  return Status::InvalidArgument("moment format \"" + std::string(name) +
+                                 "\"; accepted: fp32, bf16, int8");
 }
 
 Status ValidateEngineOptions(const EngineOptions& options) {

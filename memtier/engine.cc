@@ -20,6 +20,7 @@
 #include "memtier/engine_impl.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -161,8 +162,30 @@ Residence EngineImpl::RoleResidence(int role) const {
   return options_.optimizer_states;
 }
 
-size_t EngineImpl::ElemBytes(int role, const UnitState& s) const {
-  return role == kParam ? ElementSize(s.dtype) : 4;
+// Note [Moment formats]
+// The two moments rest in optimizer.moment_dtype: fp32, bf16, or kBlock8
+// (8-bit codes plus one fp32 scale per kCpuBlock8Elems, CpuStateBytes
+// bytes). A piece's moments are one state array of the CPU optimizer (a
+// kBlock8 array keeps its scales after its codes), so a unit's copy of a
+// moment is its pieces' arrays back to back, and pieces (piece_elems_) are
+// whole kBlock8 blocks. Everything that sizes or addresses a moment (host
+// arrays, swap slots, staging, the undo buffer, checkpoints) goes through
+// RoleBytes and RoleOffset, so the bytes moved and resting are the
+// format's. Results do not depend on where a piece rests (the same arrays,
+// the same calls), but with kBlock8 they do depend on piece_elems_: a block
+// is quantized with its own scale.
+uint64_t EngineImpl::RoleBytes(int role, const UnitState& s, uint64_t n) const {
+  if (IsMoment(role)) return CpuStateBytes(MomentDType(), n);
+  return n * (role == kParam ? ElementSize(s.dtype) : 4);
+}
+
+uint64_t EngineImpl::RoleOffset(int role, const UnitState& s,
+                                uint64_t elem) const {
+  if (!IsMoment(role)) return RoleBytes(role, s, elem);
+  const uint64_t rem = elem % piece_elems_;
+  assert(rem == 0 || elem == s.elems || MomentDType() != CpuDType::kBlock8);
+  return elem / piece_elems_ * RoleBytes(role, s, piece_elems_) +
+         RoleBytes(role, s, rem);
 }
 
 Status EngineImpl::Start() {
@@ -228,7 +251,18 @@ Status EngineImpl::Start() {
         " is below " + std::to_string(min_count) +
         ", what one piece of the optimizer step holds at once");
   }
+  // Note [Moment formats]: kBlock8 pieces are whole blocks.
   piece_elems_ = staging_bytes / 4;
+  if (MomentDType() == CpuDType::kBlock8) {
+    piece_elems_ = piece_elems_ / kCpuBlock8Elems * kCpuBlock8Elems;
+    if (piece_elems_ == 0) {
+      return Status::InvalidArgument(
+          "engine: staging_buffer_bytes " + std::to_string(staging_bytes) +
+          " holds less than one block of int8 moments "
+          "(optimizer.moment_dtype): at least " +
+          std::to_string(kCpuBlock8Elems * 4) + " bytes");
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(
       staging_, StagingPool::Create(device_, staging_count, staging_bytes,
                                     options_.pin_memory));
@@ -343,7 +377,7 @@ Status EngineImpl::Start() {
       for (UnitState& s : units_) {
         for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
           const uint64_t n = std::min(piece_elems_, s.elems - b);
-          cap += RoundUp(n * ElemBytes(r, s), so.block_bytes);
+          cap += RoundUp(RoleBytes(r, s, n), so.block_bytes);
         }
       }
     }
@@ -387,7 +421,7 @@ Status EngineImpl::Start() {
           STRATA_ASSIGN_OR_RETURN(
               SwapHandle h,
               swap_->Allocate(SwapTensorId(u, r, s.nvme[r].size()),
-                              n * ElemBytes(r, s)));
+                              RoleBytes(r, s, n)));
           s.nvme[r].push_back(std::move(h));
         }
       }
@@ -468,7 +502,7 @@ Status EngineImpl::RunOnMover(std::function<Status()> job) {
 // Bytes of role `r` for elements [b, b + n) of unit `u`, in the host array.
 std::byte* EngineImpl::HostAt(int r, uint32_t u, uint64_t elem) {
   return host_[r].data() + units_[u].host_offset[r] +
-         elem * ElemBytes(r, units_[u]);
+         RoleOffset(r, units_[u], elem);
 }
 
 // Note [Zero-copy NVMe]
@@ -593,7 +627,8 @@ Status EngineImpl::ForEachPieceOfTensor(
     const std::function<void(std::byte*, uint64_t, uint64_t)>& fn) {
   const TensorPlace& t = layout_->tensor(id);
   UnitState& s = units_[t.unit];
-  const size_t esize = ElemBytes(role, s);
+  assert(!IsMoment(role));  // elements of a tensor, not of a piece
+  const size_t esize = RoleBytes(role, s, 1);
   if (RoleResidence(role) == Residence::kHost) {
     fn(HostAt(role, t.unit, t.offset), 0, t.elems);
     return Status::Ok();
@@ -1703,7 +1738,7 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   t.grad = grad_spill_ ? static_cast<const void*>(piece.grad.data())
                        : HostAt(kGrad, u, piece.begin);
   t.grad_dtype = CpuDType::kFloat32;
-  t.moment_dtype = CpuDType::kFloat32;
+  t.moment_dtype = MomentDType();
   t.working_dtype = ToCpu(s.dtype);
   if (nvme_states) {
     t.master = reinterpret_cast<float*>(piece.master.data());
@@ -1725,10 +1760,12 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
     e.n = piece.n;
     e.undo_offset = undo_used_;
     std::byte* d = undo_.data() + undo_used_;
-    std::memcpy(d, t.master, t.n * 4);
-    std::memcpy(d + t.n * 4, t.exp_avg, t.n * 4);
-    std::memcpy(d + t.n * 8, t.exp_avg_sq, t.n * 4);
-    undo_used_ += t.n * 12;
+    const uint64_t mb = RoleBytes(kMaster, s, t.n);
+    const uint64_t sb = RoleBytes(kExpAvg, s, t.n);
+    std::memcpy(d, t.master, mb);
+    std::memcpy(d + mb, t.exp_avg, sb);
+    std::memcpy(d + mb + sb, t.exp_avg_sq, sb);
+    undo_used_ += UndoBytes(s, t.n);
     undo->push_back(e);
   }
   STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
@@ -1868,7 +1905,10 @@ Status EngineImpl::AfterConsumers() {
 
 // On the stepper.
 void EngineImpl::EarlyUpdate(uint32_t u) {
-  const uint64_t need = units_[u].elems * 12;
+  uint64_t need = 0;
+  for (uint64_t b = 0; b < units_[u].elems; b += piece_elems_) {
+    need += UndoBytes(units_[u], std::min(piece_elems_, units_[u].elems - b));
+  }
   CpuStepArgs sa;
   {
     MutexLock l(&mu_);
@@ -1935,18 +1975,20 @@ Status EngineImpl::UndoEarly() {
     if (!st.ok()) break;
     UnitState& s = units_[e.unit];
     const std::byte* saved = undo_.data() + e.undo_offset;
-    for (int k = 0; st.ok() && k < 3; ++k) {
-      const int role = kMaster + k;
-      const std::byte* src = saved + k * e.n * 4;
+    const std::byte* src = saved;
+    for (int role : {kMaster, kExpAvg, kExpAvgSq}) {
+      const uint64_t bytes = RoleBytes(role, s, e.n);
+      src += role == kMaster ? 0 : RoleBytes(role - 1, s, e.n);
       if (!nvme_states) {
-        std::memcpy(HostAt(role, e.unit, e.begin), src, e.n * 4);
+        std::memcpy(HostAt(role, e.unit, e.begin), src, bytes);
         continue;
       }
       StatusOr<StagingLease> lease = staging_->Acquire();
       st = lease.status();
       if (!st.ok()) break;
-      std::memcpy(lease->data(), src, e.n * 4);
+      std::memcpy(lease->data(), src, bytes);
       st = WritePiece(e.unit, role, e.index, lease->span());
+      if (!st.ok()) break;
     }
     if (!st.ok()) break;
     // The working copy is the old master's rounding.

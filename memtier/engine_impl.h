@@ -195,11 +195,27 @@ class EngineImpl final : public Engine {
     uint32_t unit = 0;
     size_t index = 0;
     uint64_t begin = 0, n = 0;
-    uint64_t undo_offset = 0;  // bytes into undo_: master, exp_avg, exp_avg_sq
+    // Bytes into undo_: master, exp_avg, exp_avg_sq (UndoBytes in all).
+    uint64_t undo_offset = 0;
   };
 
   Residence RoleResidence(int role) const;
-  size_t ElemBytes(int role, const UnitState& s) const;
+  // Note [Moment formats] (engine.cc).
+  CpuDType MomentDType() const { return options_.optimizer.moment_dtype; }
+  static bool IsMoment(int role) {
+    return role == kExpAvg || role == kExpAvgSq;
+  }
+  // Bytes of n elements of role `role` of unit `s`; for a moment, n is a
+  // whole piece or the last piece of a unit (one state array each).
+  uint64_t RoleBytes(int role, const UnitState& s, uint64_t n) const;
+  // Bytes before element `elem` in role `role`'s copy of a unit; for a
+  // kBlock8 moment, `elem` is a piece's start or the unit's end.
+  uint64_t RoleOffset(int role, const UnitState& s, uint64_t elem) const;
+  // Undo bytes of one piece of n elements: master and moments, rounded to
+  // 64 so that each piece's saved master stays aligned.
+  uint64_t UndoBytes(const UnitState& s, uint64_t n) const {
+    return RoundUp(RoleBytes(kMaster, s, n) + 2 * RoleBytes(kExpAvg, s, n), 64);
+  }
   // Unique per piece, so that a block read from another piece's slots
   // fails its header check.
   uint64_t SwapTensorId(uint32_t unit, int role, size_t piece) const {
@@ -210,7 +226,7 @@ class EngineImpl final : public Engine {
   // Bytes of role `role` a unit takes in its host array: whole pages, so
   // that every unit starts page-aligned there.
   uint64_t HostBlockBytes(int role, const UnitState& s) const {
-    return RoundUp(s.elems * ElemBytes(role, s), 4096);
+    return RoundUp(RoleOffset(role, s, s.elems), 4096);
   }
   // The pinned device block of a unit, plus `bytes`. REQUIRES: s.pin held.
   static std::byte* DevAt(const UnitState& s, uint64_t bytes) {
@@ -340,9 +356,16 @@ class EngineImpl final : public Engine {
     return (units_[unit].elems + piece_elems_ - 1) / piece_elems_;
   }
   Status SaveRole(CheckpointWriter& writer, int role, Inflight& writes);
+  // Note [Moment formats in checkpoints]: the block scales of int8 moments
+  // a load puts back, per moment, in piece order; `first[u]` is the index
+  // of unit u's first block.
+  struct Block8Scales {
+    std::vector<float> exp_avg, exp_avg_sq;
+    std::vector<uint64_t> first;
+  };
   Status LoadPiece(CheckpointReader& reader, uint32_t unit, size_t piece,
                    const std::vector<uint32_t>& index, bool ckpt_params,
-                   Inflight& writes);
+                   const Block8Scales* scales, Inflight& writes);
   // Stores `bytes` of role r's piece p of unit u (in `lease`) where the role
   // rests; the lease goes back when the data is stored.
   void StorePiece(uint32_t unit, int role, size_t piece,

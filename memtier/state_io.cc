@@ -24,6 +24,31 @@
 // The extents carry what the piece holds between and after tensors (zeros:
 // alignment gaps are never given a gradient), padded with zeros to the
 // checkpoint's alignment, so a piece is written without reshaping it.
+//
+// Note [Moment formats in checkpoints]
+// A checkpoint's moment roles are fp32 (StateRoleType): an extent of a
+// moment has 4 bytes per element. The engine's moment format
+// (optimizer.moment_dtype, Note [Moment formats] in engine.cc) is recorded
+// in the blob strata.engine ("moment_dtype") and the moments are saved so:
+//   - fp32: as they rest.
+//   - bf16: widened to fp32 (exact). A load rounds them back, so a bf16
+//     checkpoint continues bit for bit, loads into any layout like fp32,
+//     and fp32 and bf16 checkpoints load into engines of either format.
+//   - int8: each element's 8-bit code in its own fp32 slot (a
+//     little-endian uint32, 0..255), so that the extents' placements carry
+//     them like any element; the block scales, one fp32 per
+//     kCpuBlock8Elems of a piece, in piece order, in the blobs
+//     strata.engine.scales.exp_avg and .exp_avg_sq (4 bytes per 2048
+//     elements: the one part gathered in RAM). Alignment gaps hold code 0
+//     (their gradients and masters are zero, so are their moments), which
+//     is why a load may leave their slots unread. A code means something
+//     only with its block's scale, and the blocks are the saving engine's
+//     pieces, so such a checkpoint loads only into an engine whose pieces
+//     are the same (same tensors in the same order, partition_bytes and
+//     piece size), and int8 and the other formats refuse each other.
+// The checkpoint module's element types cannot say "bf16 moment" or "8-bit
+// block", hence fp32 slots; the bytes on disk are therefore those of fp32
+// moments for every format (the NVMe tier is where the formats save).
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -58,6 +83,55 @@ StateRole StateOf(int role) {
 }
 
 constexpr const char* kEngineBlob = "strata.engine";
+
+// Note [Moment formats in checkpoints]: the blob of a role's int8 scales.
+std::string ScalesBlob(int role) {
+  return std::string(kEngineBlob) + ".scales." +
+         std::string(StateRoleName(StateOf(role)));
+}
+
+uint64_t Blocks(uint64_t n) {
+  return (n + kCpuBlock8Elems - 1) / kCpuBlock8Elems;
+}
+
+// A kBlock8 array of n elements (Note [Moment formats in checkpoints]) in
+// place as n fp32-sized slots, each holding its element's code as a
+// little-endian uint32 (from the last down, so that no code is overwritten
+// before it is read); its scales are appended to `scales` first.
+void Block8ToSlots(std::byte* p, uint64_t n, std::vector<float>* scales) {
+  const size_t at = scales->size();
+  scales->resize(at + Blocks(n));
+  std::memcpy(scales->data() + at, p + RoundUp(n, 4), Blocks(n) * 4);
+  for (uint64_t i = n; i-- > 0;) {
+    const uint32_t code = static_cast<uint8_t>(p[i]);
+    std::memcpy(p + i * 4, &code, 4);
+  }
+}
+
+// The inverse, with the array's `scales`; false when a slot holds no code.
+bool SlotsToBlock8(std::byte* p, uint64_t n, const float* scales) {
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t code;
+    std::memcpy(&code, p + i * 4, 4);
+    if (code > 255) return false;
+    p[i] = static_cast<std::byte>(code);
+  }
+  std::memset(p + n, 0, RoundUp(n, 4) - n);
+  std::memcpy(p + RoundUp(n, 4), scales, Blocks(n) * 4);
+  return true;
+}
+
+// Widens n bf16 values at `p` to fp32 in place (exact: a bf16 is the upper
+// half of a fp32), from the last element down so that no value is
+// overwritten before it is read.
+void WidenBf16InPlace(std::byte* p, uint64_t n) {
+  for (uint64_t i = n; i-- > 0;) {
+    uint16_t h;
+    std::memcpy(&h, p + i * 2, 2);
+    const uint32_t w = uint32_t{h} << 16;
+    std::memcpy(p + i * 4, &w, 4);
+  }
+}
 
 }  // namespace
 
@@ -153,19 +227,33 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   const Residence where = RoleResidence(r);
   // A piece whose bytes are in, or arriving in (`arrived`: NVMe reads), a
   // staging buffer.
+  // Note [Moment formats in checkpoints]: a moment's extent holds n fp32
+  // slots; `raw` is what the role holds, `bytes` the extent's payload.
   struct Ready {
     std::shared_ptr<StagingLease> lease;
-    size_t bytes = 0, padded = 0;
+    uint64_t n = 0;
+    size_t raw = 0, bytes = 0, padded = 0;
     std::vector<StatePlacement> places;
     std::future<Status> arrived;
   };
   // Hands a piece to the writer on this thread (the writer checksums it,
   // which must not hold up the I/O completion thread); the buffer goes back
   // when the write is done.
+  // Note [Moment formats in checkpoints]: int8 moments' scales, in piece
+  // order (pieces are emitted in order, on this thread).
+  std::vector<float> scales;
   auto emit = [&](Ready& p, Status st) -> Status {
     writes.Add();
     if (st.ok()) {
-      std::memset(p.lease->data() + p.bytes, 0, p.padded - p.bytes);
+      size_t filled = p.raw;
+      if (IsMoment(r) && MomentDType() == CpuDType::kBFloat16) {
+        WidenBf16InPlace(p.lease->data(), p.n);
+        filled = p.bytes;
+      } else if (IsMoment(r) && MomentDType() == CpuDType::kBlock8) {
+        Block8ToSlots(p.lease->data(), p.n, &scales);
+        filled = p.bytes;
+      }
+      std::memset(p.lease->data() + filled, 0, p.padded - filled);
       st = writer.WriteExtent(state, {p.lease->data(), p.padded},
                               std::move(p.places),
                               [&writes, lease = p.lease](Status wst) mutable {
@@ -181,21 +269,24 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   const size_t depth = std::max<size_t>(1, staging_->count() / 2);
   std::deque<Ready> reading;
   Status st;
+  // A role saved as it rests (not a bf16 or int8 moment).
+  const bool as_is = !IsMoment(r) || MomentDType() == CpuDType::kFloat32;
   for (uint32_t u = 0; u < units_.size() && st.ok(); ++u) {
     UnitState& s = units_[u];
-    const size_t esize = ElemBytes(r, s);
     for (size_t p = 0; p < NumPieces(u) && st.ok(); ++p) {
       const uint64_t begin = p * piece_elems_;
       const uint64_t n = std::min(piece_elems_, s.elems - begin);
       Ready piece;
-      piece.bytes = n * esize;
+      piece.n = n;
+      piece.raw = RoleBytes(r, s, n);
+      piece.bytes = IsMoment(r) ? n * 4 : piece.raw;
       piece.padded = RoundUp(piece.bytes, kCheckpointAlign);
       piece.places = PlacementsOf(u, begin, n, {});
-      if (where == Residence::kHost) {
+      if (where == Residence::kHost && as_is) {
         std::byte* src = HostAt(r, u, begin);
         const bool aligned =
             reinterpret_cast<uintptr_t>(src) % kCheckpointAlign == 0 &&
-            (begin * esize) + piece.padded <= HostBlockBytes(r, s);
+            RoleOffset(r, s, begin) + piece.padded <= HostBlockBytes(r, s);
         if (aligned) {  // straight from the host array
           writes.Add();
           st = writer.WriteExtent(
@@ -227,10 +318,11 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
       }
       Status copied;
       if (where == Residence::kHost) {
-        std::memcpy(buf, HostAt(r, u, begin), piece.bytes);
+        std::memcpy(buf, HostAt(r, u, begin), piece.raw);
       } else {
-        copied = device_->CopyAsync(*copy_stream_, buf, DevAt(s, begin * esize),
-                                    piece.bytes, CopyKind::kDeviceToHost);
+        copied = device_->CopyAsync(*copy_stream_, buf,
+                                    DevAt(s, RoleOffset(r, s, begin)),
+                                    piece.raw, CopyKind::kDeviceToHost);
         if (copied.ok()) copied = device_->SynchronizeStream(*copy_stream_);
       }
       st = emit(piece, copied);
@@ -243,6 +335,11 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
     } else {
       p.arrived.wait();
     }
+  }
+  if (st.ok() && IsMoment(r) && MomentDType() == CpuDType::kBlock8) {
+    st = writer.PutBlob(
+        ScalesBlob(r),
+        {reinterpret_cast<const char*>(scales.data()), scales.size() * 4});
   }
   return st;
 }
@@ -288,6 +385,8 @@ Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {
                       {"bias_correction", o.bias_correction}};
     j["partition_bytes"] = options_.partition_bytes;
     j["world_size"] = options_.world_size;
+    j["moment_dtype"] = std::string(MomentDTypeName(MomentDType()));
+    j["piece_elems"] = piece_elems_;
     st = writer.PutBlob(kEngineBlob, j.dump());
   }
   EndExclusive();
@@ -300,13 +399,13 @@ void EngineImpl::StorePiece(uint32_t u, int r, size_t p,
                             std::shared_ptr<StagingLease> lease,
                             Inflight& writes) {
   UnitState& s = units_[u];
-  const size_t esize = ElemBytes(r, s);
   const uint64_t begin = p * piece_elems_;
-  const uint64_t n = std::min(piece_elems_, s.elems - begin);
+  const uint64_t bytes =
+      RoleBytes(r, s, std::min(piece_elems_, s.elems - begin));
   writes.Add();
   switch (RoleResidence(r)) {
     case Residence::kHost:
-      std::memcpy(HostAt(r, u, begin), lease->data(), n * esize);
+      std::memcpy(HostAt(r, u, begin), lease->data(), bytes);
       writes.Finish(Status::Ok());
       return;
     case Residence::kDevice: {
@@ -314,8 +413,8 @@ void EngineImpl::StorePiece(uint32_t u, int r, size_t p,
       // lock guards nothing else, so waiting under it blocks only them).
       MutexLock l(&state_copy_mu_);
       Status st =
-          device_->CopyAsync(*copy_stream_, DevAt(s, begin * esize),
-                             lease->data(), n * esize, CopyKind::kHostToDevice);
+          device_->CopyAsync(*copy_stream_, DevAt(s, RoleOffset(r, s, begin)),
+                             lease->data(), bytes, CopyKind::kHostToDevice);
       if (st.ok()) st = device_->SynchronizeStream(*copy_stream_);
       writes.Finish(st);
       return;
@@ -332,23 +431,49 @@ void EngineImpl::StorePiece(uint32_t u, int r, size_t p,
 
 Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
                              const std::vector<uint32_t>& index,
-                             bool ckpt_params, Inflight& writes) {
+                             bool ckpt_params, const Block8Scales* scales,
+                             Inflight& writes) {
   UnitState& s = units_[u];
   const uint64_t begin = p * piece_elems_;
   const uint64_t n = std::min(piece_elems_, s.elems - begin);
   const std::vector<StatePlacement> places = PlacementsOf(u, begin, n, index);
-  // Fills a lease with role r of this piece from the checkpoint.
+  // Fills a lease with role r of this piece from the checkpoint, as stored
+  // (Note [Moment formats in checkpoints]).
+  const CpuDType moments = MomentDType();
   auto fill = [&](int r) -> StatusOr<std::shared_ptr<StagingLease>> {
     STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
     auto lease = std::make_shared<StagingLease>(std::move(acquired));
-    const size_t bytes = n * ElemBytes(r, s);
+    const size_t bytes = IsMoment(r) ? n * 4 : RoleBytes(r, s, n);
     std::memset(lease->data(), 0, RoundUp(bytes, kCheckpointAlign));
     STRATA_RETURN_IF_ERROR(
         reader.Read(StateOf(r), places, {lease->data(), bytes}));
+    if (IsMoment(r) && scales != nullptr) {
+      // The gaps' slots stay zero: their codes are zero (Note [Moment
+      // formats in checkpoints]).
+      const std::vector<float>& v =
+          r == kExpAvg ? scales->exp_avg : scales->exp_avg_sq;
+      const uint64_t first = scales->first[u] + p * Blocks(piece_elems_);
+      if (!SlotsToBlock8(lease->data(), n, v.data() + first)) {
+        return Status::Corruption(
+            "the " + std::string(StateRoleName(StateOf(r))) + " of " +
+            UnitNames(u) + " (unit " + std::to_string(u) + ", piece " +
+            std::to_string(p) +
+            ") holds a slot that is no int8 code (above 255)");
+      }
+    }
     return lease;
   };
   for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StagingLease> lease, fill(r));
+    if (IsMoment(r) && moments == CpuDType::kBFloat16) {
+      // Stored as fp32: rounded to bf16 (exact for a bf16 engine's save).
+      STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
+      auto narrow = std::make_shared<StagingLease>(std::move(acquired));
+      STRATA_RETURN_IF_ERROR(ConvertCpuArray(lease->data(), CpuDType::kFloat32,
+                                             narrow->data(),
+                                             CpuDType::kBFloat16, n));
+      lease = std::move(narrow);
+    }
     if (r == kMaster && !ckpt_params) {
       // The working copy: the master rounded to the working dtype.
       STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
@@ -419,6 +544,87 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
                                 " has no valid \"step\"");
     }
     step = j["step"].get<int64_t>();
+    // Note [Moment formats in checkpoints]. A checkpoint without the key is
+    // older than the formats: fp32.
+    CpuDType saved = CpuDType::kFloat32;
+    if (j.contains("moment_dtype")) {
+      StatusOr<CpuDType> d =
+          j["moment_dtype"].is_string()
+              ? ParseMomentDType(j["moment_dtype"].get<std::string>())
+              : StatusOr<CpuDType>(Status::InvalidArgument("not a string"));
+      if (!d.ok()) {
+        return Status::Corruption(where + ": blob " + kEngineBlob +
+                                  " has a bad \"moment_dtype\" (" +
+                                  d.status().ToString() + ")");
+      }
+      saved = *d;
+    }
+    const CpuDType here = MomentDType();
+    const std::string formats =
+        "the checkpoint's moments are " + std::string(MomentDTypeName(saved)) +
+        " and this engine's " + std::string(MomentDTypeName(here)) +
+        " (optimizer.moment_dtype)";
+    if ((saved == CpuDType::kBlock8) != (here == CpuDType::kBlock8)) {
+      return Status::InvalidArgument(
+          where + ": " + formats +
+          "; int8 moments load only into int8 moments (fp32 and bf16 load "
+          "into each other)");
+    }
+    if (here == CpuDType::kBlock8) {
+      // Stored as this layout's piece arrays: the same tensors in the same
+      // order, partition size and piece size give the same pieces.
+      bool same = reader.tensors().size() == specs_.size();
+      for (size_t i = 0; i < specs_.size() && same; ++i) {
+        same = index[i] == i && reader.tensors()[i].dtype == specs_[i].dtype;
+      }
+      const auto number = [&j](const char* key) -> uint64_t {
+        return j.contains(key) && j[key].is_number_unsigned()
+                   ? j[key].get<uint64_t>()
+                   : 0;
+      };
+      const uint64_t partition = number("partition_bytes");
+      const uint64_t piece = number("piece_elems");
+      if (!same || partition != options_.partition_bytes ||
+          piece != piece_elems_) {
+        return Status::InvalidArgument(
+            where +
+            ": int8 moments are stored as the saving engine's quantized "
+            "pieces and load only into the same layout: the same tensors in "
+            "the same order, partition_bytes and pieces (staging_buffer_bytes "
+            "/ 4, whole blocks); the checkpoint has partition_bytes " +
+            std::to_string(partition) + " and pieces of " +
+            std::to_string(piece) + " elements" +
+            (same ? "" : " and other tensors or another order") +
+            ", this engine " + std::to_string(options_.partition_bytes) +
+            " and " + std::to_string(piece_elems_));
+      }
+    }
+  }
+  // Note [Moment formats in checkpoints]: int8 moments' scales, whole.
+  Block8Scales scales;
+  const Block8Scales* scales_ptr = nullptr;
+  if (MomentDType() == CpuDType::kBlock8) {
+    uint64_t blocks = 0;
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      scales.first.push_back(blocks);
+      for (size_t p = 0; p < NumPieces(u); ++p) {
+        blocks +=
+            Blocks(std::min(piece_elems_, units_[u].elems - p * piece_elems_));
+      }
+    }
+    for (int r : {kExpAvg, kExpAvgSq}) {
+      STRATA_ASSIGN_OR_RETURN(std::string b, reader.Blob(ScalesBlob(r)));
+      if (b.size() != blocks * 4) {
+        return Status::Corruption(where + ": blob " + ScalesBlob(r) + " has " +
+                                  std::to_string(b.size()) + " bytes, not " +
+                                  std::to_string(blocks * 4) +
+                                  " (4 per block of int8 moments)");
+      }
+      std::vector<float>& v = r == kExpAvg ? scales.exp_avg : scales.exp_avg_sq;
+      v.resize(blocks);
+      std::memcpy(v.data(), b.data(), b.size());
+    }
+    scales_ptr = &scales;
   }
   STRATA_RETURN_IF_ERROR(BeginExclusive("LoadState", /*load=*/true));
   // Two loaders take pieces in turn, so that a checkpoint read is in
@@ -441,7 +647,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
       const size_t i = next.fetch_add(1);
       if (i >= pieces.size()) return;
       Status pst = LoadPiece(reader, pieces[i].first, pieces[i].second, index,
-                             ckpt_params, writes);
+                             ckpt_params, scales_ptr, writes);
       if (!pst.ok()) {
         MutexLock l(&error_mu);
         if (st.ok()) st = pst;
@@ -453,7 +659,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   if (!pieces.empty()) {
     next = 1;
     st = LoadPiece(reader, pieces[0].first, pieces[0].second, index,
-                   ckpt_params, writes);
+                   ckpt_params, scales_ptr, writes);
   }
   if (st.ok() && pieces.size() > 1) {
     std::thread second(loader);

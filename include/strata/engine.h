@@ -12,7 +12,8 @@
 //
 // Roles: registering a trainable parameter creates its working-precision
 // parameter (fp16/bf16, what Fetch returns), its fp32 gradient accumulator,
-// its fp32 master and its two Adam moments, all over the same layout
+// its fp32 master and its two Adam moments (fp32, bf16 or 8-bit:
+// OptimizerOptions::moment_dtype), all over the same layout
 // (memtier/layout.h, Note [Units and partitions]).
 //
 // Thread contract: thread-safe. Fetch, pins and AddGrad may be used from
@@ -216,8 +217,10 @@ class STRATA_EXPORT Engine {
   //
   // SaveState declares every tensor to `writer` and writes its fp32 master
   // and moments (and, with `params`, its working copy), plus a blob
-  // "strata.engine" (the step count and the optimizer's settings); the
-  // caller adds its own blobs and commits. Gradients accumulated since the
+  // "strata.engine" (the step count, the optimizer's settings and the
+  // moment format); the caller adds its own blobs and commits. Moments are
+  // stored as fp32 slots: bf16 ones widened exactly, int8 ones as one code
+  // per slot with their block scales in blobs (docs/checkpoints.md). Gradients accumulated since the
   // last Step are not saved.
   virtual Status SaveState(CheckpointWriter& writer, bool params = false) = 0;
   // LoadState replaces the master, the moments, the working copy (the
@@ -225,7 +228,10 @@ class STRATA_EXPORT Engine {
   // dtype) and the step count with a checkpoint's, found by tensor name: the
   // checkpoint may come from any partition layout or tier placement, but
   // every registered tensor must be in it with the same shape (kNotFound,
-  // kInvalidArgument naming it; nothing changed then). Needs no pin held and
+  // kInvalidArgument naming it; nothing changed then). fp32 and bf16
+  // moments load into each other; int8 moments only into int8 moments of
+  // the same layout (tensors, partition_bytes, piece size), else
+  // kInvalidArgument naming both. Needs no pin held and
   // no gradient handed over since the last Step. A read that fails after
   // the first write (a corrupt extent) leaves the state partly loaded: the
   // engine then refuses every later call as after a failed Step; check a

@@ -72,7 +72,19 @@ struct OptimizerOptions {
   // The learning rate of the first step; a schedule is the caller's (it
   // passes the rate of each step). Finite, >= 0. Default 1e-3.
   double lr = 1e-3;
+  // The format the two moments rest in (host, NVMe, checkpoints): kFloat32
+  // (4 bytes per element each), kBFloat16 (2) or kBlock8 (8-bit
+  // block-quantized, CpuStateBytes(kBlock8, n): about 1 byte per element
+  // plus a fp32 scale per kCpuBlock8Elems). kBFloat16 and kBlock8 only with
+  // Adam, AdamW and Lion. The master weights stay fp32. Default kFloat32.
+  CpuDType moment_dtype = CpuDType::kFloat32;
 };
+
+// "fp32", "bf16", "int8" (kBlock8): the names of the moment formats.
+STRATA_EXPORT std::string_view MomentDTypeName(CpuDType dtype);
+// The inverse of MomentDTypeName (case-insensitive); kInvalidArgument naming
+// the accepted names otherwise.
+STRATA_EXPORT StatusOr<CpuDType> ParseMomentDType(std::string_view name);
 
 struct EngineOptions {
   // Marks a size without a limit (max_persistent_bytes).
@@ -89,8 +101,8 @@ struct EngineOptions {
 
   // ---- Where each role rests ----
   Residence params = Residence::kDevice;  // working-precision copy; any tier
-  // fp32 master weights and moments: kHost or kNvme (the optimizer runs on
-  // the CPU). Default kHost.
+  // fp32 master weights and the moments (optimizer.moment_dtype): kHost or
+  // kNvme (the optimizer runs on the CPU). Default kHost.
   Residence optimizer_states = Residence::kHost;
   // fp32 gradients accumulated across micro-batches: kHost or kNvme.
   // Default kHost.
@@ -139,8 +151,9 @@ struct EngineOptions {
   // parameters per sub-group. 1 .. 1 PiB. Default 2,000,000,000 (1e9
   // elements).
   uint64_t sub_group_bytes = 2'000'000'000;
-  // Bytes of fp32 optimizer state (master and two moments: 12 per element)
-  // that may be updated while backward still runs, after Engine::BeginStep.
+  // Bytes of optimizer state (the fp32 master and the two moments: 12 per
+  // element with fp32 moments, 8 with bf16, about 6 with int8) that may be
+  // updated while backward still runs, after Engine::BeginStep.
   // Their values before the update are kept in a host buffer of this size,
   // allocated at start, so that a non-finite gradient found later can undo
   // them. 0 = off (BeginStep is accepted; Step does all the work). At most

@@ -668,6 +668,50 @@ TEST(EngineConfigTest, ValidateDefaultsAndEachBadField) {
   EXPECT_THAT(both, HasSubstr("io_block_bytes"));
 }
 
+TEST(EngineConfigTest, MomentFormats) {
+  EXPECT_EQ(EngineOptions{}.optimizer.moment_dtype, CpuDType::kFloat32);
+  for (const auto& [name, dtype] : {std::pair{"fp32", CpuDType::kFloat32},
+                                    std::pair{"bf16", CpuDType::kBFloat16},
+                                    std::pair{"INT8", CpuDType::kBlock8}}) {
+    const EngineConfig c =
+        ParseOk(std::string(R"({"strata": {"optimizer": {"algo": "lion",
+            "moment_dtype": ")") +
+                name + "\"}}}");
+    EXPECT_EQ(c.options.optimizer.moment_dtype, dtype) << name;
+  }
+  EXPECT_EQ(MomentDTypeName(CpuDType::kBlock8), "int8");
+  EXPECT_EQ(MomentDTypeName(CpuDType::kBFloat16), "bf16");
+  EXPECT_EQ(ParseMomentDType("fp16").status().code(),
+            StatusCode::kInvalidArgument);
+
+  // Bad values name the key and what it accepts.
+  for (const char* bad : {R"("fp16")", R"("int4")", "8"}) {
+    const std::string m = ParseError(
+        std::string(R"({"strata": {"optimizer": {"moment_dtype": )") + bad +
+        "}}}");
+    EXPECT_THAT(m, HasSubstr("strata.optimizer.moment_dtype: expected "));
+  }
+  EXPECT_THAT(
+      ParseError(R"({"strata": {"optimizer": {"moment_dtype": "fp16"}}})"),
+      HasSubstr("one of fp32, bf16, int8"));
+  // Only Adam, AdamW and Lion take bf16 and int8 moments.
+  const std::string m = ParseError(
+      R"({"strata": {"optimizer": {"algo": "adagrad", "moment_dtype": "int8"}}})");
+  EXPECT_THAT(m, HasSubstr("strata.optimizer.moment_dtype: int8 with adagrad; "
+                           "accepted: fp32 with any optimizer, bf16 or int8 "
+                           "with adam, adamw or lion"));
+  EngineOptions o;
+  o.optimizer.moment_dtype = CpuDType::kFloat16;
+  Status st = ValidateEngineOptions(o);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("optimizer.moment_dtype: fp16 is not a moment format; "
+                        "accepted: fp32, bf16, int8"));
+  o.optimizer.moment_dtype = CpuDType::kBFloat16;
+  o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdagrad;
+  EXPECT_THAT(std::string(ValidateEngineOptions(o).message()),
+              HasSubstr("optimizer.moment_dtype: bf16 with adagrad"));
+}
+
 TEST(EngineConfigTest, NamesOfEnums) {
   EXPECT_EQ(ResidenceName(Residence::kDevice), "device");
   EXPECT_EQ(ResidenceName(Residence::kHost), "host");

@@ -297,6 +297,9 @@ constexpr int kSteps = 3;
 
 class EngineFaultTest : public ::testing::TestWithParam<Under> {
  protected:
+  // The format the moments rest in (Options).
+  CpuDType moments_ = CpuDType::kFloat32;
+
   void SetUp() override {
     plan_ = std::make_shared<FaultPlan>();
     io_options_.queue_depth = 4;
@@ -330,7 +333,18 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
     o.device_budget_bytes = 3 * kUnitBytes;
     o.prefetch_bytes = kUnitBytes;
     o.shared_io = io_;
+    o.optimizer.moment_dtype = moments_;
     return o;
+  }
+
+  // Starts `t`, trains one step and begins the next (BeginStep, with the
+  // arguments of Trainer::Step).
+  static Status StartAndBeginStep(Trainer& t) {
+    STRATA_RETURN_IF_ERROR(t.Start());
+    STRATA_RETURN_IF_ERROR(t.TrainStep());
+    StepArgs a;
+    a.lr = 1e-2;
+    return t.engine().BeginStep(a);
   }
 
   // kSteps steps without faults.
@@ -760,37 +774,39 @@ TEST_P(EngineFaultTest, FetchWaitsForArrivalsInsteadOfRunningOutOfBudget) {
 // are undone, so the engine stays usable: the steps after it end
 // bit-identical with a fault-free run.
 TEST_P(EngineFaultTest, AFaultDuringAnEarlyUpdateIsUndone) {
-  const auto base = Baseline();
-  for (uint64_t nth : {1, 6}) {
-    SCOPED_TRACE("write " + std::to_string(nth));
-    const FaultRule rule = {
-        .op = IoOp::kWrite, .err = ENOSPC, .nth = nth, .count = 1};
-    EngineOptions o = Options();
-    o.step_overlap_bytes = 16 << 20;
-    Trainer t(o);
-    ASSERT_TRUE(t.Start().ok());
-    ASSERT_TRUE(t.TrainStep().ok());
-    StepArgs a;
-    a.lr = 1e-2;  // as Trainer::Step
-    ASSERT_TRUE(t.engine().BeginStep(a).ok());
-    plan_->Clear();
-    plan_->Add(rule);
-    Status st = t.MicroBatch();
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    auto r = t.Step();
-    plan_->Clear();
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kNoSpace) << r.status().ToString();
-    EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
-    EXPECT_GT(t.engine().stats().early_undone, 0u);
-    for (int s = 1; s < kSteps; ++s) {
-      st = t.TrainStep();
+  // The undo puts the moments back in the format they rest in.
+  for (CpuDType md :
+       {CpuDType::kFloat32, CpuDType::kBFloat16, CpuDType::kBlock8})
+    for (uint64_t nth : {1, 6}) {
+      SCOPED_TRACE(std::string(MomentDTypeName(md)) + ", write " +
+                   std::to_string(nth));
+      moments_ = md;
+      const auto base = Baseline();
+      const FaultRule rule = {
+          .op = IoOp::kWrite, .err = ENOSPC, .nth = nth, .count = 1};
+      EngineOptions o = Options();
+      o.step_overlap_bytes = 16 << 20;
+      Trainer t(o);
+      ASSERT_TRUE(StartAndBeginStep(t).ok());
+      plan_->Clear();
+      plan_->Add(rule);
+      Status st = t.MicroBatch();
       ASSERT_TRUE(st.ok()) << st.ToString();
+      auto r = t.Step();
+      plan_->Clear();
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), StatusCode::kNoSpace)
+          << r.status().ToString();
+      EXPECT_TRUE(Has(r.status(), " of w")) << r.status().ToString();
+      EXPECT_GT(t.engine().stats().early_undone, 0u);
+      for (int s = 1; s < kSteps; ++s) {
+        st = t.TrainStep();
+        ASSERT_TRUE(st.ok()) << st.ToString();
+      }
+      ExpectSame(base, t.Masters());
+      t.Destroy();
+      ExpectCallbacksBalanced();
     }
-    ExpectSame(base, t.Masters());
-    t.Destroy();
-    ExpectCallbacksBalanced();
-  }
 }
 
 // ---- Row 17: shutdown with I/O in flight ------------------------------------
@@ -850,11 +866,7 @@ TEST_P(EngineFaultTest, DestroyedWithEarlyUpdatesInFlight) {
       EngineOptions o = Options();
       o.step_overlap_bytes = 16 << 20;
       Trainer t(o);
-      ASSERT_TRUE(t.Start().ok());
-      ASSERT_TRUE(t.TrainStep().ok());
-      StepArgs a;
-      a.lr = 1e-2;
-      ASSERT_TRUE(t.engine().BeginStep(a).ok());
+      ASSERT_TRUE(StartAndBeginStep(t).ok());
       for (int i = 0; i < handed; ++i) {
         std::vector<uint16_t> p;
         ASSERT_TRUE(t.FetchToHost(i, &p).ok());

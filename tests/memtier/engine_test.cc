@@ -390,42 +390,47 @@ TEST(EngineTest, UpdatesDuringBackwardChangeNothing) {
   }
 }
 
+// Trains with `o` three steps without BeginStep, and again with BeginStep
+// and a skipped step between the first two (the last micro-batch of step 1
+// hands over a NaN for layer 0, the last layer of backward, once the
+// nineteen others were updated): both must end bit-identical.
+void ExpectANonFiniteGradientUndoesEarlyUpdates(const EngineOptions& o) {
+  Plan plain;
+  plain.clip = 0;
+  const Trained base = Train(o, plain);
+  Plan p = plain;
+  p.steps = 4;
+  p.begin_step = true;
+  p.skipped_step = 1;
+  p.before_step = [](int step, Engine& eng, LinearNet& net) {
+    if (step != 1) return;
+    const uint64_t before = eng.stats().early_units;
+    auto calls = std::make_shared<int>(0);
+    net.before_grad = [&eng, &net, before, calls](int layer,
+                                                  DeviceMemory& g) -> Status {
+      if (layer != 0 || ++*calls != 2) return Status::Ok();
+      for (int i = 0; eng.stats().early_units < before + kLayers - 1; ++i) {
+        if (i == 60000) return Status::Internal("no early updates");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return net.device().MemsetAsync(net.stream(), g.data(), 0xff, g.size());
+    };
+  };
+  Trained t = Train(o, p);
+  ASSERT_EQ(t.losses.size(), 8u);
+  t.losses.erase(t.losses.begin() + 2, t.losses.begin() + 4);
+  ExpectBitIdentical(base, t);
+  EXPECT_EQ(t.stats.early_undone, uint64_t{kLayers} - 1);
+  EXPECT_EQ(t.stats.skipped_steps, 1u);
+  EXPECT_EQ(t.stats.early_units, 3u * kLayers + kLayers - 1);
+}
+
 TEST(EngineTest, ANonFiniteGradientAfterEarlyUpdatesUndoesThem) {
   for (const auto& [params, states] : kOverlapTiers) {
     SCOPED_TRACE(TiersName(params, states));
     ScratchDir dir;
-    const EngineOptions o = OverlapOptions(params, states, dir.path());
-    Plan plain;
-    plain.clip = 0;
-    const Trained base = Train(o, plain);
-    // The same three steps, with a skipped one between the first two: the
-    // last micro-batch of step 1 hands over a NaN for layer 0, the last
-    // layer of backward, once the nineteen others were updated.
-    Plan p = plain;
-    p.steps = 4;
-    p.begin_step = true;
-    p.skipped_step = 1;
-    p.before_step = [](int step, Engine& eng, LinearNet& net) {
-      if (step != 1) return;
-      const uint64_t before = eng.stats().early_units;
-      auto calls = std::make_shared<int>(0);
-      net.before_grad = [&eng, &net, before, calls](int layer,
-                                                    DeviceMemory& g) -> Status {
-        if (layer != 0 || ++*calls != 2) return Status::Ok();
-        for (int i = 0; eng.stats().early_units < before + kLayers - 1; ++i) {
-          if (i == 60000) return Status::Internal("no early updates");
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        return net.device().MemsetAsync(net.stream(), g.data(), 0xff, g.size());
-      };
-    };
-    Trained t = Train(o, p);
-    ASSERT_EQ(t.losses.size(), 8u);
-    t.losses.erase(t.losses.begin() + 2, t.losses.begin() + 4);
-    ExpectBitIdentical(base, t);
-    EXPECT_EQ(t.stats.early_undone, uint64_t{kLayers} - 1);
-    EXPECT_EQ(t.stats.skipped_steps, 1u);
-    EXPECT_EQ(t.stats.early_units, 3u * kLayers + kLayers - 1);
+    ExpectANonFiniteGradientUndoesEarlyUpdates(
+        OverlapOptions(params, states, dir.path()));
   }
 }
 
@@ -757,6 +762,141 @@ TEST_F(EngineFixture, BeginStepStatesItsContract) {
   EXPECT_TRUE(
       eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream).ok());
   EXPECT_TRUE(eng_->WaitGrads().ok());
+}
+
+// ---- Moment formats ----------------------------------------------------
+
+constexpr CpuDType kNarrowMoments[] = {CpuDType::kBFloat16, CpuDType::kBlock8};
+
+TEST(EngineTest, NarrowMomentsRestAnywhereAndChangeNothing) {
+  const Trained wide = Train(BaseOptions());
+  for (CpuDType md : kNarrowMoments) {
+    SCOPED_TRACE(std::string(MomentDTypeName(md)));
+    EngineOptions resident = BaseOptions();
+    resident.optimizer.moment_dtype = md;
+    const Trained base = Train(resident);
+    ASSERT_EQ(base.masters.size(), wide.masters.size());
+    // The format is in use: the masters are not fp32 moments' ones.
+    bool differs = false;
+    for (size_t i = 0; i < base.masters.size(); ++i) {
+      differs = differs || base.masters[i] != wide.masters[i];
+    }
+    EXPECT_TRUE(differs);
+    ASSERT_EQ(base.losses.size(), 6u);
+    EXPECT_LT(base.losses[4], base.losses[0]);
+    for (Residence grads : {Residence::kHost, Residence::kNvme}) {
+      SCOPED_TRACE("grads on " + std::string(ResidenceName(grads)));
+      ScratchDir dir;
+      EngineOptions off = resident;
+      off.params = Residence::kNvme;
+      off.optimizer_states = Residence::kNvme;
+      off.grads = grads;
+      off.nvme_paths = {dir.path()};
+      off.io.backend = IoBackend::kMemory;
+      off.device_budget_bytes = 2 * kUnitBytes;
+      const Trained t = Train(off);
+      ExpectBitIdentical(base, t);
+      EXPECT_GT(t.stats.evictions, 0u);
+    }
+    EngineOptions host = resident;
+    host.params = Residence::kHost;
+    host.device_budget_bytes = 3 * kUnitBytes;
+    ExpectBitIdentical(base, Train(host));
+  }
+}
+
+TEST(EngineTest, NarrowMomentsMoveAndHoldTheirOwnBytes) {
+  // Twenty layers of one piece each, and the unit of the three small
+  // tensors (384 elements).
+  std::vector<uint64_t> pieces(kLayers, uint64_t{kWidth} * kWidth);
+  pieces.push_back(3 * kWidth);
+  uint64_t fp32_bytes = 0;
+  for (CpuDType md :
+       {CpuDType::kFloat32, CpuDType::kBFloat16, CpuDType::kBlock8}) {
+    SCOPED_TRACE(std::string(MomentDTypeName(md)));
+    ScratchDir dir;
+    auto dev = HostDevice();
+    EngineOptions o = BaseOptions();
+    o.params = Residence::kHost;
+    o.optimizer_states = Residence::kNvme;
+    o.nvme_paths = {dir.path()};
+    o.io.backend = IoBackend::kMemory;
+    o.device_budget_bytes = 3 * kUnitBytes;
+    o.optimizer.moment_dtype = md;
+    auto eng = Engine::Create(o, dev.get());
+    ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+    LinearNet net(dev.get(), eng->get());
+    ASSERT_TRUE((*eng)->Start().ok());
+    ASSERT_TRUE(net.Init(1).ok());
+    // The master and both moments of every piece, read and written once.
+    uint64_t expect = 0;
+    for (uint64_t n : pieces) expect += n * 4 + 2 * CpuStateBytes(md, n);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(net.MicroBatch(5).ok());
+      const EngineStats before = (*eng)->stats();
+      auto r = (*eng)->Step({});
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->applied);
+      const EngineStats after = (*eng)->stats();
+      EXPECT_EQ(after.nvme_read_bytes - before.nvme_read_bytes, expect);
+      EXPECT_EQ(after.nvme_write_bytes - before.nvme_write_bytes, expect);
+    }
+    if (md == CpuDType::kFloat32) {
+      fp32_bytes = expect;
+      EXPECT_EQ(expect, 12 * (kLayers * kWidth * kWidth + 3 * kWidth));
+    } else {
+      // bf16: 8 bytes a parameter; int8: 6 and the scales.
+      EXPECT_LE(expect * 12, fp32_bytes * (md == CpuDType::kBlock8 ? 6.01 : 8));
+    }
+  }
+}
+
+TEST(EngineTest, NarrowMomentsUpdateDuringBackwardAsInStep) {
+  for (CpuDType md : kNarrowMoments) {
+    for (const auto& [params, states] :
+         {std::pair{Residence::kHost, Residence::kHost},
+          std::pair{Residence::kNvme, Residence::kNvme}}) {
+      SCOPED_TRACE(std::string(MomentDTypeName(md)) + ", " +
+                   TiersName(params, states));
+      ScratchDir dir;
+      EngineOptions o = OverlapOptions(params, states, dir.path());
+      o.optimizer.moment_dtype = md;
+      Plan plain;
+      plain.clip = 0;
+      const Trained base = Train(o, plain);
+      Plan overlap = plain;
+      overlap.begin_step = true;
+      const Trained t = Train(o, overlap);
+      ExpectBitIdentical(base, t);
+      EXPECT_EQ(t.stats.early_units, 3u * kLayers);
+      // An undo buffer of five layers' states in this format: five layers
+      // a step.
+      o.step_overlap_bytes =
+          5 * (kWidth * kWidth * 4 + 2 * CpuStateBytes(md, kWidth * kWidth));
+      const Trained five = Train(o, overlap);
+      ExpectBitIdentical(base, five);
+      EXPECT_EQ(five.stats.early_units, 3u * 5);
+      o.step_overlap_bytes = 64 << 20;
+      ExpectANonFiniteGradientUndoesEarlyUpdates(o);
+    }
+  }
+}
+
+TEST_F(EngineFixture, Int8MomentsNeedWholeBlocksInAPiece) {
+  EngineOptions o = BaseOptions();
+  o.optimizer.moment_dtype = CpuDType::kBlock8;
+  o.staging_buffer_bytes = 4096;  // 1024 fp32 elements
+  Make(o, 1, /*start=*/false);
+  Status st = eng_->Start();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("optimizer.moment_dtype"), std::string::npos)
+      << st.ToString();
+  o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdagrad;
+  auto dev = HostDevice();
+  auto e = Engine::Create(o, dev.get());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("optimizer.moment_dtype"),
+            std::string::npos);
 }
 
 }  // namespace
