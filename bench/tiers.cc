@@ -51,6 +51,7 @@
 #include "strata/host_buffer.h"
 #include "strata/io_engine.h"
 #include "strata/swap_space.h"
+#include "util/align.h"
 
 namespace strata::bench {
 namespace {
@@ -77,8 +78,6 @@ constexpr uint32_t kGradBuffers = 3;
 // and moments.
 constexpr uint64_t kEngineHostPerByte = 6;
 constexpr uint64_t kSlack = uint64_t{64} << 20;
-
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // ---- Parse -----------------------------------------------------------------
 

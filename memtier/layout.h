@@ -29,11 +29,9 @@
 #include <vector>
 
 #include "strata/status.h"
+#include "util/align.h"
 
 namespace strata::memtier {
-
-// n rounded up to a multiple of a (> 0).
-inline uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // Alignment of every tensor inside a unit, in elements: 128 elements are
 // 256 bytes of bf16 and 512 bytes of fp32, enough for any vector load and for

@@ -16,6 +16,7 @@
 
 #include "strata/host_buffer.h"
 #include "swap/swap_space_internal.h"
+#include "util/align.h"
 #include "util/checksum.h"
 #include "util/file_lock.h"
 #include "util/log.h"
@@ -28,8 +29,6 @@ constexpr uint32_t kMinHeaderBytes = 4096;
 constexpr const char* kLockName = "strata-swap.lock";
 constexpr const char* kFilePrefix = "strata-swap-";
 constexpr const char* kFileSuffix = ".swp";
-
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 uint64_t Checksum(const BlockHeader& h, const std::byte* payload) {
   BlockHeader copy = h;

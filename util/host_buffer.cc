@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "util/align.h"
 #include "util/host_alloc_faults.h"
 #include "util/log.h"
 
@@ -19,8 +20,6 @@ namespace {
 constexpr size_t kPage = 4096;
 constexpr size_t kHugePage = size_t{2} << 20;
 std::atomic<uint64_t> g_pinned_bytes{0};
-
-size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // What an out-of-memory message adds: what the system has free and what
 // strata holds pinned.
