@@ -220,8 +220,8 @@ class STRATA_EXPORT Engine {
   // "strata.engine" (the step count, the optimizer's settings and the
   // moment format); the caller adds its own blobs and commits. Moments are
   // stored as fp32 slots: bf16 ones widened exactly, int8 ones as one code
-  // per slot with their block scales in blobs (docs/checkpoints.md). Gradients accumulated since the
-  // last Step are not saved.
+  // per slot with their block scales in blobs (docs/checkpoints.md). Gradients
+  // accumulated since the last Step are not saved.
   virtual Status SaveState(CheckpointWriter& writer, bool params = false) = 0;
   // LoadState replaces the master, the moments, the working copy (the
   // checkpoint's when it has one, else the master rounded to the working
