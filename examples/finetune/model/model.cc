@@ -1,5 +1,7 @@
 #include "examples/finetune/model/model.h"
 
+#include <array>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -29,6 +31,21 @@ struct GptModel::Acts {
 };
 
 namespace {
+
+// The bytes of each field of one block's Acts, in its order: what Allocate
+// gives each and what BlockActivationBytes adds up.
+std::array<size_t, 12> ActBytes(const GptConfig& config,
+                                const ModelOptions& options) {
+  const size_t N = size_t(options.batch_size) * options.seq_len;
+  const size_t C = config.n_embd;
+  const size_t w = strata::ElementSize(options.param_type);
+  const size_t f = sizeof(float);
+  const size_t att = size_t(options.batch_size) * config.n_head *
+                     options.seq_len * options.seq_len;
+  return {N * C * w, N * f,     N * f,         3 * N * C * f,
+          att * f,   N * C * w, N * C * f,     N * C * w,
+          N * f,     N * f,     4 * N * C * f, 4 * N * C * w};
+}
 
 DType ToDType(ElementType t) {
   switch (t) {
@@ -101,16 +118,8 @@ StatusOr<void*> GptModel::Alloc(size_t bytes) {
 
 size_t GptModel::BlockActivationBytes(const GptConfig& config,
                                       const ModelOptions& options) {
-  const size_t N = size_t(options.batch_size) * options.seq_len;
-  const size_t C = config.n_embd;
-  const size_t w = strata::ElementSize(options.param_type);
-  const size_t f = sizeof(float);
-  const size_t att = size_t(options.batch_size) * config.n_head *
-                     options.seq_len * options.seq_len;
-  // Allocate's fields of Acts, in its order: ln1, its mean and rstd, qkv,
-  // att, atty, x2, ln2, its mean and rstd, fch, fch_gelu.
-  return N * C * w + 2 * N * f + 3 * N * C * f + att * f + N * C * w +
-         N * C * f + N * C * w + 2 * N * f + 4 * N * C * f + 4 * N * C * w;
+  const std::array<size_t, 12> bytes = ActBytes(config, options);
+  return std::accumulate(bytes.begin(), bytes.end(), size_t{0});
 }
 
 Status GptModel::Allocate() {
@@ -127,22 +136,21 @@ Status GptModel::Allocate() {
   residual_.resize(config_.n_layer + 1);
   for (float*& r : residual_) STRATA_RETURN_IF_ERROR(get(r, N * C * f));
   const size_t sets = options_.checkpoint_blocks ? 1 : config_.n_layer;
-  const size_t att = size_t(options_.batch_size) * config_.n_head *
-                     options_.seq_len * options_.seq_len;
+  const std::array<size_t, 12> bytes = ActBytes(config_, options_);
   for (size_t i = 0; i < sets; ++i) {
     auto a = std::make_unique<Acts>();
-    STRATA_RETURN_IF_ERROR(get(a->ln1, N * C * w));
-    STRATA_RETURN_IF_ERROR(get(a->ln1_mean, N * f));
-    STRATA_RETURN_IF_ERROR(get(a->ln1_rstd, N * f));
-    STRATA_RETURN_IF_ERROR(get(a->qkv, 3 * N * C * f));
-    STRATA_RETURN_IF_ERROR(get(a->att, att * f));
-    STRATA_RETURN_IF_ERROR(get(a->atty, N * C * w));
-    STRATA_RETURN_IF_ERROR(get(a->x2, N * C * f));
-    STRATA_RETURN_IF_ERROR(get(a->ln2, N * C * w));
-    STRATA_RETURN_IF_ERROR(get(a->ln2_mean, N * f));
-    STRATA_RETURN_IF_ERROR(get(a->ln2_rstd, N * f));
-    STRATA_RETURN_IF_ERROR(get(a->fch, 4 * N * C * f));
-    STRATA_RETURN_IF_ERROR(get(a->fch_gelu, 4 * N * C * w));
+    STRATA_RETURN_IF_ERROR(get(a->ln1, bytes[0]));
+    STRATA_RETURN_IF_ERROR(get(a->ln1_mean, bytes[1]));
+    STRATA_RETURN_IF_ERROR(get(a->ln1_rstd, bytes[2]));
+    STRATA_RETURN_IF_ERROR(get(a->qkv, bytes[3]));
+    STRATA_RETURN_IF_ERROR(get(a->att, bytes[4]));
+    STRATA_RETURN_IF_ERROR(get(a->atty, bytes[5]));
+    STRATA_RETURN_IF_ERROR(get(a->x2, bytes[6]));
+    STRATA_RETURN_IF_ERROR(get(a->ln2, bytes[7]));
+    STRATA_RETURN_IF_ERROR(get(a->ln2_mean, bytes[8]));
+    STRATA_RETURN_IF_ERROR(get(a->ln2_rstd, bytes[9]));
+    STRATA_RETURN_IF_ERROR(get(a->fch, bytes[10]));
+    STRATA_RETURN_IF_ERROR(get(a->fch_gelu, bytes[11]));
     acts_.push_back(std::move(a));
   }
   STRATA_RETURN_IF_ERROR(get(dres_, N * C * f));
