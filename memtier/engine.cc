@@ -1975,10 +1975,12 @@ Status EngineImpl::UndoEarly() {
     if (!st.ok()) break;
     UnitState& s = units_[e.unit];
     const std::byte* saved = undo_.data() + e.undo_offset;
-    const std::byte* src = saved;
+    // Saved back to back, as UpdatePiece wrote them.
+    const std::byte* next = saved;
     for (int role : {kMaster, kExpAvg, kExpAvgSq}) {
       const uint64_t bytes = RoleBytes(role, s, e.n);
-      src += role == kMaster ? 0 : RoleBytes(role - 1, s, e.n);
+      const std::byte* src = next;
+      next += bytes;
       if (!nvme_states) {
         std::memcpy(HostAt(role, e.unit, e.begin), src, bytes);
         continue;
