@@ -84,7 +84,10 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
 }
 
 EngineImpl::EngineImpl(const EngineOptions& o, Device* device)
-    : options_(o), counting_device_(device), device_(&counting_device_) {}
+    : options_(o),
+      counting_device_(device),
+      device_(&counting_device_),
+      loss_scaler_(o.loss_scale) {}
 
 EngineImpl::~EngineImpl() {
   // Workers first: their jobs use everything below (the mover's queued
@@ -1376,21 +1379,37 @@ Status EngineImpl::WaitGrads() {
 
 // ---- The optimizer step -----------------------------------------------------
 
-Status EngineImpl::CheckStepArgs(const StepArgs& args, const char* what) {
-  if (!(args.loss_scale > 0) || !std::isfinite(args.loss_scale) ||
+StatusOr<StepArgs> EngineImpl::ResolveStepArgs(const StepArgs& args,
+                                               const char* what) {
+  if (!(args.loss_scale >= 0) || !std::isfinite(args.loss_scale) ||
       !(args.lr >= 0) || !std::isfinite(args.lr) ||
       !(args.max_grad_norm >= 0) || !std::isfinite(args.max_grad_norm)) {
     return Status::InvalidArgument(
         std::string("engine: ") + what +
-        " needs loss_scale > 0, lr >= 0 and max_grad_norm >= 0, all finite");
+        " needs loss_scale >= 0 (0: the engine's), lr >= 0 and "
+        "max_grad_norm >= 0, all finite");
   }
-  return Status::Ok();
+  StepArgs r = args;
+  const double own = loss_scaler_.scale();
+  if (r.loss_scale == 0) {
+    r.loss_scale = own;
+  } else if (options_.loss_scale.mode != LossScaleMode::kNone &&
+             r.loss_scale != own) {
+    return Status::InvalidArgument(
+        std::string("engine: ") + what + "'s loss_scale " +
+        std::to_string(args.loss_scale) + " differs from the engine's " +
+        std::to_string(own) + " (loss_scale.mode " +
+        std::string(LossScaleModeName(options_.loss_scale.mode)) +
+        "); pass 0 or LossScale()");
+  }
+  return r;
 }
 
-StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
-  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, "Step"));
+StatusOr<StepResult> EngineImpl::Step(const StepArgs& given) {
+  StepArgs args;
   {
     MutexLock l(&mu_);
+    STRATA_ASSIGN_OR_RETURN(args, ResolveStepArgs(given, "Step"));
     if (!started_)
       return Status::FailedPrecondition("engine: Step before Start");
     if (stepping_) return Status::FailedPrecondition("engine: Step is running");
@@ -1430,6 +1449,8 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& args) {
       } else {
         ++stats_.skipped_steps;
       }
+      r->loss_scale = args.loss_scale;
+      loss_scaler_.Update(!r->applied);
     }
     trace_->EndStep();
     started_steps_ = true;
@@ -1851,15 +1872,16 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 //   NVMe are read by the step itself (GradSpill's open pieces belong to the
 //   accumulator), so with grads on NVMe nothing is updated early.
 
-Status EngineImpl::BeginStep(const StepArgs& args) {
-  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, "BeginStep"));
+Status EngineImpl::BeginStep(const StepArgs& given) {
+  MutexLock l(&mu_);
+  STRATA_ASSIGN_OR_RETURN(const StepArgs args,
+                          ResolveStepArgs(given, "BeginStep"));
   if (args.max_grad_norm > 0) {
     return Status::InvalidArgument(
         "engine: BeginStep needs max_grad_norm 0: clipping scales every "
         "update by the norm of the whole gradient, known only once the last "
         "gradient is in (clip with Step alone)");
   }
-  MutexLock l(&mu_);
   if (!started_) {
     return Status::FailedPrecondition("engine: BeginStep before Start");
   }
@@ -2046,6 +2068,11 @@ void EngineImpl::UpdateTierStatsLocked() {
   }
 }
 
+double EngineImpl::LossScale() const {
+  MutexLock l(&mu_);
+  return loss_scaler_.scale();
+}
+
 EngineStats EngineImpl::stats() const {
   MutexLock l(&mu_);
   EngineStats s = stats_;
@@ -2058,6 +2085,7 @@ EngineStats EngineImpl::stats() const {
   s.h2d_bytes = h2d_bytes_;
   s.d2h_bytes = d2h_bytes_;
   s.order_changes = trace_ ? trace_->order_changes() : 0;
+  s.loss_scale = loss_scaler_.scale();
   if (arena_) {
     const DeviceArenaStats a = arena_->stats();
     s.fragmentation = a.planner.fragmentation;
@@ -2148,6 +2176,7 @@ std::string EngineStatsJson(const EngineStats& s) {
                       {"order_changes", s.order_changes},
                       {"steps", s.steps},
                       {"skipped_steps", s.skipped_steps},
+                      {"loss_scale", s.loss_scale},
                       {"early_units", s.early_units},
                       {"early_undone", s.early_undone},
                       {"step_seconds", s.step_seconds},

@@ -14,6 +14,7 @@
 #include "memtier/arena.h"
 #include "memtier/grad_spill.h"
 #include "memtier/layout.h"
+#include "memtier/loss_scale.h"
 #include "memtier/staging.h"
 #include "memtier/trace.h"
 #include "memtier/worker.h"
@@ -176,6 +177,7 @@ class EngineImpl final : public Engine {
   Status WaitGrads() override;
   Status BeginStep(const StepArgs& args) override;
   StatusOr<StepResult> Step(const StepArgs& args) override;
+  double LossScale() const override;
   Status SaveState(CheckpointWriter& writer, bool params) override;
   Status LoadState(CheckpointReader& reader) override;
   EngineStats stats() const override;
@@ -293,7 +295,11 @@ class EngineImpl final : public Engine {
                   bool first, bool last, StagingLease lease);
 
   // Note [Updates during backward] (engine.cc).
-  static Status CheckStepArgs(const StepArgs& args, const char* what);
+  // `args` checked, with loss_scale 0 replaced by the engine's scale
+  // (kInvalidArgument naming `what`, and the engine's scale when the
+  // caller's differs from the one the engine owns).
+  StatusOr<StepArgs> ResolveStepArgs(const StepArgs& args, const char* what)
+      STRATA_REQUIRES(mu_);
   void EarlyUpdate(uint32_t unit);
   Status EarlyUpdatePieces(uint32_t unit, const CpuStepArgs& args,
                            bool* finite);
@@ -411,6 +417,7 @@ class EngineImpl final : public Engine {
   uint64_t device_used_ STRATA_GUARDED_BY(mu_) = 0;
   uint64_t clock_ STRATA_GUARDED_BY(mu_) = 0;
   int64_t steps_ STRATA_GUARDED_BY(mu_) = 0;
+  LossScaler loss_scaler_ STRATA_GUARDED_BY(mu_);
   bool stepping_ STRATA_GUARDED_BY(mu_) = false;
   bool started_steps_ STRATA_GUARDED_BY(mu_) = false;
   uint64_t grads_pending_ STRATA_GUARDED_BY(mu_) = 0;

@@ -377,6 +377,7 @@ Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {
     {
       MutexLock l(&mu_);
       j["step"] = steps_;
+      j["loss_scale"] = nlohmann::json::parse(loss_scaler_.Save());
     }
     j["optimizer"] = {{"type", std::string(CpuOptimizerAlgoName(o.algo))},
                       {"betas", {o.beta1, o.beta2}},
@@ -536,6 +537,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   }
   STRATA_ASSIGN_OR_RETURN(std::string blob, reader.Blob(kEngineBlob));
   int64_t step = 0;
+  LossScaler scaler(options_.loss_scale);
   {
     nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
@@ -544,6 +546,12 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
                                 " has no valid \"step\"");
     }
     step = j["step"].get<int64_t>();
+    // A checkpoint without the key (older than the engine's own scale)
+    // leaves the scale at the options' initial one.
+    if (j.contains("loss_scale")) {
+      STRATA_RETURN_IF_ERROR(
+          scaler.Load(j["loss_scale"].dump(), where + ": blob " + kEngineBlob));
+    }
     // Note [Moment formats in checkpoints]. A checkpoint without the key is
     // older than the formats: fp32.
     CpuDType saved = CpuDType::kFloat32;
@@ -672,6 +680,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
     MutexLock l(&mu_);
     if (st.ok()) {
       steps_ = step;
+      loss_scaler_ = scaler;
     } else {
       st = st.WithContext(where);
       // Note [Engine failures]: partly loaded, unless nothing was stored.

@@ -96,17 +96,22 @@ class STRATA_EXPORT ParamPin {
 
 struct StepArgs {
   double lr = 1e-3;
-  // The gradients handed over were multiplied by this; they are divided by
+  // What the gradients handed over were multiplied by; they are divided by
   // it before use. A non-finite gradient skips the step (fp16 overflow).
-  double loss_scale = 1.0;
+  // 0 (the default): the engine's own scale, Engine::LossScale(). With
+  // EngineOptions::loss_scale.mode static or dynamic the engine owns the
+  // scale and any other value must equal LossScale(); with mode none the
+  // caller may pass its own (> 0, finite).
+  double loss_scale = 0.0;
   // Clip the global L2 norm of the (unscaled) gradient to this; 0 = off.
   double max_grad_norm = 0.0;
 };
 
 struct StepResult {
-  bool applied = false;    // false: an inf/nan was found; nothing changed
-  double grad_norm = 0.0;  // global L2 norm of the unscaled gradient
-  int64_t step = 0;        // steps applied so far
+  bool applied = false;     // false: an inf/nan was found; nothing changed
+  double grad_norm = 0.0;   // global L2 norm of the unscaled gradient
+  int64_t step = 0;         // steps applied so far
+  double loss_scale = 1.0;  // the scale this step's gradients were divided by
 };
 
 // Counters per tier (bytes are SUM gauges, counts COUNT).
@@ -130,6 +135,7 @@ struct EngineStats {
   double stall_seconds = 0;
   uint64_t evictions = 0, order_changes = 0;
   uint64_t steps = 0, skipped_steps = 0;
+  double loss_scale = 1.0;  // LossScale() now
   // Units updated while backward still ran (BeginStep), and of those the
   // ones undone because a later gradient was not finite.
   uint64_t early_units = 0, early_undone = 0;
@@ -209,6 +215,13 @@ class STRATA_EXPORT Engine {
   // them with kFailedPrecondition quoting the error (docs/memtier.md).
   virtual StatusOr<StepResult> Step(const StepArgs& args) = 0;
 
+  // The scale to multiply the next step's loss by (fp16 mixed precision):
+  // 1 with EngineOptions::loss_scale.mode none, initial_scale with static,
+  // and with dynamic the scale each Step moves: an overflow (a skipped step)
+  // spends hysteresis and then halves it, `window` good steps double it.
+  // Saved and loaded with the state. Thread-safe.
+  virtual double LossScale() const = 0;
+
   // Checkpoints (include/strata/checkpoint.h, docs/checkpoints.md). Both
   // run between steps, like a Step: they exclude Fetch, AddGrad and Step
   // (kFailedPrecondition while a Step runs), and stream each role of each
@@ -217,19 +230,19 @@ class STRATA_EXPORT Engine {
   //
   // SaveState declares every tensor to `writer` and writes its fp32 master
   // and moments (and, with `params`, its working copy), plus a blob
-  // "strata.engine" (the step count, the optimizer's settings and the
-  // moment format); the caller adds its own blobs and commits. Moments are
-  // stored as fp32 slots: bf16 ones widened exactly, int8 ones as one code
-  // per slot with their block scales in blobs (docs/checkpoints.md). Gradients
-  // accumulated since the last Step are not saved.
+  // "strata.engine" (the step count, the loss scale, the optimizer's
+  // settings and the moment format); the caller adds its own blobs and commits.
+  // Moments are stored as fp32 slots: bf16 ones widened exactly, int8 ones as
+  // one code per slot with their block scales in blobs (docs/checkpoints.md).
+  // Gradients accumulated since the last Step are not saved.
   virtual Status SaveState(CheckpointWriter& writer, bool params = false) = 0;
   // LoadState replaces the master, the moments, the working copy (the
   // checkpoint's when it has one, else the master rounded to the working
-  // dtype) and the step count with a checkpoint's, found by tensor name: the
-  // checkpoint may come from any partition layout or tier placement, but
-  // every registered tensor must be in it with the same shape (kNotFound,
-  // kInvalidArgument naming it; nothing changed then). fp32 and bf16
-  // moments load into each other; int8 moments only into int8 moments of
+  // dtype), the step count and a dynamic loss scale with a checkpoint's, found
+  // by tensor name: the checkpoint may come from any partition layout or tier
+  // placement, but every registered tensor must be in it with the same shape
+  // (kNotFound, kInvalidArgument naming it; nothing changed then). fp32 and
+  // bf16 moments load into each other; int8 moments only into int8 moments of
   // the same layout (tensors, partition_bytes, piece size), else
   // kInvalidArgument naming both. Needs no pin held and
   // no gradient handed over since the last Step. A read that fails after

@@ -622,6 +622,74 @@ TEST_F(EngineFixture, OverflowSkipsTheStepAndClippingBoundsTheNorm) {
   EXPECT_NE(m, init);
 }
 
+// With a dynamic loss scale the engine owns the scale: it unscales by it,
+// refuses a caller's other scale, moves it on overflows and good steps, and
+// reports it.
+TEST_F(EngineFixture, TheEngineOwnsADynamicLossScale) {
+  EngineOptions o = BaseOptions();
+  o.params = Residence::kHost;
+  o.loss_scale.mode = LossScaleMode::kDynamic;
+  o.loss_scale.initial_scale = 1024;
+  o.loss_scale.window = 2;
+  o.loss_scale.hysteresis = 1;
+  o.loss_scale.min_scale = 256;
+  Make(o, 1);
+  EXPECT_EQ(eng_->LossScale(), 1024.0);
+  auto stream = std::move(dev_->NewStream({}).value());
+  auto grad = std::move(dev_->Allocate(kWidth * kWidth * 4, *stream).value());
+  // Hands over a gradient of 1.0 everywhere multiplied by the engine's
+  // scale, or with an inf.
+  const auto hand_over = [&](bool overflow) {
+    std::vector<float> g(kWidth * kWidth,
+                         static_cast<float>(eng_->LossScale()));
+    if (overflow) g[7] = INFINITY;
+    ASSERT_TRUE(dev_->SynchronizeStream(*stream).ok());
+    ASSERT_TRUE(dev_->CopyAsync(*stream, grad.data(), g.data(), g.size() * 4,
+                                CopyKind::kHostToDevice)
+                    .ok());
+    ASSERT_TRUE(
+        eng_->AddGrad(ids_[0], grad.data(), ElementType::kFloat32, *stream)
+            .ok());
+  };
+  hand_over(false);
+  StepArgs other;
+  other.loss_scale = 512;
+  auto r = eng_->Step(other);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("differs from the engine's"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(eng_->BeginStep(other).code(), StatusCode::kInvalidArgument);
+
+  // (overflow, the scale the step divided by, the scale after it)
+  const struct {
+    bool overflow;
+    double used, next;
+  } steps[] = {{false, 1024, 1024}, {false, 1024, 2048}, {true, 2048, 1024},
+               {true, 1024, 512},   {true, 512, 256},    {true, 256, 256},
+               {false, 256, 256},   {false, 256, 512}};
+  bool first = true;
+  for (const auto& s : steps) {
+    if (!first) hand_over(s.overflow);
+    first = false;
+    StepArgs a;
+    if (s.used == 1024 && !s.overflow) a.loss_scale = 1024;  // its own: fine
+    r = eng_->Step(a);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->applied, !s.overflow);
+    EXPECT_EQ(r->loss_scale, s.used);
+    if (r->applied) {
+      EXPECT_NEAR(r->grad_norm, kWidth, 1e-3);  // unscaled: |1| over n
+    }
+    EXPECT_EQ(eng_->LossScale(), s.next);
+  }
+  EXPECT_EQ(eng_->stats().loss_scale, 512.0);
+  EXPECT_EQ(eng_->stats().skipped_steps, 4u);
+  EXPECT_NE(EngineStatsJson(eng_->stats()).find("\"loss_scale\":512"),
+            std::string::npos);
+}
+
 TEST_F(EngineFixture, SmallUnitsPersistAndStatsComeAsJson) {
   EngineOptions o = BaseOptions();
   o.params = Residence::kHost;

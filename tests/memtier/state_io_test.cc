@@ -55,8 +55,10 @@ uint64_t Numel(const Shape& s) {
 
 enum class Placement { kHostStates, kNvmeEverything, kHostParams };
 
-EngineOptions Options(Placement p, const std::string& dir, CpuDType moments) {
+EngineOptions Options(Placement p, const std::string& dir, CpuDType moments,
+                      const LossScaleOptions& loss_scale) {
   EngineOptions o;
+  o.loss_scale = loss_scale;
   o.optimizer.moment_dtype = moments;
   o.optimizer.cpu.threads = 1;
   o.optimizer.cpu.weight_decay = 0.01;
@@ -88,11 +90,13 @@ EngineOptions Options(Placement p, const std::string& dir, CpuDType moments) {
 class Trainer {
  public:
   Trainer(Placement p, uint32_t seed, const std::vector<Shape>& model = Model(),
-          CpuDType moments = CpuDType::kFloat32)
+          CpuDType moments = CpuDType::kFloat32,
+          const LossScaleOptions& loss_scale = {})
       : model_(model) {
     dev_ = HostDevice();
     engine_ = std::move(
-        Engine::Create(Options(p, dir_.path(), moments), dev_.get()).value());
+        Engine::Create(Options(p, dir_.path(), moments, loss_scale), dev_.get())
+            .value());
     stream_ = std::move(dev_->NewStream({}).value());
     for (const Shape& s : model_) {
       TensorSpec t;
@@ -355,6 +359,48 @@ TEST(StateIo, RefusalsChangeNothing) {
   MemoryCheckpointReader reader(&ckpt);
   EXPECT_EQ(run.engine().LoadState(reader).code(),
             StatusCode::kFailedPrecondition);
+}
+
+// A dynamic loss scale is part of the state: the resumed run divides by the
+// scale the saved one had reached (window 1 doubles it every step), so it
+// ends bit for bit where the uninterrupted run does. A bad stored scale is
+// refused before anything changes.
+TEST(StateIo, ADynamicLossScaleResumesWithTheState) {
+  LossScaleOptions ls;
+  ls.mode = LossScaleMode::kDynamic;
+  ls.initial_scale = 4;
+  ls.window = 1;
+  Trainer ref(Placement::kHostStates, 1, Model(), CpuDType::kFloat32, ls);
+  ASSERT_TRUE(ref.Train(0, 4).ok());
+  EXPECT_EQ(ref.engine().LossScale(), 64.0);
+
+  Trainer first(Placement::kHostStates, 1, Model(), CpuDType::kFloat32, ls);
+  ASSERT_TRUE(first.Train(0, 2).ok());
+  MemoryCheckpoint ckpt;
+  ASSERT_TRUE(Save(first.engine(), &ckpt).ok());
+
+  Trainer second(Placement::kNvmeEverything, 9, Model(), CpuDType::kFloat32,
+                 ls);
+  MemoryCheckpointReader reader(&ckpt);
+  ASSERT_TRUE(second.engine().LoadState(reader).ok());
+  EXPECT_EQ(second.engine().LossScale(), 16.0);
+  ASSERT_TRUE(second.Train(2, 4).ok());
+  EXPECT_EQ(second.Masters(), ref.Masters());
+  EXPECT_EQ(second.engine().LossScale(), 64.0);
+
+  std::string& blob = ckpt.blobs["strata.engine"];
+  const size_t at = blob.find("\"scale\":");
+  ASSERT_NE(at, std::string::npos) << blob;
+  blob.replace(at, std::string("\"scale\":").size(), "\"scale\":-");
+  Trainer third(Placement::kHostStates, 9, Model(), CpuDType::kFloat32, ls);
+  const auto before = third.Masters();
+  MemoryCheckpointReader bad(&ckpt);
+  Status st = third.engine().LoadState(bad);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("loss scale"), std::string::npos)
+      << st.ToString();
+  EXPECT_EQ(third.Masters(), before);
+  EXPECT_EQ(third.engine().LossScale(), 4.0);
 }
 
 TEST(StateIo, ACorruptPieceFailsTheSaveNamingIt) {
