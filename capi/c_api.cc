@@ -766,6 +766,17 @@ strata_code_t strata_engine_step(strata_engine_t* engine, double lr,
   });
 }
 
+strata_code_t strata_engine_loss_scale(strata_engine_t* engine, double* scale,
+                                       char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_engine_loss_scale";
+    STRATA_RETURN_IF_ERROR(Require(scale, kCall, "scale"));
+    STRATA_RETURN_IF_ERROR(Require(engine, kCall, "engine"));
+    *scale = engine->engine->LossScale();
+    return Status::Ok();
+  });
+}
+
 strata_code_t strata_engine_stats_json(strata_engine_t* engine, char** json,
                                        char** errptr) {
   return Guard(errptr, [&]() -> Status {

@@ -232,6 +232,7 @@ struct PyStepResult {
   bool applied;
   double grad_norm;
   int64_t step;
+  double loss_scale;
 };
 
 class PyEngine {
@@ -359,8 +360,10 @@ class PyEngine {
     a.loss_scale = loss_scale;
     a.max_grad_norm = max_grad_norm;
     const StepResult v = NoGil([&] { return c->engine->Step(a); });
-    return PyStepResult{v.applied, v.grad_norm, v.step};
+    return PyStepResult{v.applied, v.grad_norm, v.step, v.loss_scale};
   }
+
+  double LossScale() { return Open("loss_scale")->engine->LossScale(); }
 
   py::object Stats() {
     std::shared_ptr<Core> c = Open("stats");
@@ -469,15 +472,18 @@ class PyEngine {
 void BindEngine(py::module_& m) {
   py::class_<PyStepResult>(m, "StepResult",
                            "What Engine.step() did: applied (False: an inf "
-                           "or nan skipped the step), grad_norm, step.")
+                           "or nan skipped the step), grad_norm, step, "
+                           "loss_scale (what the gradients were divided by).")
       .def_readonly("applied", &PyStepResult::applied)
       .def_readonly("grad_norm", &PyStepResult::grad_norm)
       .def_readonly("step", &PyStepResult::step)
+      .def_readonly("loss_scale", &PyStepResult::loss_scale)
       .def("__repr__", [](const PyStepResult& r) {
         return "StepResult(applied=" +
                std::string(r.applied ? "True" : "False") +
                ", grad_norm=" + std::to_string(r.grad_norm) +
-               ", step=" + std::to_string(r.step) + ")";
+               ", step=" + std::to_string(r.step) +
+               ", loss_scale=" + std::to_string(r.loss_scale) + ")";
       });
 
   py::class_<PyPin>(m, "Pin", R"doc(
@@ -562,8 +568,13 @@ integers register() returns. Calls after close() raise strata.Error.
       .def("wait_grads", &PyEngine::WaitGrads,
            "Blocks until every gradient handed over is accumulated.")
       .def("step", &PyEngine::Step, py::kw_only(), py::arg("lr"),
-           py::arg("loss_scale") = 1.0, py::arg("max_grad_norm") = 0.0,
-           "The optimizer over every tensor; returns a StepResult.")
+           py::arg("loss_scale") = 0.0, py::arg("max_grad_norm") = 0.0,
+           "The optimizer over every tensor; returns a StepResult. "
+           "loss_scale 0: the engine's own (Engine.loss_scale).")
+      .def_property_readonly(
+          "loss_scale", &PyEngine::LossScale,
+          "The scale to multiply the next step's loss by: 1 without loss "
+          "scaling, else the config's static scale or the dynamic one.")
       .def("stats", &PyEngine::Stats, "The engine's counters as a dict.")
       .def("tensor", &PyEngine::TensorInfo, py::arg("id"),
            "(name, shape, dtype) of a registered tensor.")

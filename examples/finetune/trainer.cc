@@ -45,54 +45,6 @@ double LearningRate(const TrainOptions& o, int64_t s) {
          0.5 * (o.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * t));
 }
 
-// fp16's dynamic loss scale, as the engine options describe it (DeepSpeed's
-// rules: halve after `hysteresis` overflows, double after `window` good
-// steps, never below min_scale).
-class LossScaler {
- public:
-  LossScaler(const strata::LossScaleOptions& o, bool fp16)
-      : o_(o), active_(fp16 && o.mode != strata::LossScaleMode::kNone) {
-    scale_ = active_ ? o.initial_scale : 1.0;
-    hysteresis_ = o.hysteresis;
-  }
-  double scale() const { return scale_; }
-  nlohmann::json State() const {
-    return {{"scale", scale_}, {"hysteresis", hysteresis_}, {"good", good_}};
-  }
-  Status Restore(const nlohmann::json& j) {
-    if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() ||
-        !j.contains("hysteresis") || !j["hysteresis"].is_number_unsigned() ||
-        !j.contains("good") || !j["good"].is_number_unsigned() ||
-        !(j["scale"].get<double>() > 0)) {
-      return Status::Corruption("the loss scaler's state is not valid: " +
-                                j.dump());
-    }
-    scale_ = j["scale"].get<double>();
-    hysteresis_ = j["hysteresis"].get<uint32_t>();
-    good_ = j["good"].get<uint64_t>();
-    return Status::Ok();
-  }
-  void Update(bool overflow) {
-    if (!active_ || o_.mode != strata::LossScaleMode::kDynamic) return;
-    if (overflow) {
-      good_ = 0;
-      if (--hysteresis_ > 0) return;
-      scale_ = std::max(o_.min_scale, scale_ / 2);
-      hysteresis_ = o_.hysteresis;
-      return;
-    }
-    if (o_.consecutive_hysteresis) hysteresis_ = o_.hysteresis;
-    if (++good_ % o_.window == 0) scale_ *= 2;
-  }
-
- private:
-  strata::LossScaleOptions o_;
-  bool active_;
-  double scale_ = 1;
-  uint32_t hysteresis_ = 1;
-  uint64_t good_ = 0;
-};
-
 class Run {
  public:
   Run(const TrainOptions& o, const strata::finetune::BatchSampler& sampler)
@@ -134,7 +86,6 @@ class Run {
   // ids_ per block and slot, and the global tensors.
   std::vector<std::vector<TensorId>> block_ids_;
   TensorId wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
-  std::unique_ptr<LossScaler> scaler_;
   std::vector<int32_t> tokens_, inputs_, targets_;
 };
 
@@ -158,6 +109,10 @@ Status Run::Setup(TrainReport* report) {
                          ? strata::CpuDType::kFloat16
                          : strata::CpuDType::kBFloat16;
   eo.optimizer.lr = o_.lr;
+  // Only fp16 gradients underflow: bf16 runs unscaled whatever the config.
+  if (o_.dtype != ElementType::kFloat16) {
+    eo.loss_scale.mode = strata::LossScaleMode::kNone;
+  }
   STRATA_ASSIGN_OR_RETURN(engine_, Engine::Create(eo, device_.get()));
   specs_ = ListParameters(o_.model);
   block_ids_.assign(o_.model.n_layer, std::vector<TensorId>(kBlockTensorCount));
@@ -200,8 +155,6 @@ Status Run::Setup(TrainReport* report) {
   report->recompute = mo.checkpoint_blocks;
   STRATA_ASSIGN_OR_RETURN(
       model_, GptModel::Create(device_.get(), stream_.get(), o_.model, mo));
-  scaler_ = std::make_unique<LossScaler>(eo.loss_scale,
-                                         o_.dtype == ElementType::kFloat16);
   const size_t n = static_cast<size_t>(o_.batch) * o_.seq_len;
   tokens_.resize(static_cast<size_t>(o_.batch) * (o_.seq_len + 1));
   inputs_.resize(n);
@@ -349,7 +302,7 @@ StatusOr<StepRecord> Run::TrainStep(int64_t s) {
   StepRecord rec;
   rec.step = s + 1;
   rec.lr = LearningRate(o_, s);
-  rec.loss_scale = scaler_->scale();
+  rec.loss_scale = engine_->LossScale();
   strata::StepArgs args;
   args.lr = rec.lr;
   args.loss_scale = rec.loss_scale;
@@ -365,7 +318,6 @@ StatusOr<StepRecord> Run::TrainStep(int64_t s) {
   STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine_->Step(args));
   rec.applied = r.applied;
   rec.grad_norm = r.grad_norm;
-  scaler_->Update(!r.applied);
   rec.seconds = Since(t0);
   return rec;
 }
@@ -396,10 +348,8 @@ Status Run::Save(int64_t steps, TrainReport* report) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::CheckpointWriter> w,
                           strata::CheckpointWriter::Begin(wo));
   STRATA_RETURN_IF_ERROR(engine_->SaveState(*w, o_.save_params));
-  nlohmann::json j = {{"step", steps},
-                      {"model", o_.model_name},
-                      {"data", DataConfig()},
-                      {"loss_scaler", scaler_->State()}};
+  nlohmann::json j = {
+      {"step", steps}, {"model", o_.model_name}, {"data", DataConfig()}};
   STRATA_RETURN_IF_ERROR(w->PutBlob(kTrainerBlob, j.dump()));
   STRATA_ASSIGN_OR_RETURN(std::string path, w->Commit());
   report->saves.push_back({steps, path, Since(t0)});
@@ -414,8 +364,7 @@ StatusOr<int64_t> Run::Resume(TrainReport* report) {
   STRATA_ASSIGN_OR_RETURN(std::string blob, r->Blob(kTrainerBlob));
   const nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-      !j["step"].is_number_integer() || !j.contains("data") ||
-      !j.contains("loss_scaler")) {
+      !j["step"].is_number_integer() || !j.contains("data")) {
     return Status::Corruption(r->path() + ": blob " + kTrainerBlob +
                               " is not the trainer's state");
   }
@@ -439,7 +388,6 @@ StatusOr<int64_t> Run::Resume(TrainReport* report) {
         ", --stop-after " + std::to_string(o_.stop_after) +
         "): nothing is left to train");
   }
-  STRATA_RETURN_IF_ERROR(scaler_->Restore(j["loss_scaler"]));
   STRATA_RETURN_IF_ERROR(engine_->LoadState(*r));
   report->resumed_from = step;
   report->load_seconds = Since(t0);

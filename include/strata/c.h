@@ -303,16 +303,23 @@ STRATA_EXPORT strata_code_t strata_engine_add_grad_owned(
 STRATA_EXPORT strata_code_t strata_engine_wait_grads(strata_engine_t* engine,
                                                      char** errptr);
 /* One optimizer step over every tensor: the gradients are divided by
- * `loss_scale`, their global L2 norm clipped to `max_grad_norm` (0 = no
- * clipping), and the update runs at rate `lr`. A gradient with an inf or
- * nan skips the step. Writes, where not NULL: whether it was applied
- * (1/0), the global norm of the unscaled gradient, and the steps applied so
- * far. */
+ * `loss_scale` (0: the engine's own, strata_engine_loss_scale; with the
+ * config's loss scale static or dynamic any other value must equal it),
+ * their global L2 norm clipped to `max_grad_norm` (0 = no clipping), and the
+ * update runs at rate `lr`. A gradient with an inf or nan skips the step
+ * (and moves a dynamic loss scale). Writes, where not NULL: whether it was
+ * applied (1/0), the global norm of the unscaled gradient, and the steps
+ * applied so far. */
 STRATA_EXPORT strata_code_t strata_engine_step(strata_engine_t* engine,
                                                double lr, double loss_scale,
                                                double max_grad_norm,
                                                int* applied, double* grad_norm,
                                                int64_t* step, char** errptr);
+/* The scale to multiply the next step's loss by: 1 without loss scaling,
+ * else the config's static scale or the dynamic scale steps have moved. */
+STRATA_EXPORT strata_code_t strata_engine_loss_scale(strata_engine_t* engine,
+                                                     double* scale,
+                                                     char** errptr);
 /* The engine's counters as a JSON object (bytes and counts as integers,
  * seconds as numbers), NUL-terminated, in *json; free it with strata_free. */
 STRATA_EXPORT strata_code_t strata_engine_stats_json(strata_engine_t* engine,

@@ -515,6 +515,10 @@ TEST_P(CApiEngineTest, TrainsWithHandedOverGradients) {
   strata_free(json);
   EXPECT_EQ(stats.at("steps").get<int>(), kSteps);
   EXPECT_GE(stats.at("fetches").get<int>(), 2 * kSteps + 1);
+  double scale = 0;
+  ASSERT_EQ(strata_engine_loss_scale(eng_, &scale, e_.ptr()), STRATA_OK);
+  EXPECT_EQ(scale, 1.0);  // no loss scaling in the config
+  EXPECT_EQ(stats.at("loss_scale").get<double>(), 1.0);
 }
 
 TEST_P(CApiEngineTest, OverflowSkipsTheStep) {
@@ -666,6 +670,11 @@ TEST_P(CApiEngineTest, Misuse) {
             STRATA_INVALID_ARGUMENT);
   EXPECT_EQ(json, nullptr);
   EXPECT_EQ(strata_engine_stats_json(eng_, nullptr, e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  double scale = 0;
+  EXPECT_EQ(strata_engine_loss_scale(nullptr, &scale, e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_engine_loss_scale(eng_, nullptr, e_.ptr()),
             STRATA_INVALID_ARGUMENT);
   EXPECT_EQ(strata_param_pin_wait(nullptr, e_.ptr()), STRATA_INVALID_ARGUMENT);
   EXPECT_EQ(strata_param_pin_wait_on(nullptr, stream_, e_.ptr()),

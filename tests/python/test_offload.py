@@ -4,6 +4,7 @@ directory) under a device budget below the model gives the losses of the same
 model trained in plain torch; bad inputs raise clear exceptions."""
 
 import copy
+import os
 import tempfile
 import unittest
 
@@ -237,6 +238,34 @@ class EngineBindingTest(unittest.TestCase):
         torch.testing.assert_close(
             out, self.values * (1 - 0.1 * WEIGHT_DECAY) - 0.1,
             rtol=1e-5, atol=1e-5)
+
+    def test_the_engine_owns_a_dynamic_loss_scale(self):
+        import json
+        cfg = engine_config(self.tmp.name + "/fp16", 256 * KIB)
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 4,
+                       "hysteresis": 1}
+        os.makedirs(self.tmp.name + "/fp16")
+        eng = strata.Engine(json.dumps(cfg), device="host")
+        self.addCleanup(eng.close)
+        w = eng.register("w", [8, 16])
+        eng.start()
+        self.assertEqual(eng.loss_scale, 16.0)
+        g = torch.full((8, 16), 0.5 * eng.loss_scale)
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    "differs from the engine's"):
+            eng.step(lr=0.1, loss_scale=2.0)
+        g[0, 0] = float("inf")
+        eng.add_grad(w, g)
+        r = eng.step(lr=0.1)
+        self.assertFalse(r.applied)
+        self.assertEqual(r.loss_scale, 16.0)
+        self.assertEqual(eng.loss_scale, 8.0)
+        eng.add_grad(w, torch.full((8, 16), 0.5 * eng.loss_scale))
+        r = eng.step(lr=0.1)
+        self.assertTrue(r.applied)
+        self.assertEqual(r.loss_scale, 8.0)
+        self.assertAlmostEqual(r.grad_norm, 0.5 * (8 * 16) ** 0.5, places=4)
+        self.assertEqual(eng.stats()["loss_scale"], 8.0)
 
     def test_bad_inputs(self):
         eng = self.eng

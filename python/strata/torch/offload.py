@@ -265,16 +265,24 @@ class Offloaded:
 
     # ---- the trainer's side ----
 
-    def step(self, lr=None, loss_scale=1.0, max_grad_norm=0.0):
+    def step(self, lr=None, loss_scale=0.0, max_grad_norm=0.0):
         """The engine's optimizer step over every parameter (a
         ``strata.StepResult``). ``lr`` is required: the schedule is the
-        caller's."""
+        caller's. ``loss_scale`` 0 is the engine's own scale
+        (``loss_scale`` property: multiply the loss by it before backward)."""
         if lr is None:
             raise TypeError("Offloaded.step() needs lr=")
         self._check_open()
         return self.engine.step(
             lr=lr, loss_scale=loss_scale, max_grad_norm=max_grad_norm
         )
+
+    @property
+    def loss_scale(self):
+        """The scale to multiply the next step's loss by (1 unless the
+        config's fp16 section asks for loss scaling)."""
+        self._check_open()
+        return self.engine.loss_scale
 
     def zero_grad(self, set_to_none=True):
         """Nothing to do: gradients live in the engine until step()."""
