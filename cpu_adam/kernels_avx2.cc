@@ -9,29 +9,32 @@ namespace strata::cpu_adam::avx2 {
 namespace {
 
 // fp32 -> bf16 of 8 lanes with FloatToBf16's contract (RNE, NaN quieted,
-// denormals to signed zero).
-[[gnu::always_inline]] inline __m128i ToBf16(__m256 x) {
+// denormals to signed zero), each result in the low 16 bits of its 32-bit
+// lane (the high 16 zero), ready for packus.
+[[gnu::always_inline]] inline __m256i ToBf16Lanes(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
-  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  // abs <= 0x7fffffff, so the signed compare is the unsigned one.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, exp_mask);
-  const __m256i den =
-      _mm256_cmpeq_epi32(_mm256_and_si256(u, exp_mask), _mm256_setzero_si256());
+  // abs <= 0x7fffffff, so the signed compares are the unsigned ones.
+  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+  // Exponent 0 (zero or denormal): abs < the smallest normal's bits.
+  const __m256i den = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x00800000), abs);
   const __m256i lsb =
       _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   __m256i r =
       _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
   r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
                          nan);
-  r = _mm256_blendv_epi8(
-      r, _mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0x80000000u))),
-      den);
-  r = _mm256_srli_epi32(r, 16);
+  // A denormal's rounding never carries into the sign: keep only the sign.
+  r = _mm256_andnot_si256(_mm256_and_si256(den, _mm256_set1_epi32(0x7fffffff)),
+                          r);
+  return _mm256_srli_epi32(r, 16);
+}
+
+[[gnu::always_inline]] inline __m128i ToBf16(__m256 x) {
   // packus works within 128-bit lanes: gather lanes 0 and 2 afterwards.
-  r = _mm256_packus_epi32(r, r);
-  r = _mm256_permute4x64_epi64(r, 0x08);
-  return _mm256_castsi256_si128(r);
+  const __m256i r = ToBf16Lanes(x);
+  return _mm256_castsi256_si128(
+      _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
 
 [[gnu::always_inline]] inline __m128i ToF16(__m256 x) {
@@ -197,8 +200,11 @@ struct Avx2x2 {
   [[gnu::always_inline]] static __m256i PackF16(F x) {
     return _mm256_set_m128i(ToF16(x.hi), ToF16(x.lo));
   }
+  // One pack and one permute for 16 lanes: packus gives [lo 0-3, hi 0-3 |
+  // lo 4-7, hi 4-7] as 16-bit words; the qword permute puts them in order.
   [[gnu::always_inline]] static __m256i PackBf16(F x) {
-    return _mm256_set_m128i(ToBf16(x.hi), ToBf16(x.lo));
+    return _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(ToBf16Lanes(x.lo), ToBf16Lanes(x.hi)), 0xd8);
   }
   [[gnu::always_inline]] static void Store(F16* p, F x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), PackF16(x));

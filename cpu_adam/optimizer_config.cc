@@ -2,6 +2,7 @@
 // style `optimizer` section. Every error names the JSON path of the value
 // and what is accepted there.
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -18,14 +19,20 @@ Status Bad(const std::string& path, const std::string& what) {
   return Status::InvalidArgument(path + ": " + what);
 }
 
+// %g: 1 rather than 1.000000 in messages.
+std::string Num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", x);
+  return buf;
+}
+
 StatusOr<double> Number(const Json& v, const std::string& path, double lo,
                         double hi, bool hi_open) {
-  if (!v.is_number()) return Bad(path, "expected a number");
+  if (!v.is_number()) return Bad(path, "expected a number, got " + v.dump());
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < lo || (hi_open ? x >= hi : x > hi)) {
-    return Bad(path, "expected a number in [" + std::to_string(lo) + ", " +
-                         std::to_string(hi) + (hi_open ? ")" : "]") + ", got " +
-                         v.dump());
+    return Bad(path, Num(x) + " is out of range; accepted: [" + Num(lo) + ", " +
+                         Num(hi) + (hi_open ? ")" : "]"));
   }
   return x;
 }
@@ -38,7 +45,9 @@ StatusOr<bool> Bool(const Json& v, const std::string& path) {
 // [a, b] with a and b in [0, 1).
 Status Betas(const Json& v, const std::string& path, double* b1, double* b2) {
   if (!v.is_array() || v.size() != 2) {
-    return Bad(path, "expected [beta1, beta2], each in [0, 1)");
+    return Bad(path,
+               "expected an array of two numbers [beta1, beta2], each in "
+               "[0, 1)");
   }
   STRATA_ASSIGN_OR_RETURN(*b1, Number(v[0], path + "[0]", 0.0, 1.0, true));
   STRATA_ASSIGN_OR_RETURN(*b2, Number(v[1], path + "[1]", 0.0, 1.0, true));
@@ -150,7 +159,7 @@ StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
       STRATA_ASSIGN_OR_RETURN(adam_w_mode, Bool(v, p));
     } else if (key == "amsgrad") {
       STRATA_ASSIGN_OR_RETURN(bool ams, Bool(v, p));
-      if (ams) return Bad(p, "amsgrad is not supported (accepted: false)");
+      if (ams) return Bad(p, "true is not supported (accepted: false)");
     } else if (key == "torch_adam") {
       STRATA_RETURN_IF_ERROR(Bool(v, p).status());  // DeepSpeed's choice
     } else if (key == "clip_threshold") {

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu_adam/kernels.h"
+#include "strata/cpu_adam.h"
 #include "strata/engine_config.h"
 #include "strata/engine_options.h"
 
@@ -631,9 +632,6 @@ constexpr CpuOptimizerAlgo kAlgos[] = {
 // DeepSpeed's type names (any case); its "Adam" is AdamW by default.
 constexpr std::string_view kDsAlgoNames[] = {"Adam", "AdamW", "Adagrad",
                                              "Lion"};
-constexpr CpuOptimizerAlgo kDsAlgos[] = {
-    CpuOptimizerAlgo::kAdamW, CpuOptimizerAlgo::kAdamW,
-    CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion};
 constexpr std::string_view kModeNames[] = {"none", "static", "dynamic"};
 constexpr LossScaleMode kModes[] = {
     LossScaleMode::kNone, LossScaleMode::kStatic, LossScaleMode::kDynamic};
@@ -1124,68 +1122,74 @@ void ReadAio(Ctx& ctx, const Field& f, EngineOptions* o) {
 // ---- optimizer ----
 
 // DeepSpeed's optimizer: Adam (AdamW unless adam_w_mode is false), AdamW,
-// Adagrad, Lion, with torch's defaults for what params leave out.
+// Adagrad, Lion. The section's meaning (type names, adam_w_mode, which
+// params each type takes, their ranges) is cpu_adam's
+// ParseCpuOptimizerConfig, the one parser of it; this reader adds what only
+// the engine config has: its choice of types, unknown keys with a
+// suggestion, legacy_fusion's warning, the origins of the options, and
+// torch's (lion-pytorch's) defaults for what params leave out.
 void ReadDsOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
-  ObjReader opt(ctx, f);
-  if (!opt.present()) return;
-  Field type = opt.Take("type");
-  std::optional<size_t> algo = ReadChoice(ctx, type, kDsAlgoNames, true);
-  if (!type) ctx.Error(type.path, "required: Adam, AdamW, Adagrad or Lion");
-  Unsupported(ctx, opt.Take("legacy_fusion"), "no effect in strata");
-  ObjReader params(ctx, opt.Take("params"));
+  const size_t errors_before = ctx.errors.size();
+  Field type, params_field, lr, betas, eps, wd;
+  std::optional<size_t> algo;
+  {
+    ObjReader opt(ctx, f);
+    if (!opt.present()) return;
+    type = opt.Take("type");
+    algo = ReadChoice(ctx, type, kDsAlgoNames, true);
+    if (!type) ctx.Error(type.path, "required: Adam, AdamW, Adagrad or Lion");
+    Unsupported(ctx, opt.Take("legacy_fusion"), "no effect in strata");
+    params_field = opt.Take("params");
+    ObjReader params(ctx, params_field);
+    lr = params.Take("lr");
+    betas = params.Take("betas");
+    eps = params.Take("eps");
+    wd = params.Take("weight_decay");
+    for (std::string_view key :
+         {"bias_correction", "adam_w_mode", "amsgrad", "torch_adam"}) {
+      params.Take(key);
+    }
+  }  // the readers report unknown keys here
+  if (!algo || ctx.errors.size() != errors_before) return;
   OptimizerOptions& out = o->optimizer;
-  if (algo) {
-    out.cpu.algo = kDsAlgos[*algo];
-    ctx.SetOrigin("optimizer.cpu.algo", type.path);
-    if (out.cpu.algo == CpuOptimizerAlgo::kAdagrad) {
-      out.lr = 1e-2;  // torch.optim.Adagrad's defaults
-      out.cpu.eps = 1e-10;
-    } else if (out.cpu.algo == CpuOptimizerAlgo::kLion) {
-      out.lr = 1e-4;  // lion-pytorch's defaults
-      out.cpu.beta2 = 0.99;
+  CpuOptimizerOptions base = out.cpu;
+  double default_lr = out.lr;
+  const std::string lower = Lower(type.value->get<std::string>());
+  if (lower == "adagrad") {
+    default_lr = 1e-2;  // torch.optim.Adagrad's defaults
+    base.eps = 1e-10;
+  } else if (lower == "lion") {
+    default_lr = 1e-4;  // lion-pytorch's defaults
+    base.beta2 = 0.99;
+  }
+  Json section = {{"type", *type.value}};
+  if (params_field) section["params"] = *params_field.value;
+  StatusOr<CpuOptimizerConfig> cfg =
+      ParseCpuOptimizerConfig(section.dump(), f.path, base);
+  std::vector<std::pair<const char*, std::string>> origins = {
+      {"optimizer.lr", lr.path},
+      {"optimizer.cpu.beta1", betas.path + "[0]"},
+      {"optimizer.cpu.beta2", betas.path + "[1]"},
+      {"optimizer.cpu.eps", eps.path},
+      {"optimizer.cpu.weight_decay", wd.path}};
+  if (!cfg.ok()) {
+    // "path: what", the path one of params'; name the option it sets too.
+    const std::string msg(cfg.status().message());
+    const size_t colon = msg.find(": ");
+    std::string path = msg.substr(0, colon);
+    for (const auto& [field, from] : origins) {
+      if (from == path) path += " (" + std::string(field) + ")";
     }
+    ctx.Error(path, colon == std::string::npos ? "" : msg.substr(colon + 2));
+    return;
   }
-  Field mode = params.Take("adam_w_mode");
-  std::optional<bool> w_mode = ReadBool(ctx, mode);
-  if (algo == 0 && w_mode == false) {
-    out.cpu.algo = CpuOptimizerAlgo::kAdam;  // L2 decay added to gradients
-  }
-  ReadBool(ctx, params.Take("torch_adam"));  // strata's Adam matches torch's
-  Field amsgrad = params.Take("amsgrad");
-  if (ReadBool(ctx, amsgrad).value_or(false)) {
-    ctx.Error(amsgrad.path, "true is not supported; accepted: false");
-  }
-  Field lr = params.Take("lr");
-  if (std::optional<double> v = ReadDouble(ctx, lr)) {
-    out.lr = *v;
-    ctx.SetOrigin("optimizer.lr", lr.path);
-  }
-  Field betas = params.Take("betas");
-  if (betas) {
-    if (!betas.value->is_array() || betas.value->size() != 2) {
-      TypeError(ctx, betas, "an array of two numbers");
-    } else {
-      Field b1{&(*betas.value)[0], betas.path + "[0]"};
-      Field b2{&(*betas.value)[1], betas.path + "[1]"};
-      if (std::optional<double> v = ReadDouble(ctx, b1)) out.cpu.beta1 = *v;
-      if (std::optional<double> v = ReadDouble(ctx, b2)) out.cpu.beta2 = *v;
-      ctx.SetOrigin("optimizer.cpu.beta1", b1.path);
-      ctx.SetOrigin("optimizer.cpu.beta2", b2.path);
-    }
-  }
-  Field eps = params.Take("eps");
-  if (std::optional<double> v = ReadDouble(ctx, eps)) {
-    out.cpu.eps = *v;
-    ctx.SetOrigin("optimizer.cpu.eps", eps.path);
-  }
-  Field wd = params.Take("weight_decay");
-  if (std::optional<double> v = ReadDouble(ctx, wd)) {
-    out.cpu.weight_decay = *v;
-    ctx.SetOrigin("optimizer.cpu.weight_decay", wd.path);
-  }
-  Field bc = params.Take("bias_correction");
-  if (std::optional<bool> v = ReadBool(ctx, bc)) {
-    out.cpu.bias_correction = *v;
+  out.cpu = cfg->options;
+  out.lr = lr ? cfg->lr : default_lr;
+  ctx.SetOrigin("optimizer.cpu.algo", type.path);
+  const bool given[] = {bool(lr), bool(betas), bool(betas), bool(eps),
+                        bool(wd)};
+  for (size_t k = 0; k < origins.size(); ++k) {
+    if (given[k]) ctx.SetOrigin(origins[k].first, origins[k].second);
   }
 }
 
