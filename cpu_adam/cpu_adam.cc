@@ -627,6 +627,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.use_l2 = o.weight_decay != 0.0;
     p.decay = static_cast<float>(1.0 - args.lr * o.weight_decay);
     p.use_decay = p.decay != 1.0f;
+    p.bc2_sqrt = 1.0f;
     p.inv_bc2_sqrt = 1.0f;
     switch (o.algo) {
       case CpuOptimizerAlgo::kAdam:
@@ -638,6 +639,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           bc2 = 1.0 - std::pow(o.beta2, step);
         }
         p.neg_step = static_cast<float>(-(args.lr / bc1));
+        p.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
         p.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
         break;
       }

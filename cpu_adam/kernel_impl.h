@@ -200,10 +200,12 @@ struct Consts {
         l2(V::Set(p.l2)),
         decay(V::Set(p.decay)),
         neg_step(V::Set(p.neg_step)),
+        bc2_sqrt(V::Set(p.bc2_sqrt)),
         inv_bc2_sqrt(V::Set(p.inv_bc2_sqrt)),
         use_l2(p.use_l2),
         use_decay(p.use_decay) {}
-  F gscale, beta1, beta2, omb1, omb2, eps, l2, decay, neg_step, inv_bc2_sqrt;
+  F gscale, beta1, beta2, omb1, omb2, eps, l2, decay, neg_step, bc2_sqrt,
+      inv_bc2_sqrt;
   bool use_l2, use_decay;
 };
 
@@ -224,11 +226,7 @@ STRATA_CPU_ADAM_INLINE void StoreMaster(float* master, W* w, size_t i,
 // Updates the V::kN elements at i. Operation order mirrors torch 1.13's
 // _single_tensor_adam / adamw / adagrad and the reference Lion:
 //   Adam:    g += wd * p (fma);  m = m * b1, then fma(g, 1 - b1, m);
-//            v = v * b2 + ((1 - b2) * g) * g;
-//            d = sqrt(v) * (1 / bc2_sqrt) + eps (torch divides by bc2_sqrt:
-//            the inverse is formed once per step in double, which saves
-//            one of the two divisions per element; d differs by at most
-//            an ulp);
+//            v = v * b2 + ((1 - b2) * g) * g;  d = sqrt(v) / bc2_sqrt + eps;
 //            p = p + (-step_size * m) / d
 //   AdamW:   as Adam without the L2 term, and p = p * (1 - lr * wd) first
 //   Adagrad: g += wd * p;  v = v + g * g;  p = p + (-lr * g) / (sqrt(v) + eps)
@@ -249,7 +247,7 @@ STRATA_CPU_ADAM_INLINE void UpdateAt(const Consts<V>& c, float* master,
     const F mm = V::Fma(g, c.omb1, V::Mul(V::Load(m + i), c.beta1));
     const F vv =
         V::Add(V::Mul(V::Load(v + i), c.beta2), V::Mul(V::Mul(c.omb2, g), g));
-    const F denom = V::Add(V::Mul(V::Sqrt(vv), c.inv_bc2_sqrt), c.eps);
+    const F denom = V::Add(V::Div(V::Sqrt(vv), c.bc2_sqrt), c.eps);
     if constexpr (A == CpuOptimizerAlgo::kAdamW) {
       if (c.use_decay) x = V::Mul(x, c.decay);
     }

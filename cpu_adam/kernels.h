@@ -33,7 +33,8 @@ struct StepParams {
   bool use_l2;         // l2 != 0
   bool use_decay;      // decay != 1
   float neg_step;      // Adam: -lr / bias_correction1. Adagrad: -lr. Lion: -lr
-  float inv_bc2_sqrt;  // Adam: 1 / sqrt(bias_correction2), from double
+  float bc2_sqrt;      // Adam: sqrt(bias_correction2)
+  float inv_bc2_sqrt;  // Adam, kBlock8 moments: 1 / sqrt(bias_correction2)
 };
 
 // Raw array pointers of one update (types per StepParams).
