@@ -13,6 +13,10 @@ namespace strata::ckpt {
 // checkpoint being pruned) start with this; a writer holding the lock
 // removes every one it finds.
 inline constexpr std::string_view kTmpPrefix = ".tmp-";
+// The data files of a pruned checkpoint kept for the next writer
+// (CheckpointWriterOptions::recycle): a temporary entry that a writer holding
+// the lock adopts instead of removing.
+inline constexpr std::string_view kSpareName = ".tmp-spare";
 
 inline std::string JoinPath(const std::string& dir, std::string_view name) {
   return dir + "/" + std::string(name);

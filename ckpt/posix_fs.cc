@@ -32,8 +32,15 @@ constexpr uint64_t kMinReserve = uint64_t{256} << 20;
 
 class PosixFile final : public CheckpointFs::File {
  public:
-  PosixFile(AsyncIo* io, FileId id, UniqueFd fd, std::string path)
-      : io_(io), id_(id), fd_(std::move(fd)), path_(std::move(path)) {}
+  // `reserved`: the bytes the file has already (Overwrite), kept as
+  // reserved space that Sync cuts to what was written.
+  PosixFile(AsyncIo* io, FileId id, UniqueFd fd, std::string path,
+            uint64_t reserved)
+      : io_(io),
+        id_(id),
+        fd_(std::move(fd)),
+        path_(std::move(path)),
+        reserved_(reserved) {}
   ~PosixFile() override {
     {
       MutexLock lock(&mu_);
@@ -168,9 +175,9 @@ class PosixFile final : public CheckpointFs::File {
   Mutex mu_;
   CondVar cv_;
   int64_t in_flight_ STRATA_GUARDED_BY(mu_) = 0;
-  uint64_t end_ STRATA_GUARDED_BY(mu_) = 0;       // of the data written
-  uint64_t reserved_ STRATA_GUARDED_BY(mu_) = 0;  // the file's allocated size
-  bool reserve_ STRATA_GUARDED_BY(mu_) = true;    // fallocate works here
+  uint64_t end_ STRATA_GUARDED_BY(mu_) = 0;     // of the data written
+  uint64_t reserved_ STRATA_GUARDED_BY(mu_);    // the file's allocated size
+  bool reserve_ STRATA_GUARDED_BY(mu_) = true;  // fallocate works here
 };
 
 class PosixLock final : public CheckpointFs::Lock {
@@ -241,13 +248,27 @@ class PosixCheckpointFs final : public CheckpointFs {
     UniqueFd fd(
         ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!fd) return Status::FromErrno(errno, "create " + path);
-    return OpenData(path, std::move(fd), /*writable=*/true);
+    return OpenData(path, std::move(fd), /*writable=*/true, 0);
+  }
+
+  StatusOr<std::unique_ptr<File>> Overwrite(const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd) return Status::FromErrno(errno, "open " + path + " to overwrite");
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) {
+      return Status::FromErrno(errno, "stat " + path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(path + " is not a regular file");
+    }
+    return OpenData(path, std::move(fd), /*writable=*/true,
+                    static_cast<uint64_t>(st.st_size));
   }
 
   StatusOr<std::unique_ptr<File>> Open(const std::string& path) override {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return Status::FromErrno(errno, "open " + path);
-    return OpenData(path, std::move(fd), /*writable=*/false);
+    return OpenData(path, std::move(fd), /*writable=*/false, 0);
   }
 
   StatusOr<std::string> ReadSmall(const std::string& path) override {
@@ -364,7 +385,7 @@ class PosixCheckpointFs final : public CheckpointFs {
 
  private:
   StatusOr<std::unique_ptr<File>> OpenData(const std::string& path, UniqueFd fd,
-                                           bool writable) {
+                                           bool writable, uint64_t reserved) {
     OpenOptions o;
     o.writable = writable;
     STRATA_ASSIGN_OR_RETURN(FileId id, io_->Open(path, o));
@@ -376,7 +397,8 @@ class PosixCheckpointFs final : public CheckpointFs {
           "-byte alignment, more than the " + std::to_string(kCheckpointAlign) +
           " of checkpoint extents");
     }
-    return std::unique_ptr<File>(new PosixFile(io_, id, std::move(fd), path));
+    return std::unique_ptr<File>(
+        new PosixFile(io_, id, std::move(fd), path, reserved));
   }
 
   std::unique_ptr<AsyncIo> owned_;

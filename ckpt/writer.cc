@@ -74,8 +74,13 @@ class Writer final : public CheckpointWriter {
     // Holding the lock, every temporary entry is a dead writer's.
     STRATA_ASSIGN_OR_RETURN(names, fs_->List(o.dir));
     bool removed = false;
+    bool spare = false;
     for (const std::string& n : *names) {
       if (n.rfind(ckpt::kTmpPrefix, 0) != 0) continue;
+      if (n == ckpt::kSpareName && o.recycle) {
+        spare = true;
+        continue;
+      }
       STRATA_RETURN_IF_ERROR(fs_->RemoveAll(JoinPath(o.dir, n)));
       STRATA_LOG_WARN("removed {}, left by a checkpoint writer that is gone",
                       JoinPath(o.dir, n));
@@ -97,7 +102,29 @@ class Writer final : public CheckpointWriter {
       replace_ = true;
     }
     began_ = true;
+    if (spare) return AdoptSpare();
     return fs_->MakeDir(tmp_);
+  }
+
+  // Note [Recycled files]: the spare becomes this writer's temporary
+  // directory, and WriteExtent writes over the data files it finds there.
+  // Only a pruned checkpoint's files become a spare, after the commit that
+  // pruned it was published, so no checkpoint a reader may load is ever
+  // written to; a crash leaves the spare or this writer's temporary
+  // directory, which the next writer adopts or removes. The spare's manifest
+  // goes first, so nothing in the directory describes the old data, and the
+  // files this checkpoint does not write go at Commit.
+  Status AdoptSpare() {
+    STRATA_RETURN_IF_ERROR(
+        fs_->Rename(JoinPath(options_.dir, ckpt::kSpareName), tmp_));
+    STRATA_RETURN_IF_ERROR(fs_->RemoveAll(JoinPath(tmp_, ckpt::kManifestName)));
+    STRATA_ASSIGN_OR_RETURN(recycled_, fs_->List(tmp_));
+    return Status::Ok();
+  }
+
+  bool Recycled(const std::string& name) const {
+    return std::find(recycled_.begin(), recycled_.end(), name) !=
+           recycled_.end();
   }
 
   StatusOr<uint32_t> AddTensor(const CheckpointTensor& tensor) override
@@ -167,7 +194,17 @@ class Writer final : public CheckpointWriter {
     }
     if (create) {
       // Outside the lock: creating is I/O.
-      StatusOr<std::unique_ptr<CheckpointFs::File>> file = fs_->Create(path);
+      StatusOr<std::unique_ptr<CheckpointFs::File>> file =
+          Status::NotFound(path);
+      if (Recycled(ckpt::DataFileName(role))) {
+        file = fs_->Overwrite(path);
+        if (file.status().code() == StatusCode::kNotSupported) {
+          Status removed = fs_->RemoveAll(path);
+          file = removed.ok() ? fs_->Create(path) : removed;
+        }
+      } else {
+        file = fs_->Create(path);
+      }
       MutexLock lock(&mu_);
       RoleFile& f = files_[r];
       if (file.ok()) {
@@ -326,6 +363,15 @@ class Writer final : public CheckpointWriter {
       m.files.push_back(
           {role, ckpt::DataFileName(role), size, ckpt::FileChecksum(extents)});
     }
+    // Note [Recycled files]: what this checkpoint did not write goes.
+    for (const std::string& n : recycled_) {
+      bool written = false;
+      for (size_t r = 0; r < files_.size(); ++r) {
+        written |= files_[r].state == FileState::kOpen &&
+                   n == ckpt::DataFileName(static_cast<StateRole>(r));
+      }
+      if (!written) STRATA_RETURN_IF_ERROR(fs_->RemoveAll(JoinPath(tmp_, n)));
+    }
     m.extents = std::move(extents_);
     m.blobs = std::move(blobs_);
     const std::string& dir = options_.dir;
@@ -386,17 +432,26 @@ class Writer final : public CheckpointWriter {
     }
     std::sort(steps.rbegin(), steps.rend());
     bool removed = false;
+    bool spared = false;
     for (size_t i = 0; i < steps.size(); ++i) {
       if (i + 1 < static_cast<size_t>(options_.keep)) continue;  // kept
+      // Note [Recycled files]: one pruned checkpoint is kept as the spare
+      // (a writer adopted any earlier one at Begin).
+      const bool keep_spare = options_.recycle && !spared;
       const std::string aside =
-          JoinPath(options_.dir,
-                   std::string(ckpt::kTmpPrefix) + "prune-" + steps[i].second);
+          keep_spare ? JoinPath(options_.dir, ckpt::kSpareName)
+                     : JoinPath(options_.dir, std::string(ckpt::kTmpPrefix) +
+                                                  "prune-" + steps[i].second);
       Status s = fs_->Rename(JoinPath(options_.dir, steps[i].second), aside);
       if (!s.ok()) {
         STRATA_LOG_WARN("checkpoint prune: {}", s.ToString());
         continue;
       }
-      Remove(aside);
+      if (keep_spare) {
+        spared = true;
+      } else {
+        Remove(aside);
+      }
       removed = true;
     }
     if (removed) {
@@ -414,6 +469,8 @@ class Writer final : public CheckpointWriter {
   std::unique_ptr<CheckpointFs::Lock> lock_;
   bool began_ = false;
   bool replace_ = false;
+  // Note [Recycled files]: the entries of the adopted spare.
+  std::vector<std::string> recycled_;
 
   Mutex mu_;
   CondVar cv_;
@@ -430,6 +487,12 @@ class Writer final : public CheckpointWriter {
 };
 
 }  // namespace
+
+StatusOr<std::unique_ptr<CheckpointFs::File>> CheckpointFs::Overwrite(
+    const std::string& path) {
+  return Status::NotSupported("overwrite " + path +
+                              ": this file layer creates new files only");
+}
 
 StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
     const CheckpointWriterOptions& options) {

@@ -107,6 +107,12 @@ class STRATA_EXPORT CheckpointFs {
 
   // Creates a new file (kAlreadyExists if there is one), mode 0600.
   virtual StatusOr<std::unique_ptr<File>> Create(const std::string& path) = 0;
+  // Opens an existing file to write over its bytes (kNotFound if absent):
+  // its space is reused, and Sync cuts it to the end of what was written
+  // through this handle. The writer uses it for the files of a pruned
+  // checkpoint (CheckpointWriterOptions::recycle). The default is
+  // kNotSupported, and the writer then creates new files.
+  virtual StatusOr<std::unique_ptr<File>> Overwrite(const std::string& path);
   virtual StatusOr<std::unique_ptr<File>> Open(const std::string& path) = 0;
   // Small whole files (the manifest, "latest"). WriteSmall creates or
   // truncates, writes and fsyncs.
@@ -145,6 +151,15 @@ struct CheckpointWriterOptions {
   int64_t step = 0;  // >= 0; names the checkpoint
   // Complete checkpoints kept after a commit, this one included; >= 1.
   int keep = 2;
+  // The data files of the checkpoint a commit prunes are kept aside (one
+  // checkpoint's worth, in a temporary entry of `dir`) and the next save
+  // writes over them instead of creating files. Writing over space a file
+  // already has is faster than allocating it (on ext4 the new extents must
+  // be converted and committed), and renaming takes the deletion, a large
+  // part of a commit, out of the save. Costs the space of one more
+  // checkpoint between saves; a published checkpoint is never written to.
+  // Default on.
+  bool recycle = true;
   // Not owned; must outlive the writer. Null: NewPosixCheckpointFs().
   CheckpointFs* fs = nullptr;
 };

@@ -2,6 +2,7 @@
 // keep/prune, refusals, the writer lock, and stale temporary directories.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,11 +20,12 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 CheckpointWriterOptions Options(const std::string& dir, int64_t step,
-                                int keep = 2) {
+                                int keep = 2, bool recycle = true) {
   CheckpointWriterOptions o;
   o.dir = dir;
   o.step = step;
   o.keep = keep;
+  o.recycle = recycle;
   return o;
 }
 
@@ -99,22 +101,70 @@ TEST(CheckpointTest, ReadsStraightIntoAnAlignedBufferWhenPlacementsMatch) {
   EXPECT_EQ(ExpectState(**r, Layout{1000, 0}), 1);
 }
 
+// Pruned checkpoints go; with recycle (the default) the first of them is
+// kept as the spare, whose files the next save writes over.
 TEST(CheckpointTest, KeepsTheNewestAndPrunesTheRest) {
-  ScratchDir dir;
-  for (int64_t step : {1, 2, 3, 4}) {
-    ASSERT_TRUE(WriteState(Options(dir.path(), step, 2)).ok());
+  for (bool recycle : {true, false}) {
+    SCOPED_TRACE(recycle ? "recycle" : "no recycle");
+    ScratchDir dir;
+    std::vector<std::string> spare;
+    if (recycle) spare.push_back(".tmp-spare");
+    const auto with_spare = [&](std::vector<std::string> names) {
+      names.insert(names.begin(), spare.begin(), spare.end());
+      return names;
+    };
+    for (int64_t step : {1, 2, 3, 4}) {
+      ASSERT_TRUE(WriteState(Options(dir.path(), step, 2, recycle)).ok());
+    }
+    EXPECT_EQ(Names(dir.path()),
+              with_spare({"latest", "step-000000000003", "step-000000000004"}));
+    // An older step written last is the latest and is kept; keep 1 prunes
+    // every other.
+    ASSERT_TRUE(WriteState(Options(dir.path(), 2, 1, recycle)).ok());
+    EXPECT_EQ(Names(dir.path()), with_spare({"latest", "step-000000000002"}));
+    auto r = CheckpointReader::Open(dir.path());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(ExpectState(**r), 2);
+    EXPECT_TRUE((*r)->Verify().ok());
   }
-  EXPECT_EQ(Names(dir.path()),
-            (std::vector<std::string>{"latest", "step-000000000003",
-                                      "step-000000000004"}));
-  // An older step written last is the latest and is kept; keep 1 prunes
-  // every other.
+}
+
+// A save after a prune writes over the spare's data files (the same
+// inodes), cuts what they had beyond its data, drops the files it does not
+// write, and loads like any other.
+TEST(CheckpointTest, ASaveWritesOverThePrunedFiles) {
+  ScratchDir dir;
+  ASSERT_TRUE(WriteState(Options(dir.path(), 1, 1)).ok());
   ASSERT_TRUE(WriteState(Options(dir.path(), 2, 1)).ok());
-  EXPECT_EQ(Names(dir.path()),
-            (std::vector<std::string>{"latest", "step-000000000002"}));
+  const std::string spare = dir.path() + "/.tmp-spare";
+  ASSERT_TRUE(fs::exists(spare));
+  // A file this checkpoint will not write, and a data file longer than
+  // what it will write.
+  std::ofstream(spare + "/extra.bin") << "stale";
+  std::vector<std::pair<std::string, ino_t>> inodes;
+  for (const auto& e : fs::directory_iterator(spare)) {
+    if (e.path().extension() != ".bin" || e.path().filename() == "extra.bin")
+      continue;
+    fs::resize_file(e.path(), fs::file_size(e.path()) + (1 << 20));
+    struct stat st {};
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0);
+    inodes.emplace_back(e.path().filename().string(), st.st_ino);
+  }
+  ASSERT_FALSE(inodes.empty());
+  ASSERT_TRUE(WriteState(Options(dir.path(), 3, 1)).ok());
+  const std::string step3 = dir.path() + "/step-000000000003";
+  for (const auto& [name, ino] : inodes) {
+    struct stat st {};
+    ASSERT_EQ(::stat((step3 + "/" + name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_ino, ino) << name;
+  }
+  EXPECT_FALSE(fs::exists(step3 + "/extra.bin"));
   auto r = CheckpointReader::Open(dir.path());
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(ExpectState(**r), 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ExpectState(**r), 3);
+  EXPECT_TRUE((*r)->Verify().ok());  // the sizes are the data's
+  // The spare now holds step 2's files.
+  EXPECT_TRUE(fs::exists(spare));
 }
 
 TEST(CheckpointTest, RefusesToOverwriteTheLatest) {

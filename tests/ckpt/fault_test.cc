@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -36,16 +37,24 @@ CheckpointWriterOptions Options(const std::string& dir, int64_t step,
   return o;
 }
 
-// A MemFs holding a complete checkpoint of step 1, all of it durable.
+// A MemFs holding a complete checkpoint of step 1, all of it durable, and
+// the spare left by pruning step 0: the faulted write of step 2 writes over
+// the spare's files (CheckpointWriterOptions::recycle), so every fault also
+// lands in a recycled write.
 std::unique_ptr<MemFs> FsWithStep1() {
   auto mem = std::make_unique<MemFs>();
+  EXPECT_TRUE(WriteState(Options(kDir, 0, mem.get())).ok());
   EXPECT_TRUE(WriteState(Options(kDir, 1, mem.get())).ok());
+  auto names = mem->List(kDir);
+  EXPECT_TRUE(names.ok() && std::find(names->begin(), names->end(),
+                                      ".tmp-spare") != names->end());
   return mem;
 }
 
+// Temporary entries other than the spare, which is kept on purpose.
 bool HasTemporaries(const std::vector<std::string>& names) {
   for (const auto& n : names) {
-    if (n.rfind(".tmp-", 0) == 0) return true;
+    if (n.rfind(".tmp-", 0) == 0 && n != ".tmp-spare") return true;
   }
   return false;
 }
@@ -193,15 +202,22 @@ TEST(CheckpointFaultTest, WriterKilledAtArmedPoints) {
          return op == "rename" && after && ends(p, "/latest");
        },
        2},
-      {"while pruning",
-       [&](std::string_view op, const std::string&, bool after) {
-         return op == "remove_all" && !after;
+      {"while writing over the spare",
+       [&](std::string_view op, const std::string& p, bool after) {
+         return op == "overwrite" && after && ends(p, "exp_avg.bin");
+       },
+       1},
+      {"while pruning into the spare",
+       [&](std::string_view op, const std::string& p, bool after) {
+         return op == "rename" && !after && ends(p, ".tmp-spare");
        },
        2},
   };
   for (const ArmedPoint& point : points) {
     SCOPED_TRACE(point.name);
     ScratchDir dir;
+    // Step 0's files become the spare that step 2 writes over.
+    ASSERT_TRUE(WriteState(Options(dir.path(), 0, nullptr, 1)).ok());
     ASSERT_TRUE(WriteState(Options(dir.path(), 1, nullptr, 1)).ok());
     const pid_t child = ForkWriter(dir.path(), 2, 2, 1, point.hit);
     int status = 0;
@@ -212,7 +228,8 @@ TEST(CheckpointFaultTest, WriterKilledAtArmedPoints) {
     ExpectLoadsOneOf(dir.path(), point.expect, point.expect, &step);
     ASSERT_TRUE(WriteState(Options(dir.path(), 3, nullptr, 1)).ok());
     for (const auto& e : fs::directory_iterator(dir.path())) {
-      EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path();
+      const std::string n = e.path().filename().string();
+      EXPECT_TRUE(n.rfind(".tmp-", 0) != 0 || n == ".tmp-spare") << e.path();
     }
     ExpectLoadsOneOf(dir.path(), 3, 3);
   }

@@ -101,6 +101,20 @@ class MemFs final : public CheckpointFs {
     nodes_[parent].entries[name] = id;
     return std::unique_ptr<File>(new MemFile(this, id, path));
   }
+  StatusOr<std::unique_ptr<File>> Overwrite(const std::string& path) override {
+    std::lock_guard<std::mutex> l(mu_);
+    STRATA_RETURN_IF_ERROR(TickLocked("overwrite", path));
+    const int id = ResolveLocked(path);
+    if (id < 0) return Status::NotFound("overwrite " + path + ": not found");
+    if (nodes_[id].dir) return Status::InvalidArgument(path + " is a dir");
+    ++overwrites_;
+    return std::unique_ptr<File>(new MemFile(this, id, path, true));
+  }
+  // Files opened with Overwrite so far.
+  int overwrites() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return overwrites_;
+  }
   StatusOr<std::unique_ptr<File>> Open(const std::string& path) override {
     std::lock_guard<std::mutex> l(mu_);
     STRATA_RETURN_IF_ERROR(TickLocked("open", path));
@@ -210,8 +224,9 @@ class MemFs final : public CheckpointFs {
 
   class MemFile final : public File {
    public:
-    MemFile(MemFs* fs, int id, std::string path)
-        : fs_(fs), id_(id), path_(std::move(path)) {}
+    // `overwrite`: Sync cuts the file to the end of what was written.
+    MemFile(MemFs* fs, int id, std::string path, bool overwrite = false)
+        : fs_(fs), id_(id), path_(std::move(path)), overwrite_(overwrite) {}
     void Write(uint64_t offset, std::span<const std::byte> buf,
                std::function<void(Status)> done) override {
       Status s;
@@ -222,6 +237,7 @@ class MemFs final : public CheckpointFs {
           std::string& d = fs_->nodes_[id_].data;
           if (d.size() < offset + buf.size()) d.resize(offset + buf.size());
           std::memcpy(d.data() + offset, buf.data(), buf.size());
+          end_ = std::max<uint64_t>(end_, offset + buf.size());
         }
       }
       done(s);
@@ -244,6 +260,9 @@ class MemFs final : public CheckpointFs {
     Status Sync() override {
       std::lock_guard<std::mutex> l(fs_->mu_);
       STRATA_RETURN_IF_ERROR(fs_->TickLocked("fsync", path_));
+      if (overwrite_ && fs_->nodes_[id_].data.size() > end_) {
+        fs_->nodes_[id_].data.resize(end_);
+      }
       fs_->nodes_[id_].durable = fs_->nodes_[id_].data;
       return Status::Ok();
     }
@@ -257,6 +276,8 @@ class MemFs final : public CheckpointFs {
     MemFs* fs_;
     int id_;
     std::string path_;
+    bool overwrite_;
+    uint64_t end_ = 0;  // guarded by fs_->mu_
   };
 
   class MemLock final : public Lock {
@@ -326,6 +347,7 @@ class MemFs final : public CheckpointFs {
   std::vector<Node> nodes_;
   std::set<std::string> locks_;
   int64_t ops_ = 0;
+  int overwrites_ = 0;
   int64_t crash_at_ = INT64_MAX;
   int64_t fail_at_ = INT64_MAX;
 };
@@ -343,6 +365,9 @@ class ProbeFs final : public CheckpointFs {
 
   StatusOr<std::unique_ptr<File>> Create(const std::string& path) override {
     return Wrap("create", path, base_->Create(path));
+  }
+  StatusOr<std::unique_ptr<File>> Overwrite(const std::string& path) override {
+    return Wrap("overwrite", path, base_->Overwrite(path));
   }
   StatusOr<std::unique_ptr<File>> Open(const std::string& path) override {
     return Wrap("open", path, base_->Open(path));
