@@ -121,8 +121,7 @@ float FromHalf(uint16_t h) {
   if ((h & 0x7c00u) == 0x7c00u) {  // inf or NaN
     return std::bit_cast<float>(sign | 0x7f800000u | ((h & 0x3ffu) << 13));
   }
-  return std::bit_cast<float>(sign |
-                              FloatBitsFromHalfMagnitude(h & 0x7fffu));
+  return std::bit_cast<float>(sign | FloatBitsFromHalfMagnitude(h & 0x7fffu));
 }
 uint16_t ToHalf(float f) {
   if (std::isnan(f)) return 0x7e00u;
@@ -139,11 +138,12 @@ float Combine(float a, float b, ReduceOp op) {
 }
 
 template <class T, class From, class To>
-void ReduceAs(const void* in, void* inout, size_t count, ReduceOp op,
-              From from, To to) {
+void ReduceAs(const void* in, void* inout, size_t count, ReduceOp op, From from,
+              To to) {
   const auto* a = static_cast<const T*>(in);
   auto* b = static_cast<T*>(inout);
-  for (size_t i = 0; i < count; ++i) b[i] = to(Combine(from(b[i]), from(a[i]), op));
+  for (size_t i = 0; i < count; ++i)
+    b[i] = to(Combine(from(b[i]), from(a[i]), op));
 }
 
 }  // namespace
@@ -152,8 +152,9 @@ void ReduceHost(const void* in, void* inout, size_t count, CommType type,
                 ReduceOp op) {
   switch (type) {
     case CommType::kFloat32:
-      ReduceAs<float>(in, inout, count, op, [](float v) { return v; },
-                      [](float v) { return v; });
+      ReduceAs<float>(
+          in, inout, count, op, [](float v) { return v; },
+          [](float v) { return v; });
       return;
     case CommType::kBFloat16:
       ReduceAs<uint16_t>(in, inout, count, op, FromBf16, ToBf16);

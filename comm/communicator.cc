@@ -266,8 +266,8 @@ StatusOr<std::unique_ptr<CommBackend>> NewMpiBackend(
   }
   if (handle == nullptr) {
     return Status::Unavailable(
-        "MPI backend unavailable: cannot load " +
-        std::string(kCommMpiLibrary) + " (" + tried +
+        "MPI backend unavailable: cannot load " + std::string(kCommMpiLibrary) +
+        " (" + tried +
         "); strata builds it when MPI is found (libopenmpi-dev), and it "
         "needs libmpi at run time; only the single-rank backend works "
         "without");
@@ -414,9 +414,8 @@ StatusOr<CommWork> Communicator::State::RunOnStream(const CollectiveArgs& args,
     // Device to device, so it works on any device.
     const size_t bytes = internal::SingleBackend::CopyBytes(args);
     if (bytes > 0 && args.send != args.recv) {
-      STRATA_RETURN_IF_ERROR(device.CopyAsync(stream, args.recv, args.send,
-                                              bytes,
-                                              CopyKind::kDeviceToDevice));
+      STRATA_RETURN_IF_ERROR(device.CopyAsync(
+          stream, args.recv, args.send, bytes, CopyKind::kDeviceToDevice));
     }
     return CommWork();
   }
@@ -433,8 +432,7 @@ StatusOr<CommWork> Communicator::State::RunOnStream(const CollectiveArgs& args,
       request = std::move(*r);
     }
     return CommWork(std::make_shared<internal::PolledRequest>(
-        std::move(request), core->Label(args), core->timeout_s,
-        core->health));
+        std::move(request), core->Label(args), core->timeout_s, core->health));
   }
   if (stream.device_kind() != DeviceKind::kHostEmulated) {
     return Status::NotSupported(
@@ -444,8 +442,8 @@ StatusOr<CommWork> Communicator::State::RunOnStream(const CollectiveArgs& args,
   }
   auto done = std::make_shared<internal::HostWorkRequest>(core->Label(args),
                                                           core->timeout_s);
-  STRATA_RETURN_IF_ERROR(device.LaunchHostWork(
-      stream, [core = core, args, done]() {
+  STRATA_RETURN_IF_ERROR(
+      device.LaunchHostWork(stream, [core = core, args, done]() {
         auto request = core->Start(args);
         done->Publish(request.ok() ? (*request)->Wait() : request.status());
       }));
@@ -481,8 +479,9 @@ Status CheckArgs(const CollectiveArgs& a, bool reduces) {
   const std::string what(internal::CommOpName(a.kind));
   if (reduces && a.type == CommType::kByte) {
     return Status::InvalidArgument(
-        what + ": type byte cannot be reduced; use float32, bfloat16 or "
-               "float16");
+        what +
+        ": type byte cannot be reduced; use float32, bfloat16 or "
+        "float16");
   }
   if (static_cast<uint8_t>(a.type) > static_cast<uint8_t>(CommType::kFloat16)) {
     return Status::InvalidArgument(what + ": unknown CommType");
@@ -511,8 +510,8 @@ Status CheckCounts(std::string_view what, std::span<const size_t> counts,
   return Status::Ok();
 }
 
-Status CheckBuffer(std::string_view what, std::string_view name,
-                   const void* p, size_t bytes) {
+Status CheckBuffer(std::string_view what, std::string_view name, const void* p,
+                   size_t bytes) {
   if (p == nullptr && bytes > 0) {
     return Status::InvalidArgument(std::string(what) + ": " +
                                    std::string(name) + " is null for " +
@@ -552,8 +551,11 @@ StatusOr<CommWork> Communicator::ReduceScatter(const void* send, void* recv,
                                                CommPlace place) {
   const char* what = "reduce-scatter";
   STRATA_RETURN_IF_ERROR(CheckCounts(what, counts, size()));
-  CollectiveArgs a{CommOpKind::kReduceScatter, send, recv,
-                   std::vector<size_t>(counts.begin(), counts.end()), type,
+  CollectiveArgs a{CommOpKind::kReduceScatter,
+                   send,
+                   recv,
+                   std::vector<size_t>(counts.begin(), counts.end()),
+                   type,
                    op};
   STRATA_RETURN_IF_ERROR(CheckArgs(a, true));
   const size_t es = CommTypeSize(type);
@@ -591,7 +593,7 @@ StatusOr<CommWork> Communicator::Broadcast(void* buffer, size_t count,
                                    std::to_string(size() - 1));
   }
   CollectiveArgs a{CommOpKind::kBroadcast, buffer, buffer, {count}, type,
-                   ReduceOp::kSum, root};
+                   ReduceOp::kSum,         root};
   STRATA_RETURN_IF_ERROR(CheckArgs(a, false));
   STRATA_RETURN_IF_ERROR(
       CheckBuffer(what, "buffer", buffer, count * CommTypeSize(type)));

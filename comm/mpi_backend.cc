@@ -66,10 +66,8 @@ Ops& UserOps() {
   static Ops ops = [] {
     Ops o;
     MPI_Op_create(&UserOp<CommType::kFloat32, ReduceOp::kMax>, 1, &o.f32_max);
-    MPI_Op_create(&UserOp<CommType::kBFloat16, ReduceOp::kSum>, 1,
-                  &o.bf16_sum);
-    MPI_Op_create(&UserOp<CommType::kBFloat16, ReduceOp::kMax>, 1,
-                  &o.bf16_max);
+    MPI_Op_create(&UserOp<CommType::kBFloat16, ReduceOp::kSum>, 1, &o.bf16_sum);
+    MPI_Op_create(&UserOp<CommType::kBFloat16, ReduceOp::kMax>, 1, &o.bf16_max);
     MPI_Op_create(&UserOp<CommType::kFloat16, ReduceOp::kSum>, 1, &o.f16_sum);
     MPI_Op_create(&UserOp<CommType::kFloat16, ReduceOp::kMax>, 1, &o.f16_max);
     return o;

@@ -26,13 +26,13 @@
 namespace strata::internal {
 namespace {
 
-#define STRATA_NCCL_FUNCTIONS(X)                                          \
-  X(ncclGetUniqueId)                                                      \
-  X(ncclCommInitRank) X(ncclCommDestroy) X(ncclCommAbort)                 \
-  X(ncclCommGetAsyncError) X(ncclCommCount) X(ncclCommUserRank)           \
-  X(ncclGetErrorString) X(ncclAllGather) X(ncclReduceScatter)             \
-  X(ncclAllReduce) X(ncclBroadcast) X(ncclReduce) X(ncclGroupStart)       \
-  X(ncclGroupEnd)
+#define STRATA_NCCL_FUNCTIONS(X)                                 \
+  X(ncclGetUniqueId)                                             \
+  X(ncclCommInitRank)                                            \
+  X(ncclCommDestroy) X(ncclCommAbort) X(ncclCommGetAsyncError)   \
+      X(ncclCommCount) X(ncclCommUserRank) X(ncclGetErrorString) \
+          X(ncclAllGather) X(ncclReduceScatter) X(ncclAllReduce) \
+              X(ncclBroadcast) X(ncclReduce) X(ncclGroupStart) X(ncclGroupEnd)
 
 struct Nccl {
 #define STRATA_NCCL_MEMBER(name) decltype(&::name) name = nullptr;
@@ -51,11 +51,11 @@ StatusOr<const Nccl*> LoadNccl() {
           (e ? e : "?") + ")");
     }
     auto* n = new Nccl;
-#define STRATA_NCCL_RESOLVE(name)                                        \
-  n->name = reinterpret_cast<decltype(&::name)>(dlsym(h, #name));        \
-  if (n->name == nullptr) {                                              \
-    return Status::Unavailable("libnccl.so.2 lacks " #name               \
-                               " (NCCL 2.10 or newer is needed)");       \
+#define STRATA_NCCL_RESOLVE(name)                                  \
+  n->name = reinterpret_cast<decltype(&::name)>(dlsym(h, #name));  \
+  if (n->name == nullptr) {                                        \
+    return Status::Unavailable("libnccl.so.2 lacks " #name         \
+                               " (NCCL 2.10 or newer is needed)"); \
   }
     STRATA_NCCL_FUNCTIONS(STRATA_NCCL_RESOLVE)
 #undef STRATA_NCCL_RESOLVE
@@ -144,18 +144,19 @@ class NcclBackend final : public CommBackend {
     }
     cudaSetDevice(device_);
     if (stream_ == nullptr) {
-      cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+      cudaError_t e =
+          cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
       if (e != cudaSuccess) return CudaError("cudaStreamCreate", e);
       e = cudaMalloc(&scratch_, sizeof(float));
       if (e != cudaSuccess) return CudaError("cudaMalloc", e);
     }
-    CollectiveArgs a{CommOpKind::kAllReduce, scratch_, scratch_, {1},
-                     CommType::kFloat32};
+    CollectiveArgs a{
+        CommOpKind::kAllReduce, scratch_, scratch_, {1}, CommType::kFloat32};
     return EnqueueOn(a, stream_);
   }
 
-  StatusOr<std::unique_ptr<BackendRequest>> Enqueue(
-      const CollectiveArgs& args, Stream& stream) override {
+  StatusOr<std::unique_ptr<BackendRequest>> Enqueue(const CollectiveArgs& args,
+                                                    Stream& stream) override {
     if (stream.device_kind() != DeviceKind::kCuda) {
       return Status::InvalidArgument(
           "the NCCL backend needs a CUDA stream, not a host-emulated one");
@@ -205,8 +206,7 @@ class NcclBackend final : public CommBackend {
         r = n_.ncclAllReduce(a.send, a.recv, a.counts[0], dt, op, comm_, s);
         break;
       case CommOpKind::kBroadcast:
-        r = n_.ncclBroadcast(a.recv, a.recv, a.counts[0], dt, a.root, comm_,
-                             s);
+        r = n_.ncclBroadcast(a.recv, a.recv, a.counts[0], dt, a.root, comm_, s);
         break;
       case CommOpKind::kBarrier:
         break;
@@ -244,8 +244,7 @@ Status ExchangeIdByFile(const Nccl& n, const CommOptions& o, ncclUniqueId* id) {
   if (o.nccl_rank == 0) {
     ncclResult_t r = n.ncclGetUniqueId(id);
     if (r != ncclSuccess) return NcclError(n, "ncclGetUniqueId", r);
-    const std::string tmp =
-        o.nccl_id_file + ".tmp." + std::to_string(getpid());
+    const std::string tmp = o.nccl_id_file + ".tmp." + std::to_string(getpid());
     FILE* f = std::fopen(tmp.c_str(), "wb");
     if (f == nullptr) return Status::FromErrno(errno, "creating " + tmp);
     const bool ok = std::fwrite(id, sizeof *id, 1, f) == 1;
@@ -300,15 +299,15 @@ StatusOr<std::unique_ptr<CommBackend>> NewNcclBackend(const CommOptions& o) {
       if (r != ncclSuccess) return NcclError(*n, "ncclGetUniqueId", r);
     }
     STRATA_ASSIGN_OR_RETURN(
-        CommWork w, o.nccl_bootstrap->Broadcast(&id, sizeof id, CommType::kByte,
-                                                0));
+        CommWork w,
+        o.nccl_bootstrap->Broadcast(&id, sizeof id, CommType::kByte, 0));
     STRATA_RETURN_IF_ERROR(w.Wait().WithContext("NCCL bootstrap"));
   } else if (!o.nccl_id_file.empty()) {
     if (size < 1 || rank < 0 || rank >= size) {
       return Status::InvalidArgument(
           "CommOptions::nccl_rank " + std::to_string(rank) +
-          " is out of range 0..nccl_size-1 (nccl_size " +
-          std::to_string(size) + ")");
+          " is out of range 0..nccl_size-1 (nccl_size " + std::to_string(size) +
+          ")");
     }
     STRATA_RETURN_IF_ERROR(ExchangeIdByFile(*n, o, &id));
   } else {

@@ -164,14 +164,14 @@ class Checker {
   void Expect(const std::string& what, const Status& s) {
     ++report_.checks;
     if (!s.ok()) {
-      report_.failures.push_back("rank " + std::to_string(comm_.rank()) +
-                                 ": " + prefix_ + " " + what + ": " +
-                                 s.ToString());
+      report_.failures.push_back("rank " + std::to_string(comm_.rank()) + ": " +
+                                 prefix_ + " " + what + ": " + s.ToString());
     }
   }
   Status Compare(Place::Buffer& b, size_t offset, const std::vector<float>& w) {
     const size_t es = CommTypeSize(type_);
-    STRATA_ASSIGN_OR_RETURN(auto got, place_.Read(b, offset * es, w.size() * es));
+    STRATA_ASSIGN_OR_RETURN(auto got,
+                            place_.Read(b, offset * es, w.size() * es));
     if (!SameValues(type_, got, w)) {
       return Status::Corruption("result differs from the reference");
     }
@@ -193,9 +193,9 @@ class Checker {
       STRATA_ASSIGN_OR_RETURN(auto send, place_.Make(Encode(type_, mine)));
       STRATA_ASSIGN_OR_RETURN(auto recv, place_.Make(Encode(type_, all)));
       const void* src = in_place ? recv.data() + Offset(me) * es : send.data();
-      STRATA_ASSIGN_OR_RETURN(CommWork w,
-                              comm_.AllGather(src, recv.data(), counts_, type_,
-                                              place_.place()));
+      STRATA_ASSIGN_OR_RETURN(
+          CommWork w,
+          comm_.AllGather(src, recv.data(), counts_, type_, place_.place()));
       STRATA_RETURN_IF_ERROR(w.Wait());
       return Compare(recv, 0, want);
     }());
@@ -217,8 +217,8 @@ class Checker {
            [&]() -> Status {
              STRATA_ASSIGN_OR_RETURN(auto s, place_.Make(Encode(type_, send)));
              STRATA_ASSIGN_OR_RETURN(
-                 auto recv,
-                 place_.Make(Encode(type_, std::vector<float>(want.size(), -1))));
+                 auto recv, place_.Make(Encode(
+                                type_, std::vector<float>(want.size(), -1))));
              STRATA_ASSIGN_OR_RETURN(
                  CommWork w, comm_.ReduceScatter(s.data(), recv.data(), counts_,
                                                  type_, op, place_.place()));
@@ -232,11 +232,12 @@ class Checker {
                 ReduceOp op, bool in_place) {
     STRATA_ASSIGN_OR_RETURN(auto s, place_.Make(Encode(type_, v)));
     STRATA_ASSIGN_OR_RETURN(
-        auto recv, place_.Make(Encode(type_, std::vector<float>(v.size(), -1))));
+        auto recv,
+        place_.Make(Encode(type_, std::vector<float>(v.size(), -1))));
     void* dst = in_place ? s.data() : recv.data();
-    STRATA_ASSIGN_OR_RETURN(CommWork w, comm_.AllReduce(s.data(), dst, v.size(),
-                                                        type_, op,
-                                                        place_.place()));
+    STRATA_ASSIGN_OR_RETURN(
+        CommWork w,
+        comm_.AllReduce(s.data(), dst, v.size(), type_, op, place_.place()));
     STRATA_RETURN_IF_ERROR(w.Wait());
     return Compare(in_place ? s : recv, 0, want);
   }
@@ -269,8 +270,8 @@ class Checker {
     Expect("broadcast", [&]() -> Status {
       STRATA_ASSIGN_OR_RETURN(auto b, place_.Make(Encode(type_, v)));
       STRATA_ASSIGN_OR_RETURN(
-          CommWork w, comm_.Broadcast(b.data(), count, type_, root,
-                                      place_.place()));
+          CommWork w,
+          comm_.Broadcast(b.data(), count, type_, root, place_.place()));
       STRATA_RETURN_IF_ERROR(w.Wait());
       return Compare(b, 0, want);
     }());
@@ -346,21 +347,22 @@ CheckReport CheckArgumentErrors(Communicator& comm) {
   expect("reduce-scatter of bytes",
          comm.ReduceScatter(a.data(), b.data(), counts, CommType::kByte,
                             ReduceOp::kSum));
-  expect("all-reduce of bytes", comm.AllReduce(a.data(), b.data(), 4,
-                                               CommType::kByte, ReduceOp::kMax));
-  expect("all-reduce into a null buffer",
-         comm.AllReduce(a.data(), nullptr, 4, CommType::kFloat32,
-                        ReduceOp::kSum));
+  expect(
+      "all-reduce of bytes",
+      comm.AllReduce(a.data(), b.data(), 4, CommType::kByte, ReduceOp::kMax));
+  expect(
+      "all-reduce into a null buffer",
+      comm.AllReduce(a.data(), nullptr, 4, CommType::kFloat32, ReduceOp::kSum));
   expect("all-reduce with overlapping buffers",
          comm.AllReduce(a.data(), a.data() + 1, 4, CommType::kFloat32,
                         ReduceOp::kSum));
   expect("reduce-scatter with overlapping buffers",
          comm.ReduceScatter(a.data(), a.data(), counts, CommType::kFloat32,
                             ReduceOp::kSum));
-  expect("all-gather with send inside recv elsewhere",
-         comm.AllGather(
-             reinterpret_cast<std::byte*>(b.data() + comm.rank()) + 2,
-             b.data(), counts, CommType::kFloat32));
+  expect(
+      "all-gather with send inside recv elsewhere",
+      comm.AllGather(reinterpret_cast<std::byte*>(b.data() + comm.rank()) + 2,
+                     b.data(), counts, CommType::kFloat32));
   expect("broadcast from root size()",
          comm.Broadcast(a.data(), 4, CommType::kFloat32, n));
   expect("broadcast from root -1",

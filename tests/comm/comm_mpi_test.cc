@@ -22,13 +22,12 @@ struct MpiRun {
 MpiRun Mpirun(int ranks, const std::vector<std::string>& args) {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  std::vector<std::string> argv = {STRATA_TEST_MPIEXEC, "-np",
-                                   std::to_string(ranks), "--oversubscribe",
-                                   "--bind-to", "none",
-                                   // Shared memory and TCP on loopback only.
-                                   "--mca", "btl", "self,vader,tcp",
-                                   STRATA_TEST_MPI_WORKER,
-                                   STRATA_TEST_MPI_PLUGIN};
+  std::vector<std::string> argv = {
+      STRATA_TEST_MPIEXEC, "-np", std::to_string(ranks), "--oversubscribe",
+      "--bind-to", "none",
+      // Shared memory and TCP on loopback only.
+      "--mca", "btl", "self,vader,tcp", STRATA_TEST_MPI_WORKER,
+      STRATA_TEST_MPI_PLUGIN};
   argv.insert(argv.end(), args.begin(), args.end());
   int fds[2];
   if (pipe(fds) != 0) return {};
@@ -53,9 +52,9 @@ MpiRun Mpirun(int ranks, const std::vector<std::string>& args) {
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            t0)
-                  .count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
@@ -67,8 +66,7 @@ TEST_P(MpiCollectivesTest, EveryCollectiveMatchesTheReference) {
   const MpiRun r = Mpirun(ranks, {"collectives"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (int i = 0; i < ranks; ++i) {
-    EXPECT_NE(r.out.find("rank " + std::to_string(i) +
-                         ": collectives: "),
+    EXPECT_NE(r.out.find("rank " + std::to_string(i) + ": collectives: "),
               std::string::npos)
         << r.out;
   }

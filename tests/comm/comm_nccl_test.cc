@@ -19,8 +19,8 @@ TEST(NcclSingleRankTest, EveryCollectiveOnDeviceMemory) {
   d.memory_budget_bytes = 64 << 20;
   auto device = NewCudaDevice(d);
   if (!device.ok()) GTEST_SKIP() << "no GPU: " << device.status().ToString();
-  const std::string id_file = ::testing::TempDir() + "strata-nccl-id-" +
-                              std::to_string(getpid());
+  const std::string id_file =
+      ::testing::TempDir() + "strata-nccl-id-" + std::to_string(getpid());
   std::remove(id_file.c_str());
   CommOptions o;
   o.backend = CommBackendKind::kNccl;

@@ -43,9 +43,9 @@ int Collectives(Communicator& comm) {
     return 1;
   }
   int rc = Report(comm.rank(), testing::CheckArgumentErrors(comm), "errors");
-  rc |= Report(comm.rank(),
-               testing::CheckCollectives(comm, true, device->get()),
-               "collectives");
+  rc |=
+      Report(comm.rank(), testing::CheckCollectives(comm, true, device->get()),
+             "collectives");
   return rc;
 }
 
@@ -65,9 +65,9 @@ int DeadRank(Communicator& comm, const std::string& how) {
   const auto t0 = std::chrono::steady_clock::now();
   auto work = comm.AllReduce(&x, &y, 1, CommType::kFloat32, ReduceOp::kSum);
   Status s = work.ok() ? work->Wait() : work.status();
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   if (s.ok()) {
     std::printf("FAIL rank %d: the all-reduce with a dead peer succeeded\n",
                 comm.rank());
