@@ -98,7 +98,7 @@ class Place {
                                         size_t bytes) {
     std::vector<std::byte> out(bytes);
     if (device_ == nullptr) {
-      std::memcpy(out.data(), b.host.data() + offset, bytes);
+      if (bytes > 0) std::memcpy(out.data(), b.host.data() + offset, bytes);
       return out;
     }
     if (bytes > 0) {
