@@ -10,6 +10,7 @@ build_pkgs=(
   liburing-dev libaio-dev libtbb-dev libhwloc-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev
   libopenblas-dev
+  libopenmpi-dev openmpi-bin  # the MPI backend of comm/ (docs/comm.md); optional
   python3-dev pybind11-dev  # the Python package (python/, docs/python.md)
   fio
   fortunes  # the fine-tune example's default corpus (English text)
