@@ -15,6 +15,13 @@
 //                 while the case's engine holds its memory (see RunCase).
 //   efficiency  = bound / step time (1 would be perfect overlap).
 //
+// The rates are sampled again right after every timed step, so each step
+// also has a bound of its own: `efficiency` compares the fastest step with
+// the fastest rates seen, and `paired_efficiency` is the median of the
+// steps' ratios to their own bounds, which the machine's drift from minute
+// to minute moves less (on a virtual machine the drive's mixed rate and
+// the memory's moved by 20-40% between runs).
+//
 // The working copy rests on the host, so no device traffic is timed. The
 // gradients are handed over (outside the timing) before every step.
 #include <algorithm>
@@ -222,17 +229,34 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c, CpuDType moments) {
 
 // ---- The step -------------------------------------------------------------
 
+// One timed step and the rates sampled right after it.
+struct RepSample {
+  double step_s = 0;
+  double update_rate = 0;  // params/s
+  double io_rate = 0;      // bytes/s, the nvme case's; 0 in the host case
+};
+
 struct CaseResult {
   std::string name;
   CpuDType moments = CpuDType::kFloat32;
   double step_s = 0, io_s = 0, update_s = 0;
   double update_rate = 0;  // params/s, measured beside this case's engine
+  std::vector<RepSample> reps;
+  std::vector<double> paired;  // each rep's bound / its step time
   EngineStats stats;
   double bound_s() const { return std::max(io_s, update_s); }
 };
 
+// The case's bound at these rates (io_rate is ignored by the host case).
+double BoundSeconds(const StepConfig& c, const CaseResult& r,
+                    double update_rate, double io_rate) {
+  const double update_s = static_cast<double>(c.params) / update_rate;
+  if (r.name != "nvme") return update_s;
+  return std::max(update_s, 2.0 * StateBytes(c, r.moments) / io_rate);
+}
+
 StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
-                             double io_rate) {
+                             RunGuard& guard) {
   DeviceOptions dopt;
   dopt.choice = DeviceChoice::kHostEmulated;
   const uint64_t tensor = std::min(c.params, kTensorElems);
@@ -283,19 +307,26 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     STRATA_ASSIGN_OR_RETURN(StepResult sr, engine->Step(a));
     const double s = SecondsSince(t0);
     if (!sr.applied) return Status::Internal("step: the step was skipped");
-    if (rep > 0) r.step_s = std::min(r.step_s, s);
     // The optimizer's rate, sampled after every step while the engine holds
     // its arrays, the best kept: on a virtual machine the same kernel ran up
     // to 3x slower on small arrays once the process held a gigabyte more
     // (so a sample taken without the engine's memory is no bound for the
     // step), and one sample's rate moved by 20% from run to run, so a bound
     // sampled fewer times than the step it bounds was beaten.
-    STRATA_ASSIGN_OR_RETURN(double rate, MeasureUpdateRate(c, moments));
-    r.update_rate = std::max(r.update_rate, rate);
+    RepSample sample;
+    sample.step_s = s;
+    STRATA_ASSIGN_OR_RETURN(sample.update_rate, MeasureUpdateRate(c, moments));
+    r.update_rate = std::max(r.update_rate, sample.update_rate);
+    if (rep == 0) continue;
+    r.step_s = std::min(r.step_s, s);
+    if (nvme) {
+      STRATA_ASSIGN_OR_RETURN(
+          sample.io_rate,
+          MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
+    }
+    r.reps.push_back(sample);
   }
   r.stats = engine->stats();
-  // Per step, the nvme case reads and writes the master and both moments.
-  r.io_s = nvme ? 2.0 * StateBytes(c, moments) / io_rate : 0;
   return r;
 }
 
@@ -314,8 +345,10 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   }
   for (CpuDType m : c.moments) {
     for (const std::string& k : c.cases) {
-      STRATA_ASSIGN_OR_RETURN(CaseResult r,
-                              RunCase(c, k == "nvme", m, out.io_rate));
+      STRATA_ASSIGN_OR_RETURN(CaseResult r, RunCase(c, k == "nvme", m, guard));
+      for (const RepSample& s : r.reps) {
+        out.io_rate = std::max(out.io_rate, s.io_rate);
+      }
       out.cases.push_back(std::move(r));
     }
   }
@@ -329,9 +362,14 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   }
   for (CaseResult& r : out.cases) {
     out.update_rate = std::max(out.update_rate, r.update_rate);
+    // Per step, the nvme case reads and writes the master and both moments.
     r.update_s = static_cast<double>(c.params) / r.update_rate;
     if (r.name == "nvme") {
       r.io_s = 2.0 * StateBytes(c, r.moments) / out.io_rate;
+    }
+    for (const RepSample& s : r.reps) {
+      r.paired.push_back(BoundSeconds(c, r, s.update_rate, s.io_rate) /
+                         s.step_s);
     }
   }
   return out;
@@ -340,11 +378,22 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
 Status ReportStep(const StepConfig& c, const StepOutcome& out,
                   JsonOutput& json) {
   Table table({"case", "moments", "state B/param", "params", "step s", "I/O s",
-               "update s", "bound s", "efficiency", "NVMe GB read",
+               "update s", "bound s", "efficiency", "paired", "NVMe GB read",
                "NVMe GB written"});
   nlohmann::json results = nlohmann::json::array();
   for (const CaseResult& r : out.cases) {
     const double eff = r.bound_s() / r.step_s;
+    std::vector<double> paired = r.paired;
+    const double paired_eff = Percentile(paired, 50);
+    nlohmann::json reps = nlohmann::json::array();
+    for (const RepSample& x : r.reps) {
+      nlohmann::json one = {
+          {"step_s", x.step_s},
+          {"bound_s", BoundSeconds(c, r, x.update_rate, x.io_rate)},
+          {"update_params_per_s", x.update_rate}};
+      if (r.name == "nvme") one["io_mixed_bytes_per_s"] = x.io_rate;
+      reps.push_back(one);
+    }
     const double per_param = static_cast<double>(StateBytes(c, r.moments)) /
                              static_cast<double>(c.params);
     const std::string moments(MomentDTypeName(r.moments));
@@ -352,7 +401,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                   std::to_string(c.params), Fixed(r.step_s, 3),
                   r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
                   Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
-                  Fixed(r.stats.nvme_read_bytes / 1e9, 2),
+                  Fixed(paired_eff, 3), Fixed(r.stats.nvme_read_bytes / 1e9, 2),
                   Fixed(r.stats.nvme_write_bytes / 1e9, 2)});
     results.push_back(
         {{"case", r.name},
@@ -365,11 +414,14 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
          {"update_s", r.update_s},
          {"update_params_per_s", r.update_rate},
          {"efficiency", eff},
+         {"paired_efficiency", paired_eff},
+         {"reps", reps},
          {"engine_stats", nlohmann::json::parse(EngineStatsJson(r.stats))}});
   }
   std::printf(
       "strata-bench step: %llu params, optimizer %.3f Gparams/s%s, best of "
-      "%d\n%s",
+      "%d (paired: the median of each step's bound sampled beside it / its "
+      "time)\n%s",
       static_cast<unsigned long long>(c.params), out.update_rate / 1e9,
       c.has("nvme") ? (", I/O (reads and writes at once) " +
                        Fixed(out.io_rate / 1e9, 2) + " GB/s")
