@@ -20,6 +20,16 @@ namespace {
 constexpr size_t kPage = 4096;
 constexpr size_t kHugePage = size_t{2} << 20;
 std::atomic<uint64_t> g_pinned_bytes{0};
+std::atomic<uint64_t> g_pinned_peak{0};
+
+void AddPinned(uint64_t bytes) {
+  const uint64_t now =
+      g_pinned_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  uint64_t peak = g_pinned_peak.load(std::memory_order_relaxed);
+  while (peak < now && !g_pinned_peak.compare_exchange_weak(
+                           peak, now, std::memory_order_relaxed)) {
+  }
+}
 
 // What an out-of-memory message adds: what the system has free and what
 // strata holds pinned.
@@ -105,7 +115,7 @@ StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes,
   if (options.pin) {
     if (::mlock(p, mapped) == 0) {
       buf.pinned_ = true;
-      g_pinned_bytes.fetch_add(mapped, std::memory_order_relaxed);
+      AddPinned(mapped);
     } else {
       const int err = errno;
       if (options.require_pin) {
@@ -156,19 +166,35 @@ HostBuffer::~HostBuffer() { Reset(); }
 
 void HostBuffer::AttachRegistration(
     std::unique_ptr<HostRegistration> registration) {
+  const bool before = counted();
   registration_ = std::move(registration);
+  if (data_ == nullptr || before == counted()) return;
+  if (counted()) {
+    AddPinned(mapped_);
+  } else {
+    g_pinned_bytes.fetch_sub(mapped_, std::memory_order_relaxed);
+  }
 }
 
 uint64_t HostBuffer::TotalPinnedBytes() {
   return g_pinned_bytes.load(std::memory_order_relaxed);
 }
 
+uint64_t HostBuffer::PeakPinnedBytes() {
+  return g_pinned_peak.load(std::memory_order_relaxed);
+}
+
+void HostBuffer::ResetPeakPinnedBytes() {
+  g_pinned_peak.store(g_pinned_bytes.load(std::memory_order_relaxed),
+                      std::memory_order_relaxed);
+}
+
 void HostBuffer::Reset() noexcept {
+  if (data_ != nullptr && counted()) {
+    g_pinned_bytes.fetch_sub(mapped_, std::memory_order_relaxed);
+  }
   registration_.reset();  // unregister before the memory goes away
   if (data_ != nullptr) {
-    if (pinned_) {
-      g_pinned_bytes.fetch_sub(mapped_, std::memory_order_relaxed);
-    }
     ::munmap(data_, mapped_);  // also unlocks
   }
   data_ = nullptr;

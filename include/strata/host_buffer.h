@@ -74,11 +74,18 @@ class STRATA_EXPORT HostBuffer final {
     return registration_.get();
   }
 
-  // Bytes currently locked by all HostBuffers of the process.
+  // Bytes of all HostBuffers of the process that are page-locked now, by
+  // their own mlock or by a device registration (pinned() || registration()),
+  // counted in whole pages.
   static uint64_t TotalPinnedBytes();
+  // The most TotalPinnedBytes() has been since the process started or since
+  // the last ResetPeakPinnedBytes(), which sets it to the current bytes.
+  static uint64_t PeakPinnedBytes();
+  static void ResetPeakPinnedBytes();
 
  private:
   void Reset() noexcept;
+  bool counted() const noexcept { return pinned_ || registration_ != nullptr; }
 
   std::byte* data_ = nullptr;
   size_t size_ = 0;    // bytes asked for

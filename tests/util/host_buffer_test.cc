@@ -70,6 +70,54 @@ TEST(HostBufferTest, RegistrationReleasedWithBuffer) {
   EXPECT_EQ(live, 0);
 }
 
+// A device registration page-locks the range (the CUDA backend skips the
+// mlock), so it counts as pinned, once, while it is attached.
+TEST(HostBufferTest, RegisteredBytesCountAsPinnedOnce) {
+  int live = 0;
+  const uint64_t before = HostBuffer::TotalPinnedBytes();
+  HostBufferOptions o;
+  o.pin = false;
+  {
+    auto buf = HostBuffer::Allocate(5000, o);  // counted in whole pages
+    ASSERT_TRUE(buf.ok());
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before);
+    buf->AttachRegistration(std::make_unique<CountingRegistration>(&live));
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before + 8192);
+    buf->AttachRegistration(std::make_unique<CountingRegistration>(&live));
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before + 8192);
+    HostBuffer moved = std::move(*buf);
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before + 8192);
+    moved.AttachRegistration(nullptr);
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before);
+    moved.AttachRegistration(std::make_unique<CountingRegistration>(&live));
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before + 8192);
+  }
+  EXPECT_EQ(live, 0);
+  EXPECT_EQ(HostBuffer::TotalPinnedBytes(), before);
+}
+
+TEST(HostBufferTest, PeakPinnedBytesHoldsTheMostSinceTheLastReset) {
+  int live = 0;
+  HostBuffer::ResetPeakPinnedBytes();
+  const uint64_t base = HostBuffer::TotalPinnedBytes();
+  EXPECT_EQ(HostBuffer::PeakPinnedBytes(), base);
+  HostBufferOptions o;
+  o.pin = false;
+  {
+    auto a = HostBuffer::Allocate(1 << 20, o);
+    auto b = HostBuffer::Allocate(2 << 20, o);
+    ASSERT_TRUE(a.ok() && b.ok());
+    a->AttachRegistration(std::make_unique<CountingRegistration>(&live));
+    b->AttachRegistration(std::make_unique<CountingRegistration>(&live));
+    *a = HostBuffer();  // the peak stays where both were held
+    EXPECT_EQ(HostBuffer::TotalPinnedBytes(), base + (2 << 20));
+  }
+  EXPECT_EQ(HostBuffer::TotalPinnedBytes(), base);
+  EXPECT_EQ(HostBuffer::PeakPinnedBytes(), base + (3 << 20));
+  HostBuffer::ResetPeakPinnedBytes();
+  EXPECT_EQ(HostBuffer::PeakPinnedBytes(), base);
+}
+
 TEST(HostBufferTest, UnpinnedWhenNotAsked) {
   HostBufferOptions o;
   o.pin = false;
