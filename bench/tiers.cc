@@ -394,6 +394,7 @@ StatusOr<std::unique_ptr<HopRig>> MakeHopRig(const TiersConfig& c,
   so.io.backend = c.engine;
   so.io.queue_depth = c.queue_depth;
   so.queue_depth = c.queue_depth;
+  so.synchronous_io = false;
   STRATA_ASSIGN_OR_RETURN(rig->swap, SwapSpace::Open(so));
   for (uint64_t i = 0; i < c.shape.tensors; ++i) {
     STRATA_ASSIGN_OR_RETURN(SwapHandle h,

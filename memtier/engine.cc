@@ -374,6 +374,7 @@ Status EngineImpl::Start() {
     so.shared_io = options_.shared_io;
     so.queue_depth = std::max<uint32_t>(1, options_.io.queue_depth);
     so.pin_buffers = options_.pin_memory;
+    so.synchronous_io = false;  // every byte moves through staging buffers
     uint64_t cap = 0;
     for (int r = 0; r < kRoles; ++r) {
       if (RoleResidence(r) != Residence::kNvme) continue;

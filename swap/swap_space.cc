@@ -219,18 +219,20 @@ class SwapSpaceImpl final : public SwapSpace {
       }
     }
     pool_ = std::make_shared<SlotPool>(total_slots_);
-    HostBufferOptions bo;
-    bo.pin = o.pin_buffers;
-    auto bounce =
-        HostBuffer::Allocate(uint64_t{o.block_bytes} * o.queue_depth, bo);
-    if (!bounce.ok()) {
-      return std::move(bounce).status().WithContext(
-          "swap space bounce buffers (queue_depth " +
-          std::to_string(o.queue_depth) + " x " +
-          std::to_string(o.block_bytes) + "-byte blocks)");
+    if (o.synchronous_io) {
+      HostBufferOptions bo;
+      bo.pin = o.pin_buffers;
+      auto bounce =
+          HostBuffer::Allocate(uint64_t{o.block_bytes} * o.queue_depth, bo);
+      if (!bounce.ok()) {
+        return std::move(bounce).status().WithContext(
+            "swap space bounce buffers (queue_depth " +
+            std::to_string(o.queue_depth) + " x " +
+            std::to_string(o.block_bytes) + "-byte blocks)");
+      }
+      bounce_ = std::move(*bounce);
+      STRATA_ASSIGN_OR_RETURN(bounce_reg_, io_->RegisterBuffer(bounce_.span()));
     }
-    bounce_ = std::move(*bounce);
-    STRATA_ASSIGN_OR_RETURN(bounce_reg_, io_->RegisterBuffer(bounce_.span()));
     headers_ = std::make_unique<HeaderPool>(*io_, header_bytes_, o.pin_buffers);
     // The synchronous path's header pages, taken now so that it never
     // allocates later.
@@ -361,6 +363,11 @@ class SwapSpaceImpl final : public SwapSpace {
 
  protected:
   StatusOr<std::span<std::byte>> AcquireBounce() override {
+    if (bounce_.empty()) {
+      return Status::FailedPrecondition(
+          "this swap space was opened without synchronous_io; use "
+          "ReadAsync/WriteAsync");
+    }
     if (io_->OnCompletionThread()) {
       return Status::FailedPrecondition(
           "synchronous swap I/O from an I/O completion callback would wait "

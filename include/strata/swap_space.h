@@ -80,6 +80,11 @@ struct SwapSpaceOptions {
   // Lock the bounce and header buffers in RAM (unpinned, with a warning, if
   // refused).
   bool pin_buffers = true;
+  // Allocate the bounce blocks of the synchronous Read and Write
+  // (queue_depth x block_bytes). Off, only the asynchronous calls work and
+  // Read and Write fail with kFailedPrecondition: a user that moves every
+  // byte through buffers of its own saves that pinned memory. Default on.
+  bool synchronous_io = true;
   // The space's own I/O engine (backend, O_DIRECT); queue_depth above
   // overrides its own. Ignored when `shared_io` is set.
   IoEngineOptions io;
