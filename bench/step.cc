@@ -187,6 +187,7 @@ StatusOr<double> MeasureUpdateRate(const StepConfig& c, CpuDType moments) {
   const uint64_t pieces = (n + kTensorElems - 1) / kTensorElems;
   HostBufferOptions o;
   o.prefault = true;
+  o.pin = false;  // the CPU alone touches them; the pinned peak is the engine's
   STRATA_ASSIGN_OR_RETURN(HostBuffer master, HostBuffer::Allocate(n * 4, o));
   STRATA_ASSIGN_OR_RETURN(HostBuffer grad, HostBuffer::Allocate(n * 4, o));
   STRATA_ASSIGN_OR_RETURN(HostBuffer m,
@@ -243,6 +244,11 @@ struct CaseResult {
   double update_rate = 0;  // params/s, measured beside this case's engine
   std::vector<RepSample> reps;
   std::vector<double> paired;  // each rep's bound / its step time
+  // The process's page-locked bytes at their most, from the engine's
+  // creation through every step (HostBuffer::PeakPinnedBytes, read before
+  // the bench's own measurements allocate), and what the configuration
+  // asks for: the host-resident roles and the staging buffers.
+  uint64_t pinned_peak = 0, pinned_asked = 0;
   EngineStats stats;
   double bound_s() const { return std::max(io_s, update_s); }
 };
@@ -261,6 +267,8 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   dopt.choice = DeviceChoice::kHostEmulated;
   const uint64_t tensor = std::min(c.params, kTensorElems);
   dopt.memory_budget_bytes = tensor * 4 + (uint64_t{128} << 20);
+  HostBuffer::ResetPeakPinnedBytes();
+  const uint64_t pinned_before = HostBuffer::TotalPinnedBytes();
   STRATA_ASSIGN_OR_RETURN(auto device, NewHostEmulatedDevice(dopt));
   EngineOptions o;
   o.params = Residence::kHost;
@@ -296,6 +304,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   r.step_s = 1e30;
   for (int rep = 0; rep <= c.reps; ++rep) {  // rep 0 warms up
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    if (rep > 0) HostBuffer::ResetPeakPinnedBytes();  // rep 0's covers Start
     for (TensorId id : ids) {
       STRATA_RETURN_IF_ERROR(
           engine->AddGrad(id, grad.data(), ElementType::kFloat32, *stream));
@@ -307,6 +316,8 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     STRATA_ASSIGN_OR_RETURN(StepResult sr, engine->Step(a));
     const double s = SecondsSince(t0);
     if (!sr.applied) return Status::Internal("step: the step was skipped");
+    r.pinned_peak =
+        std::max(r.pinned_peak, HostBuffer::PeakPinnedBytes() - pinned_before);
     // The optimizer's rate, sampled after every step while the engine holds
     // its arrays, the best kept: on a virtual machine the same kernel ran up
     // to 3x slower on small arrays once the process held a gigabyte more
@@ -327,6 +338,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     r.reps.push_back(sample);
   }
   r.stats = engine->stats();
+  r.pinned_asked = HostBytes(c, nvme, moments) + r.stats.staging_bytes;
   return r;
 }
 
@@ -379,7 +391,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                   JsonOutput& json) {
   Table table({"case", "moments", "state B/param", "params", "step s", "I/O s",
                "update s", "bound s", "efficiency", "paired", "NVMe GB read",
-               "NVMe GB written"});
+               "NVMe GB written", "pinned peak/asked", "hot allocs"});
   nlohmann::json results = nlohmann::json::array();
   for (const CaseResult& r : out.cases) {
     const double eff = r.bound_s() / r.step_s;
@@ -402,7 +414,11 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                   r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
                   Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
                   Fixed(paired_eff, 3), Fixed(r.stats.nvme_read_bytes / 1e9, 2),
-                  Fixed(r.stats.nvme_write_bytes / 1e9, 2)});
+                  Fixed(r.stats.nvme_write_bytes / 1e9, 2),
+                  Fixed(static_cast<double>(r.pinned_peak) /
+                            static_cast<double>(r.pinned_asked),
+                        3),
+                  std::to_string(r.stats.hot_path_allocations)});
     results.push_back(
         {{"case", r.name},
          {"moments", moments},
@@ -415,6 +431,11 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
          {"update_params_per_s", r.update_rate},
          {"efficiency", eff},
          {"paired_efficiency", paired_eff},
+         {"pinned_peak_bytes", r.pinned_peak},
+         {"pinned_asked_bytes", r.pinned_asked},
+         {"pinned_peak_to_asked", static_cast<double>(r.pinned_peak) /
+                                      static_cast<double>(r.pinned_asked)},
+         {"hot_path_allocations", r.stats.hot_path_allocations},
          {"reps", reps},
          {"engine_stats", nlohmann::json::parse(EngineStatsJson(r.stats))}});
   }
