@@ -277,6 +277,11 @@ const std::vector<std::string> kSmallCopy = {
     "copy",   "--device",   "host", "--sizes",      "4K,64K", "--memory",
     "pinned", "--min-time", "0.01", "--directions", "h2d"};
 
+// One rank (no mpirun), every collective, two sizes.
+const std::vector<std::string> kSmallComm = {"comm",    "--backend", "single",
+                                             "--sizes", "4K,64K",    "--iters",
+                                             "2",       "--warmup",  "1"};
+
 std::vector<std::string> With(std::vector<std::string> base,
                               const std::vector<std::string>& more) {
   base.insert(base.end(), more.begin(), more.end());
@@ -400,6 +405,41 @@ TEST(BenchCliTest, TiersBadValuesNameTheirOption) {
   });
 }
 
+TEST(BenchCliTest, CommBadValuesNameTheirOption) {
+  ExpectUsageErrors({
+      {{"comm", "--backend", "tcp"}, "--backend: 'tcp'"},
+      {{"comm", "--backend", ""}, "--backend"},
+      {{"comm", "--ops", "broadcast"}, "--ops: 'broadcast' is not one of"},
+      {{"comm", "--ops", "all-reduce,bogus"}, "--ops"},
+      {{"comm", "--ops", ","}, "--ops: empty list"},
+      {{"comm", "--sizes", ""}, "--sizes: empty list"},
+      {{"comm", "--sizes", "0"}, "--sizes: 0 B is out of range"},
+      {{"comm", "--sizes", "512"}, "--sizes: 512 B is out of range"},
+      {{"comm", "--sizes", "17G"}, "--sizes: 17 GiB is out of range"},
+      {{"comm", "--sizes", "99999999999999999999999"}, "64 bits"},
+      {{"comm", "--sizes", "4K,lots"}, "--sizes"},
+      {{"comm", "--sizes", "1025"},
+       "--sizes: 1025 bytes is not a multiple of 4 bytes"},
+      {{"comm", "--sizes", "4K,1026"}, "float32"},
+      {{"comm", "--sizes", "1027", "--type", "bfloat16"},
+       "--sizes: 1027 bytes is not a multiple of 2 bytes"},
+      {{"comm", "--type", "float16"}, "--type: 'float16'"},
+      {{"comm", "--type", "int8"}, "--type"},
+      {{"comm", "--iters", "0"}, "--iters: 0 is out of range 1..100000"},
+      {{"comm", "--iters", "100001"}, "--iters"},
+      {{"comm", "--iters", "x"}, "--iters"},
+      {{"comm", "--warmup", "-1"}, "--warmup: -1 is out of range 0..1000"},
+      {{"comm", "--warmup", "1001"}, "--warmup"},
+      {{"comm", "--timeout", "0"}, "--timeout"},
+      {{"comm", "--timeout", "-1"}, "--timeout"},
+      {{"comm", "--timeout", "nan"}, "--timeout"},
+      {{"comm", "--timeout", "inf"}, "--timeout"},
+      {{"comm", "--timeout", "1e7"}, "--timeout"},
+      {{"comm", "--json", "/proc/strata-x.json"}, "--json"},
+      {{"comm", "--bogus"}, "bogus"},
+  });
+}
+
 TEST(BenchCliTest, EmptyListsAreUsageErrors) {
   ExpectUsageErrors({
       {{"io", "--rw", ""}, "--rw: empty list"},
@@ -438,7 +478,7 @@ TEST(BenchCliTest, BadChoicesAndUnknownOptionsAreUsageErrors) {
 TEST(BenchCliTest, HelpExitsZero) {
   ScratchDir d;
   for (const char* cmd :
-       {"io", "adam", "copy", "step", "tiers", "checkpoint"}) {
+       {"io", "adam", "copy", "step", "comm", "tiers", "checkpoint"}) {
     const Outcome o = RunBench({cmd, "--help"}, d.path());
     EXPECT_EQ(o.code, 0) << cmd;
     EXPECT_TRUE(Has(o.out, "--json")) << cmd;
@@ -536,7 +576,10 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
       {SmallTiers(d.path()),
        "tiers",
        {"size", "dir", "engine", "queue_depth", "block_size", "threads",
-        "device", "budget", "reps", "tensor_bytes", "staging_buffer_bytes"}}};
+        "device", "budget", "reps", "tensor_bytes", "staging_buffer_bytes"}},
+      {kSmallComm,
+       "comm",
+       {"backend", "ops", "sizes", "type", "iters", "warmup", "timeout_s"}}};
   for (const Case& c : cases) {
     const std::string json = d.path() + "/" + c.command + ".json";
     const Outcome o = RunBench(With(c.args, {"--json", json}), d.path());
@@ -555,7 +598,7 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
   EXPECT_EQ(
       Entries(d.path()),
       (std::set<std::string>{"io.json", "adam.json", "copy.json", "step.json",
-                             "checkpoint.json", "tiers.json"}));
+                             "checkpoint.json", "tiers.json", "comm.json"}));
 }
 
 // Every row and key docs/bench.md promises, and an efficiency that is a
