@@ -193,10 +193,13 @@ struct ChildResult {
 };
 
 // Runs argv (argv[0] searched on $PATH) with an argument vector, stdin and
-// stderr on /dev/null and stdout captured through a pipe, and reaps it. When
-// a signal interrupts the run meanwhile, the child is killed and reaped and
-// the result is kAborted.
-StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv);
+// stderr on /dev/null and stdout captured through a pipe, and reaps it. The
+// child inherits this process's environment, with each "NAME=VALUE" of `env`
+// set (replacing NAME's inherited value); an entry without a name and '=' is
+// kInvalidArgument. When a signal interrupts the run meanwhile, the child is
+// killed and reaped and the result is kAborted.
+StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv,
+                               const std::vector<std::string>& env = {});
 
 // ---- Up-front checks
 // ---------------------------------------------------------

@@ -83,6 +83,11 @@ void AddOptions(CLI::App& app, CommFlags& f) {
   app.add_option("--json", f.json, "also write the results here (rank 0)");
 }
 
+// --type's element type (a checked value).
+CommType TypeOf(const std::string& type) {
+  return type == "float32" ? CommType::kFloat32 : CommType::kBFloat16;
+}
+
 // Open MPI, MPICH and Slurm's PMI say how many ranks were launched.
 bool LaunchedByMpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
@@ -105,6 +110,17 @@ StatusOr<CommConfig> ParseComm(const CommFlags& f) {
       c.sizes, ParseSizeListOption("--sizes", f.sizes, 1024, kMaxMessage));
   STRATA_ASSIGN_OR_RETURN(
       c.type, ParseChoiceOption("--type", f.type, {"float32", "bfloat16"}));
+  // A message is whole elements: a ragged tail would be left out of the
+  // collective while counted in the figures.
+  const size_t elem = CommTypeSize(TypeOf(c.type));
+  for (uint64_t s : c.sizes) {
+    if (s % elem != 0) {
+      return Status::InvalidArgument(
+          "--sizes: " + std::to_string(s) + " bytes is not a multiple of " +
+          std::to_string(elem) + " bytes, the size of one " + c.type +
+          " element (--type)");
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(int64_t iters,
                           ParseIntOption("--iters", f.iters, 1, 100000));
   STRATA_ASSIGN_OR_RETURN(int64_t warmup,
@@ -221,8 +237,7 @@ Status RunOnce(CommPrepared& p, Buffers& b, const std::string& op,
 
 StatusOr<Row> Measure(const CommConfig& c, CommPrepared& p, Buffers& b,
                       const std::string& op, uint64_t bytes) {
-  const CommType type =
-      c.type == "float32" ? CommType::kFloat32 : CommType::kBFloat16;
+  const CommType type = TypeOf(c.type);
   for (int i = 0; i < c.warmup; ++i) {
     STRATA_RETURN_IF_ERROR(RunOnce(p, b, op, bytes, type));
   }

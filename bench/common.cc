@@ -294,8 +294,31 @@ void SleepMs(int ms) {
 
 }  // namespace
 
-StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv) {
+StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv,
+                               const std::vector<std::string>& env) {
   if (argv.empty()) return Status::InvalidArgument("RunChild: empty argv");
+  // The child's environment: ours, less the names `env` sets, then `env`.
+  std::vector<std::string_view> names;
+  for (const std::string& e : env) {
+    const size_t eq = e.find('=');
+    if (eq == 0 || eq == std::string::npos) {
+      return Status::InvalidArgument("RunChild: environment entry '" + e +
+                                     "' is not NAME=VALUE");
+    }
+    names.emplace_back(e.data(), eq + 1);  // "NAME="
+  }
+  std::vector<char*> child_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (std::none_of(names.begin(), names.end(), [&](std::string_view n) {
+          return entry.substr(0, n.size()) == n;
+        })) {
+      child_env.push_back(*e);
+    }
+  }
+  for (const std::string& e : env)
+    child_env.push_back(const_cast<char*>(e.c_str()));
+  child_env.push_back(nullptr);
   STRATA_RETURN_IF_ERROR(CheckInterrupted());
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe2");
@@ -323,8 +346,8 @@ StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv) {
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = -1;
-  const int err =
-      ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  const int err = ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(),
+                                 child_env.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (err != 0) return Status::FromErrno(err, "cannot run " + argv[0]);

@@ -11,6 +11,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -277,6 +278,11 @@ const std::vector<std::string> kSmallCopy = {
     "copy",   "--device",   "host", "--sizes",      "4K,64K", "--memory",
     "pinned", "--min-time", "0.01", "--directions", "h2d"};
 
+// One rank (no mpirun), every collective, two sizes.
+const std::vector<std::string> kSmallComm = {"comm",    "--backend", "single",
+                                             "--sizes", "4K,64K",    "--iters",
+                                             "2",       "--warmup",  "1"};
+
 std::vector<std::string> With(std::vector<std::string> base,
                               const std::vector<std::string>& more) {
   base.insert(base.end(), more.begin(), more.end());
@@ -400,6 +406,41 @@ TEST(BenchCliTest, TiersBadValuesNameTheirOption) {
   });
 }
 
+TEST(BenchCliTest, CommBadValuesNameTheirOption) {
+  ExpectUsageErrors({
+      {{"comm", "--backend", "tcp"}, "--backend: 'tcp'"},
+      {{"comm", "--backend", ""}, "--backend"},
+      {{"comm", "--ops", "broadcast"}, "--ops: 'broadcast' is not one of"},
+      {{"comm", "--ops", "all-reduce,bogus"}, "--ops"},
+      {{"comm", "--ops", ","}, "--ops: empty list"},
+      {{"comm", "--sizes", ""}, "--sizes: empty list"},
+      {{"comm", "--sizes", "0"}, "--sizes: 0 B is out of range"},
+      {{"comm", "--sizes", "512"}, "--sizes: 512 B is out of range"},
+      {{"comm", "--sizes", "17G"}, "--sizes: 17 GiB is out of range"},
+      {{"comm", "--sizes", "99999999999999999999999"}, "64 bits"},
+      {{"comm", "--sizes", "4K,lots"}, "--sizes"},
+      {{"comm", "--sizes", "1025"},
+       "--sizes: 1025 bytes is not a multiple of 4 bytes"},
+      {{"comm", "--sizes", "4K,1026"}, "float32"},
+      {{"comm", "--sizes", "1027", "--type", "bfloat16"},
+       "--sizes: 1027 bytes is not a multiple of 2 bytes"},
+      {{"comm", "--type", "float16"}, "--type: 'float16'"},
+      {{"comm", "--type", "int8"}, "--type"},
+      {{"comm", "--iters", "0"}, "--iters: 0 is out of range 1..100000"},
+      {{"comm", "--iters", "100001"}, "--iters"},
+      {{"comm", "--iters", "x"}, "--iters"},
+      {{"comm", "--warmup", "-1"}, "--warmup: -1 is out of range 0..1000"},
+      {{"comm", "--warmup", "1001"}, "--warmup"},
+      {{"comm", "--timeout", "0"}, "--timeout"},
+      {{"comm", "--timeout", "-1"}, "--timeout"},
+      {{"comm", "--timeout", "nan"}, "--timeout"},
+      {{"comm", "--timeout", "inf"}, "--timeout"},
+      {{"comm", "--timeout", "1e7"}, "--timeout"},
+      {{"comm", "--json", "/proc/strata-x.json"}, "--json"},
+      {{"comm", "--bogus"}, "bogus"},
+  });
+}
+
 TEST(BenchCliTest, EmptyListsAreUsageErrors) {
   ExpectUsageErrors({
       {{"io", "--rw", ""}, "--rw: empty list"},
@@ -438,7 +479,7 @@ TEST(BenchCliTest, BadChoicesAndUnknownOptionsAreUsageErrors) {
 TEST(BenchCliTest, HelpExitsZero) {
   ScratchDir d;
   for (const char* cmd :
-       {"io", "adam", "copy", "step", "tiers", "checkpoint"}) {
+       {"io", "adam", "copy", "step", "comm", "tiers", "checkpoint"}) {
     const Outcome o = RunBench({cmd, "--help"}, d.path());
     EXPECT_EQ(o.code, 0) << cmd;
     EXPECT_TRUE(Has(o.out, "--json")) << cmd;
@@ -512,8 +553,9 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
   const std::vector<Case> cases = {
       {SmallIo(d.path()),
        "io",
-       {"dir", "size", "engines", "block_sizes", "queue_depths", "rw",
-        "patterns", "fio", "thp", "keep_file"}},
+       {"dir", "file", "size", "engines", "block_sizes", "queue_depths", "rw",
+        "patterns", "direct", "fio", "fio_requested", "fio_huge_pages", "thp",
+        "keep_file", "emit_ds_config"}},
       {kSmallAdam,
        "adam",
        {"params", "threads", "variants", "moments", "optimizers", "grad_dtype",
@@ -536,7 +578,10 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
       {SmallTiers(d.path()),
        "tiers",
        {"size", "dir", "engine", "queue_depth", "block_size", "threads",
-        "device", "budget", "reps", "tensor_bytes", "staging_buffer_bytes"}}};
+        "device", "budget", "reps", "tensor_bytes", "staging_buffer_bytes"}},
+      {kSmallComm,
+       "comm",
+       {"backend", "ops", "sizes", "type", "iters", "warmup", "timeout_s"}}};
   for (const Case& c : cases) {
     const std::string json = d.path() + "/" + c.command + ".json";
     const Outcome o = RunBench(With(c.args, {"--json", json}), d.path());
@@ -555,7 +600,117 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
   EXPECT_EQ(
       Entries(d.path()),
       (std::set<std::string>{"io.json", "adam.json", "copy.json", "step.json",
-                             "checkpoint.json", "tiers.json"}));
+                             "checkpoint.json", "tiers.json", "comm.json"}));
+}
+
+// The /proc/diskstats name of the device holding `path`, as the kernel
+// counts it; empty when it has no line there (tmpfs, overlay).
+std::string DiskStatsName(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  std::ifstream in("/proc/diskstats");
+  unsigned ma = 0, mi = 0;
+  std::string name, rest;
+  while (in >> ma >> mi >> name && std::getline(in, rest)) {
+    if (ma == major(st.st_dev) && mi == minor(st.st_dev)) return name;
+  }
+  return "";
+}
+
+// The device's mean request size beside each side's figure: present where
+// the test file's device has a /proc/diskstats line (and requests reached
+// it), positive, and absent otherwise; never a reason to fail.
+void ExpectDeviceRequestSizes(const std::string& dir, const Outcome& o,
+                              const nlohmann::json& j) {
+  const std::string device = DiskStatsName(dir);
+  EXPECT_TRUE(Has(o.out, "dev KiB")) << o.out;
+  EXPECT_TRUE(Has(o.out, "fio dev KiB")) << o.out;
+  // Buffered I/O (a filesystem that refuses O_DIRECT) may be served from
+  // the page cache with no request at all.
+  const bool direct = !Has(o.err, "refuses O_DIRECT");
+  if (device.empty()) {
+    EXPECT_TRUE(Has(o.out, "request sizes not shown")) << o.out;
+    EXPECT_FALSE(j["filesystem"].contains("diskstats")) << j["filesystem"];
+  } else {
+    EXPECT_TRUE(Has(o.out, "device: " + device + " (")) << o.out;
+    EXPECT_EQ(j["filesystem"]["diskstats"].value("name", ""), device);
+  }
+  ASSERT_FALSE(j["results"].empty());
+  for (const auto& r : j["results"]) {
+    for (const char* k : {"device_request_kib", "fio_device_request_kib"}) {
+      if (device.empty()) {
+        EXPECT_FALSE(r.contains(k)) << k << " without a device: " << r;
+        continue;
+      }
+      const bool side_ran =
+          std::string(k) == "device_request_kib" || r.contains("fio_gbps");
+      if (direct && side_ran) {
+        EXPECT_TRUE(r.contains(k)) << k << ": " << r;
+      }
+      if (!r.contains(k)) continue;
+      const double kib = r[k];
+      EXPECT_GT(kib, 0) << k;
+      EXPECT_TRUE(std::isfinite(kib)) << k;
+    }
+    if (!r.contains("fio_gbps")) {
+      EXPECT_FALSE(r.contains("fio_device_request_kib")) << r;
+    }
+  }
+}
+
+TEST(BenchCliTest, IoReportsTheDevicesRequestSizeBesideEachSide) {
+  ScratchDir d;
+  const std::string json = d.path() + "/io.json";
+  // Both directions: reads and writes are counted apart.
+  std::vector<std::string> args = {
+      "io",           "--dir", d.path(),        "--size",    "1M",
+      "--block-size", "64K",   "--queue-depth", "2",         "--engine",
+      "psync",        "--rw",  "read,write",    "--pattern", "seq",
+      "--json",       json};
+  if (!HaveFio()) args.push_back("--no-fio");
+  const Outcome o = RunBench(args, d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["config"]["fio_huge_pages"], HaveFio());
+  EXPECT_EQ(j["results"].size(), 2u);
+  ExpectDeviceRequestSizes(d.path(), o, j);
+  EXPECT_EQ(Entries(d.path()), std::set<std::string>{"io.json"});
+}
+
+// Run in the forked child before exec: a private mount namespace with a
+// tmpfs over `dir` (no block device under it).
+int RunOnTmpfs(const std::string& dir) {
+  if (::unshare(CLONE_NEWNS) != 0) return 77;
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return 77;
+  }
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m") != 0) return 77;
+  return 0;
+}
+
+TEST(BenchCliTest, IoWithoutABlockDeviceRunsAndLeavesRequestSizesOut) {
+  ScratchDir d;
+  // The JSON goes outside the tmpfs, so that the test reads it afterwards.
+  ScratchDir out;
+  const std::string json = out.path() + "/io.json";
+  Bench b(With(SmallIo(d.path(), HaveFio()), {"--json", json}), d.path(), {},
+          RunOnTmpfs, d.path());
+  const Outcome o = b.Wait();
+  if (o.code == 77) GTEST_SKIP() << "no mount namespace here (needs root)";
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "request sizes not shown")) << o.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["filesystem"].value("filesystem", ""), "tmpfs");
+  EXPECT_FALSE(j["filesystem"].contains("diskstats"));
+  for (const auto& r : j["results"]) {
+    EXPECT_FALSE(r.contains("device_request_kib")) << r;
+    EXPECT_FALSE(r.contains("fio_device_request_kib")) << r;
+    EXPECT_GT(r["gbps"].get<double>(), 0) << r;
+  }
 }
 
 // Every row and key docs/bench.md promises, and an efficiency that is a
