@@ -123,7 +123,15 @@ struct TierStats {
 struct EngineStats {
   TierStats device, host, nvme;
   uint64_t pinned_host_bytes = 0;  // everything the engine page-locked
-  uint64_t staging_bytes = 0;      // of which staging buffers
+  // This rank's fp32 master and moments (in their format), wherever they
+  // rest: with world_size N above 1, the rank's shard, about 1/N of the
+  // model's.
+  uint64_t optimizer_state_bytes = 0;
+  // This rank's gradient memory: the fp32 accumulator (the rank's shard with
+  // world_size above 1) plus, with several ranks, what the reduction needs
+  // (zero_stage 1: the full local gradient; 2: the buckets).
+  uint64_t grad_bytes = 0;
+  uint64_t staging_bytes = 0;  // of which staging buffers
   // Bytes moved, per direction.
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
