@@ -176,7 +176,9 @@ class STRATA_EXPORT Engine {
   // numel elements), written to its master and working copy.
   virtual Status SetInitialValues(TensorId id,
                                   std::span<const float> values) = 0;
-  // The fp32 master of a tensor (numel elements), wherever it rests.
+  // The fp32 master of a tensor (numel elements), wherever it rests. With
+  // world_size above 1 a collective: every rank calls it, in the same order,
+  // and gets the whole tensor gathered from the ranks' shards.
   virtual Status ReadMaster(TensorId id, std::span<float> out) = 0;
 
   // Returns at once: a pin whose data arrives asynchronously (NVMe -> pinned
@@ -193,6 +195,10 @@ class STRATA_EXPORT Engine {
   // and accumulated in fp32 (micro-batches add up until the next Step).
   // `grad` must stay unchanged until WaitGrads() returns (or use the
   // DeviceMemory overload, whose memory the engine frees in stream order).
+  // With world_size above 1 every rank hands over the same tensors in the
+  // same order (the reductions follow it), each its own data's gradient:
+  // Step averages them over the ranks (docs/memtier.md, "Data-parallel
+  // ranks").
   virtual Status AddGrad(TensorId id, const void* grad, ElementType dtype,
                          Stream& producer) = 0;
   virtual Status AddGrad(TensorId id, DeviceMemory grad, ElementType dtype,
