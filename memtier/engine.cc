@@ -401,16 +401,29 @@ Status EngineImpl::Start() {
       }
       STRATA_ASSIGN_OR_RETURN(full_grads_, HostBuffer::Allocate(off, ho));
     } else {
-      // Two buckets: backward hands a unit's tensors over together, and a
-      // second one lets the next unit begin while the first is open.
+      // Two buckets of one window each: backward hands a unit's tensors over
+      // together, and the second lets the next window begin while the first
+      // waits for a tensor. A window is a packed unit's size (rounded to
+      // whole shard blocks), so a large tensor's unit spans several and the
+      // buckets never grow with the model.
+      window_elems_ =
+          RoundUp(lo.unit_elems,
+                  kTensorAlign * static_cast<uint64_t>(options_.world_size));
+      const uint64_t window = std::min(window_elems_, max_full);
       buckets_.resize(2);
       for (GradBucket& b : buckets_) {
-        STRATA_ASSIGN_OR_RETURN(b.mem, HostBuffer::Allocate(max_full * 4, ho));
+        STRATA_ASSIGN_OR_RETURN(b.mem, HostBuffer::Allocate(window * 4, ho));
       }
-      STRATA_ASSIGN_OR_RETURN(reduce_out_,
-                              HostBuffer::Allocate(max_shard * 4, ho));
+      STRATA_ASSIGN_OR_RETURN(
+          reduce_out_,
+          HostBuffer::Allocate(std::min(window, max_shard) * 4, ho));
+      uint64_t windows = 0;
+      for (const UnitState& s : units_) {
+        window_base_.push_back(windows);
+        windows += (s.full_elems + window_elems_ - 1) / window_elems_;
+      }
+      window_written_.assign(windows, 0);
     }
-    shard_written_.assign(units_.size(), 0);
   }
 
   // Device tier: the budget, and the parameters that rest there.
@@ -1480,8 +1493,7 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
     }
     if (!st.ok()) break;
     if (MultiRank()) {
-      st = AccumulateRanked(id, t.offset + begin + b, vals, cnt, first,
-                            begin + b == 0, begin + b + cnt == t.elems);
+      st = AccumulateRanked(id, t.offset + begin + b, vals, cnt, first);
     } else if (grad_spill_) {
       st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first);
     } else if (first) {
@@ -1541,11 +1553,15 @@ void EngineImpl::WaitGradsQuiet() {
 //   the sum over ranks (a reduce-scatter of fp32), and the step divides by
 //   N with the loss scale. zero_stage 1 accumulates the full local gradient
 //   as one rank does and reduce-scatters every unit at the step. zero_stage
-//   2 reduces as gradients come: a hand-over goes into a bucket holding one
-//   unit's full gradient (zeros elsewhere); the bucket is reduce-scattered
-//   into the unit's shard when every tensor of the unit is in, when one of
-//   its tensors comes again (the next micro-batch), when its buffer is
-//   needed for another unit (two buckets; the older goes), or at the step.
+//   2 reduces as gradients come: a unit is cut in windows of a packed
+//   unit's size (a large tensor's unit spans several), and a hand-over goes
+//   into a bucket holding one window of the unit's full gradient (zeros
+//   elsewhere); the bucket is reduce-scattered (each rank receiving the
+//   window's part in its shard, maybe none: uneven counts) when every
+//   tensor overlapping the window is in, when one of them comes again (the
+//   next micro-batch), when its buffer is needed for another window (two
+//   buckets; the older goes), or at the step. The buckets' memory is two
+//   windows, whatever the model.
 //   All of this follows the order of the hand-overs, so every rank issues
 //   the same collectives when every rank hands over the same tensors in the
 //   same order (one thread, as DeepSpeed needs the same backward).
@@ -1564,22 +1580,49 @@ void EngineImpl::WaitGradsQuiet() {
 //   would shard the working copy and gather it in Fetch), checkpoints.
 
 Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
-  const UnitState& s = units_[u];
-  float* shard = reinterpret_cast<float*>(HostAt(kGrad, u, 0));
-  const bool first = shard_written_[u] == 0;
-  float* out = first ? shard : reinterpret_cast<float*>(reduce_out_.data());
+  // zero_stage 1: every unit once per step, straight into its shard.
   const std::vector<size_t> counts(static_cast<size_t>(options_.world_size),
-                                   s.elems);
+                                   units_[u].elems);
   STRATA_ASSIGN_OR_RETURN(
-      CommWork w, comm_->ReduceScatter(full, out, counts, CommType::kFloat32,
-                                       ReduceOp::kSum));
-  STRATA_RETURN_IF_ERROR(
-      w.Wait().WithContext("engine: reducing the gradient of " + UnitNames(u) +
-                           " (unit " + std::to_string(u) + ") over the ranks"));
-  if (!first) {
-    for (uint64_t i = 0; i < s.elems; ++i) shard[i] += out[i];
+      CommWork w, comm_->ReduceScatter(full, HostAt(kGrad, u, 0), counts,
+                                       CommType::kFloat32, ReduceOp::kSum));
+  return w.Wait().WithContext("engine: reducing the gradient of " +
+                              UnitNames(u) + " (unit " + std::to_string(u) +
+                              ") over the ranks");
+}
+
+Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
+  const UnitState& s = units_[u];
+  const uint64_t lo = w * window_elems_;
+  const uint64_t hi = std::min(lo + window_elems_, s.full_elems);
+  // Rank r receives the window's elements in its shard (maybe none).
+  std::vector<size_t> counts(static_cast<size_t>(options_.world_size));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const uint64_t a = std::max<uint64_t>(lo, r * s.elems);
+    const uint64_t b = std::min<uint64_t>(hi, (r + 1) * s.elems);
+    counts[r] = b > a ? b - a : 0;
   }
-  shard_written_[u] = 1;
+  const uint64_t mine = counts[static_cast<size_t>(options_.rank)];
+  uint8_t& written = window_written_[window_base_[u] + w];
+  float* shard = nullptr;
+  if (mine > 0) {
+    shard = reinterpret_cast<float*>(
+        HostAt(kGrad, u, std::max(lo, s.shard_begin) - s.shard_begin));
+  }
+  float* out = written == 0 && mine > 0
+                   ? shard
+                   : reinterpret_cast<float*>(reduce_out_.data());
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork work, comm_->ReduceScatter(data, out, counts, CommType::kFloat32,
+                                          ReduceOp::kSum));
+  STRATA_RETURN_IF_ERROR(work.Wait().WithContext(
+      "engine: reducing the gradient of " + UnitNames(u) + " (unit " +
+      std::to_string(u) + ", elements " + std::to_string(lo) + ".." +
+      std::to_string(hi) + ") over the ranks"));
+  if (written != 0) {
+    for (uint64_t i = 0; i < mine; ++i) shard[i] += out[i];
+  }
+  written = 1;
   return Status::Ok();
 }
 
@@ -1589,13 +1632,14 @@ Status EngineImpl::FlushBucket(size_t b) {
   k.unit = -1;
   k.present.clear();
   k.ended = 0;
-  return ReduceUnitGrad(u, reinterpret_cast<const float*>(k.mem.data()));
+  return ReduceWindow(u, k.window,
+                      reinterpret_cast<const float*>(k.mem.data()));
 }
 
 Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
-                                    const float* vals, uint64_t n, bool first,
-                                    bool tensor_begins, bool tensor_ends) {
-  const uint32_t u = layout_->tensor(id).unit;
+                                    const float* vals, uint64_t n, bool first) {
+  const TensorPlace& t = layout_->tensor(id);
+  const uint32_t u = t.unit;
   if (options_.zero_stage == 1) {
     float* acc = FullGradAt(u, elem);
     if (first) {
@@ -1605,15 +1649,42 @@ Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
     }
     return Status::Ok();
   }
+  // zero_stage 2: split at the windows' ends.
+  while (n > 0) {
+    const uint64_t w = elem / window_elems_;
+    const uint64_t lo = w * window_elems_;
+    const uint64_t hi = std::min(lo + window_elems_, units_[u].full_elems);
+    const uint64_t k = std::min(n, hi - elem);
+    // The tensor's part of this window: [tlo, thi).
+    const uint64_t tlo = std::max(t.offset, lo);
+    const uint64_t thi = std::min(t.offset + t.elems, hi);
+    STRATA_RETURN_IF_ERROR(
+        AccumulateWindow(id, w, elem, vals, k, elem == tlo, elem + k == thi));
+    elem += k;
+    vals += k;
+    n -= k;
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
+                                    const float* vals, uint64_t n,
+                                    bool part_begins, bool part_ends) {
+  const uint32_t u = layout_->tensor(id).unit;
+  const uint64_t lo = w * window_elems_;
+  const uint64_t hi = std::min(lo + window_elems_, units_[u].full_elems);
   size_t b = buckets_.size();
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i].unit == static_cast<int64_t>(u)) b = i;
+    if (buckets_[i].unit == static_cast<int64_t>(u) &&
+        buckets_[i].window == w) {
+      b = i;
+    }
   }
-  if (tensor_begins) {
+  if (part_begins) {
     if (b < buckets_.size() &&
         std::find(buckets_[b].present.begin(), buckets_[b].present.end(), id) !=
             buckets_[b].present.end()) {
-      // The tensor's next hand-over: the unit's last one is complete.
+      // The tensor's next hand-over: the window's last one is complete.
       STRATA_RETURN_IF_ERROR(FlushBucket(b));
       b = buckets_.size();
     }
@@ -1630,19 +1701,23 @@ Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
       }
       GradBucket& k = buckets_[b];
       k.unit = u;
+      k.window = w;
       k.opened = ++buckets_opened_;
-      std::memset(k.mem.data(), 0, units_[u].full_elems * 4);
+      k.expected = 0;
+      for (uint32_t other : layout_->unit(u).tensors) {
+        const TensorPlace& o = layout_->tensor(other);
+        if (o.offset < hi && o.offset + o.elems > lo) ++k.expected;
+      }
+      std::memset(k.mem.data(), 0, (hi - lo) * 4);
     }
     buckets_[b].present.push_back(id);
   } else if (b == buckets_.size()) {
     return Status::Internal("engine: a gradient's bucket was lost");
   }
   GradBucket& k = buckets_[b];
-  std::memcpy(reinterpret_cast<float*>(k.mem.data()) + elem, vals, n * 4);
-  if (tensor_ends &&
-      ++k.ended == static_cast<uint32_t>(layout_->unit(u).tensors.size())) {
-    return FlushBucket(b);
-  }
+  std::memcpy(reinterpret_cast<float*>(k.mem.data()) + (elem - lo), vals,
+              n * 4);
+  if (part_ends && ++k.ended == k.expected) return FlushBucket(b);
   return Status::Ok();
 }
 
@@ -1672,10 +1747,17 @@ Status EngineImpl::ReduceGrads(const std::vector<uint32_t>& counts) {
     if (b == buckets_.size()) break;
     STRATA_RETURN_IF_ERROR(FlushBucket(b));
   }
-  // Units no rank handed a gradient for.
+  // This rank's part of the windows no rank handed a gradient for.
   for (uint32_t u = 0; u < units_.size(); ++u) {
-    if (shard_written_[u] == 0) {
-      std::memset(HostAt(kGrad, u, 0), 0, units_[u].elems * 4);
+    const UnitState& s = units_[u];
+    for (uint64_t w = 0; w * window_elems_ < s.full_elems; ++w) {
+      if (window_written_[window_base_[u] + w] != 0) continue;
+      const uint64_t lo = std::max(w * window_elems_, s.shard_begin);
+      const uint64_t hi =
+          std::min((w + 1) * window_elems_, s.shard_begin + s.elems);
+      if (hi > lo) {
+        std::memset(HostAt(kGrad, u, lo - s.shard_begin), 0, (hi - lo) * 4);
+      }
     }
   }
   return Status::Ok();
@@ -1779,7 +1861,7 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& given) {
       allocations_after_first_step_ = counting_device_.count();
     }
     std::fill(grad_count_.begin(), grad_count_.end(), 0);
-    std::fill(shard_written_.begin(), shard_written_.end(), 0);
+    std::fill(window_written_.begin(), window_written_.end(), 0);
     UpdateTierStatsLocked();
   }
   step_cv_.SignalAll();

@@ -223,17 +223,25 @@ class EngineImpl final : public Engine {
                                     units_[unit].full_grad_offset) +
            elem;
   }
-  // Adds n gradient values at element `elem` of `unit` (full-unit
-  // coordinates) into where this rank accumulates them before the
-  // reduction, on the accumulator.
+  // Adds n gradient values of tensor `id` at element `elem` of its unit
+  // (full-unit coordinates) where this rank keeps them before the
+  // reduction (`first`: the tensor's first hand-over of the step), on the
+  // accumulator.
   Status AccumulateRanked(TensorId id, uint64_t elem, const float* vals,
-                          uint64_t n, bool first, bool tensor_begins,
-                          bool tensor_ends);
-  // zero_stage 2: reduce-scatters bucket b into the units' gradient shards.
+                          uint64_t n, bool first);
+  // zero_stage 2: the part of a hand-over inside window `w` of its unit;
+  // `part_begins` and `part_ends`: it starts and ends the tensor's part of
+  // the window.
+  Status AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
+                          const float* vals, uint64_t n, bool part_begins,
+                          bool part_ends);
+  // zero_stage 2: reduce-scatters bucket b into the ranks' gradient shards.
   Status FlushBucket(size_t b);
-  // Reduce-scatters a unit's full gradient (`full`, fp32) and adds this
-  // rank's shard into its accumulator (or overwrites it, the first time in
-  // a step).
+  // Reduce-scatters window w of a unit's gradient (`data`, fp32, the
+  // window's elements) and adds this rank's part into its accumulator (or
+  // overwrites it, the first time in a step).
+  Status ReduceWindow(uint32_t unit, uint64_t w, const float* data);
+  // zero_stage 1: reduce-scatters a unit's full gradient into the shards.
   Status ReduceUnitGrad(uint32_t unit, const float* full);
   // The gradient shards of every unit, summed over ranks, before the norm.
   Status ReduceGrads(const std::vector<uint32_t>& counts);
@@ -433,22 +441,26 @@ class EngineImpl final : public Engine {
   std::unique_ptr<StagingPool> staging_;
   // Note [Data-parallel ranks]: the communicator (null with one rank), the
   // full local gradients of zero_stage 1, and zero_stage 2's buckets (each
-  // one unit's full gradient of one hand-over per tensor) with the
-  // reduce-scatter's output. The buckets and the shards' written flags are
-  // the accumulator's (and Step's, once the accumulator is idle).
+  // one window of a unit's full gradient, one hand-over per tensor) with
+  // the reduce-scatter's output. The buckets and the windows' written flags
+  // are the accumulator's (and Step's, once the accumulator is idle).
   std::shared_ptr<Communicator> comm_;
   HostBuffer full_grads_;
   struct GradBucket {
     int64_t unit = -1;              // -1: free
+    uint64_t window = 0;            // elements [window * window_elems_, ...)
     uint64_t opened = 0;            // order of opening
     std::vector<uint32_t> present;  // tensors handed over into it
-    uint32_t ended = 0;             // of which handed over whole
+    uint32_t ended = 0;             // of which whole in the window
+    uint32_t expected = 0;          // tensors overlapping the window
     HostBuffer mem;
   };
   std::vector<GradBucket> buckets_;
   uint64_t buckets_opened_ = 0;
   HostBuffer reduce_out_;
-  std::vector<uint8_t> shard_written_;  // per unit, this step
+  uint64_t window_elems_ = 0;
+  std::vector<uint64_t> window_base_;    // per unit: its first window's flag
+  std::vector<uint8_t> window_written_;  // per window, this step
   // Note [Gradients on NVMe]: its own buffers, so that hand-overs waiting
   // for staging buffers never starve the accumulator.
   std::unique_ptr<StagingPool> grad_pool_;

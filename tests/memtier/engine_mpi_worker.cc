@@ -297,6 +297,17 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
                  " bytes x " + std::to_string(world) + " ranks vs " +
                  std::to_string(one.stats.optimizer_state_bytes) + ";";
         }
+        // Stage 2: the gradient shard (a third of fp32 master and moments)
+        // plus two bucket windows and the reduction's output, each at most
+        // a packed unit (partition_bytes, rounded to whole shard blocks),
+        // however large a tensor is ("big" spans four windows).
+        const uint64_t window = (64 << 10) + 128 * 4 * world;
+        if (stage == 2 &&
+            many.stats.grad_bytes >
+                many.stats.optimizer_state_bytes / 3 + 3 * window) {
+          why +=
+              " gradients " + std::to_string(many.stats.grad_bytes) + " bytes;";
+        }
         if (!why.empty()) {
           rc |= Fail(rank, name, why);
           continue;
