@@ -85,12 +85,12 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
     }
     // Stages 1 and 2 keep the parameters on the device
     // (ValidateEngineOptions), where the step gathers them.
-    if (o.grads == Residence::kNvme) {
+    if (o.grads == Residence::kNvme && o.zero_stage == 1) {
       return Status::NotSupported(
           ws +
-          ": grads on nvme are not supported with several ranks yet; "
-          "rest grads on host (with zero_stage 2 each rank keeps only "
-          "its shard)");
+          ": grads on nvme with zero_stage 1, which keeps every rank's "
+          "full gradient in host memory; use zero_stage 2 (each rank's "
+          "gradient shard rests on nvme) or grads on host");
     }
     if (o.step_overlap_bytes > 0) {
       return Status::NotSupported(
@@ -1575,9 +1575,12 @@ void EngineImpl::WaitGradsQuiet() {
 //   all-gathered through a staging buffer and copied into every rank's
 //   device block (GatherPiece).
 // - ReadMaster gathers a tensor's master from the shards: a collective.
+// - Gradients on NVMe (zero_stage 2): the reduced window is added into the
+//   spill's pieces of the shard (Note [Gradients on NVMe]).
 // - Not yet with several ranks (refused by CheckOptions or the call):
-//   grads on NVMe, updates during backward, zero_stage 0 and 3 (stage 3
-//   would shard the working copy and gather it in Fetch), checkpoints.
+//   grads on NVMe with zero_stage 1, updates during backward, zero_stage 0
+//   and 3 (stage 3 would shard the working copy and gather it in Fetch),
+//   checkpoints.
 
 Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
   // zero_stage 1: every unit once per step, straight into its shard.
@@ -1609,7 +1612,9 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
     shard = reinterpret_cast<float*>(
         HostAt(kGrad, u, std::max(lo, s.shard_begin) - s.shard_begin));
   }
-  float* out = written == 0 && mine > 0
+  // Gradients on NVMe (Note [Gradients on NVMe]) are added through the
+  // spill, from the reduction's output.
+  float* out = written == 0 && mine > 0 && !grad_spill_
                    ? shard
                    : reinterpret_cast<float*>(reduce_out_.data());
   STRATA_ASSIGN_OR_RETURN(
@@ -1619,7 +1624,13 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
       "engine: reducing the gradient of " + UnitNames(u) + " (unit " +
       std::to_string(u) + ", elements " + std::to_string(lo) + ".." +
       std::to_string(hi) + ") over the ranks"));
-  if (written != 0) {
+  if (grad_spill_) {
+    if (mine > 0) {
+      STRATA_RETURN_IF_ERROR(grad_spill_->Add(
+          u, std::max(lo, s.shard_begin) - s.shard_begin, out, mine,
+          /*overwrite=*/written == 0));
+    }
+  } else if (written != 0) {
     for (uint64_t i = 0; i < mine; ++i) shard[i] += out[i];
   }
   written = 1;
@@ -1747,8 +1758,9 @@ Status EngineImpl::ReduceGrads(const std::vector<uint32_t>& counts) {
     if (b == buckets_.size()) break;
     STRATA_RETURN_IF_ERROR(FlushBucket(b));
   }
-  // This rank's part of the windows no rank handed a gradient for.
-  for (uint32_t u = 0; u < units_.size(); ++u) {
+  // This rank's part of the windows no rank handed a gradient for (on NVMe
+  // a piece not written in the step is zeros already).
+  for (uint32_t u = 0; u < units_.size() && !grad_spill_; ++u) {
     const UnitState& s = units_[u];
     for (uint64_t w = 0; w * window_elems_ < s.full_elems; ++w) {
       if (window_written_[window_base_[u] + w] != 0) continue;
@@ -1921,8 +1933,14 @@ StatusOr<StepResult> EngineImpl::StepRest(
   // Tensors without a gradient this step contribute zeros (on NVMe they are
   // zero already: Note [Gradients on NVMe]).
   if (MultiRank()) {
-    // Note [Data-parallel ranks]: every shard summed over the ranks.
-    STRATA_RETURN_IF_ERROR(ReduceGrads(counts));
+    // Note [Data-parallel ranks]: every shard summed over the ranks, on the
+    // accumulator, which owns the buckets and the spill.
+    std::promise<Status> reduced;
+    std::future<Status> f = reduced.get_future();
+    accumulator_->Post(Priority::kUrgent, [this, &reduced, &counts] {
+      reduced.set_value(ReduceGrads(counts));
+    });
+    STRATA_RETURN_IF_ERROR(f.get());
   } else if (!grad_spill_) {
     for (TensorId id = 0; id < specs_.size(); ++id) {
       if (counts[id] == 0) {

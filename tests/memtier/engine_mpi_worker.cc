@@ -1,7 +1,8 @@
 // Runs under mpirun (tests/memtier/engine_mpi_test.cc starts it):
 //   engine_mpi_worker <plugin> train
-//       for zero_stage 1 and 2 (parameters on the device) and optimizer
-//       states on host and on NVMe: a model trained over the ranks (each rank
+//       for zero_stage 1 and 2 (parameters on the device), optimizer
+//       states on host and on NVMe, and stage 2's gradients on NVMe: a
+//       model trained over the ranks (each rank
 //       handing over the gradients of its own data) ends with the masters of
 //       one engine trained alone on the whole batch, within rounding; the
 //       working copy is the master's rounding on every rank; a gradient
@@ -144,7 +145,9 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world) {
   dopt.host_compute_threads = 1;
   ASSIGN_OK(dev, NewHostEmulatedDevice(dopt));
   ScratchDir dir;
-  if (o.optimizer_states == Residence::kNvme) o.nvme_paths = {dir.path()};
+  if (o.optimizer_states == Residence::kNvme || o.grads == Residence::kNvme) {
+    o.nvme_paths = {dir.path()};
+  }
   ASSIGN_OK(eng, Engine::Create(o, dev.get()));
   ASSIGN_OK(stream, dev->NewStream({}));
   const std::vector<TensorSpec> specs = Specs();
@@ -230,15 +233,27 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
   std::vector<int> all;
   for (int r = 0; r < world; ++r) all.push_back(r);
   int rc = 0;
-  for (int stage : {1, 2}) {
-    for (Residence states : {Residence::kHost, Residence::kNvme}) {
+  struct Placement {
+    int stage;
+    Residence states, grads;
+  };
+  for (const Placement& p :
+       {Placement{1, Residence::kHost, Residence::kHost},
+        Placement{1, Residence::kNvme, Residence::kHost},
+        Placement{2, Residence::kHost, Residence::kHost},
+        Placement{2, Residence::kNvme, Residence::kHost},
+        Placement{2, Residence::kHost, Residence::kNvme}}) {
+    const int stage = p.stage;
+    {
       {
-        const std::string name = "stage " + std::to_string(stage) +
-                                 ", states " +
-                                 std::string(ResidenceName(states));
+        const std::string name =
+            "stage " + std::to_string(stage) + ", states " +
+            std::string(ResidenceName(p.states)) + ", grads " +
+            std::string(ResidenceName(p.grads));
         EngineOptions o = Base();
         o.zero_stage = stage;
-        o.optimizer_states = states;
+        o.optimizer_states = p.states;
+        o.grads = p.grads;
         const Trained one = Train(o, all, world);
         o.rank = rank;
         o.world_size = world;
@@ -358,12 +373,13 @@ int ErrorCases(const std::shared_ptr<Communicator>& comm) {
        StatusCode::kNotSupported, "zero_stage 3"},
       {"zero_stage 0", [](EngineOptions& o) { o.zero_stage = 0; },
        StatusCode::kNotSupported, "zero_stage 0"},
-      {"grads on nvme",
+      {"grads on nvme with zero_stage 1",
        [](EngineOptions& o) {
+         o.zero_stage = 1;
          o.grads = Residence::kNvme;
          o.nvme_paths = {"unused"};
        },
-       StatusCode::kNotSupported, "grads on nvme"},
+       StatusCode::kNotSupported, "grads on nvme with zero_stage 1"},
       {"updates during backward",
        [](EngineOptions& o) { o.step_overlap_bytes = 1 << 20; },
        StatusCode::kNotSupported, "step_overlap_bytes"},
