@@ -1607,8 +1607,8 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
   }
   const uint64_t mine = counts[static_cast<size_t>(options_.rank)];
   uint8_t& written = window_written_[window_base_[u] + w];
-  float* shard = nullptr;
-  if (mine > 0) {
+  float* shard = nullptr;  // in the host array (not with grads on NVMe)
+  if (mine > 0 && !grad_spill_) {
     shard = reinterpret_cast<float*>(
         HostAt(kGrad, u, std::max(lo, s.shard_begin) - s.shard_begin));
   }
