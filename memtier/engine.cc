@@ -92,11 +92,11 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
           "full gradient in host memory; use zero_stage 2 (each rank's "
           "gradient shard rests on nvme) or grads on host");
     }
-    if (o.step_overlap_bytes > 0) {
+    if (o.step_overlap_bytes > 0 && o.zero_stage == 1) {
       return Status::NotSupported(
           ws + ": step_overlap_bytes " + std::to_string(o.step_overlap_bytes) +
-          ": updates during backward need every rank's gradient of a unit "
-          "reduced and the overflow check agreed first; set it to 0");
+          " with zero_stage 1, which reduces the gradients only at the step: "
+          "updates during backward need zero_stage 2 (or set it to 0)");
     }
   }
   if (o.optimizer_states == Residence::kDevice) {
@@ -1570,17 +1570,23 @@ void EngineImpl::WaitGradsQuiet() {
 //   (sum, finite) pair is all-gathered and summed in rank order, so every
 //   rank gets the same norm and the same verdict, and the loss scale moves
 //   the same on every rank.
-// - Stages 1 and 2 keep the parameters on the device. After the update of
-//   a piece of its shard, every rank's new working copy of that piece is
-//   all-gathered through a staging buffer and copied into every rank's
-//   device block (GatherPiece).
+// - Stages 1 and 2 keep the parameters on the device. Once every piece is
+//   updated, every rank's new working copy of its shard is all-gathered
+//   piece by piece through a staging buffer into every rank's device block
+//   (GatherParams), in unit order on every rank whichever units were
+//   updated during backward.
+// - Updates during backward (zero_stage 2): a unit's shard of the gradient
+//   is final once the last hand-overs of its tensors are reduced, so the
+//   stepper updates it as with one rank; it issues no collective (the
+//   gather waits for Step), and Step's agreed overflow verdict undoes every
+//   rank's early updates together.
 // - ReadMaster gathers a tensor's master from the shards: a collective.
 // - Gradients on NVMe (zero_stage 2): the reduced window is added into the
 //   spill's pieces of the shard (Note [Gradients on NVMe]).
 // - Not yet with several ranks (refused by CheckOptions or the call):
-//   grads on NVMe with zero_stage 1, updates during backward, zero_stage 0
-//   and 3 (stage 3 would shard the working copy and gather it in Fetch),
-//   checkpoints.
+//   grads on NVMe and updates during backward with zero_stage 1 (which
+//   reduces at the step), zero_stage 0 and 3 (stage 3 would shard the
+//   working copy and gather it in Fetch), checkpoints.
 
 Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
   // zero_stage 1: every unit once per step, straight into its shard.
@@ -1989,6 +1995,7 @@ StatusOr<StepResult> EngineImpl::StepRest(
   sa.check_overflow = false;  // checked above over the same gradient
   Status st = AfterConsumers();
   if (st.ok()) st = UpdateAll(*reads, sa);
+  if (st.ok() && MultiRank()) st = GatherParams();
   if (!st.ok()) {
     MutexLock l(&mu_);
     failed_ = st;  // Note [Engine failures]
@@ -2059,7 +2066,6 @@ struct EngineImpl::StepPiece {
   size_t index = 0;  // piece index within the unit
   uint64_t begin = 0, n = 0;
   StagingLease master, exp_avg, exp_avg_sq, working, grad;
-  StagingLease gather;       // Note [Data-parallel ranks]: params on the device
   std::future<Status> read;  // of what rests on NVMe
 };
 
@@ -2081,8 +2087,7 @@ struct EngineImpl::StepReads {
 size_t EngineImpl::StepBuffersPerPiece() const {
   const bool nvme_states = options_.optimizer_states == Residence::kNvme;
   return (nvme_states ? 3 : 0) + (options_.params != Residence::kHost ? 1 : 0) +
-         (grad_spill_ ? 1 : 0) +
-         (MultiRank() && options_.params == Residence::kDevice ? 1 : 0);
+         (grad_spill_ ? 1 : 0);
 }
 
 std::unique_ptr<EngineImpl::StepReads> EngineImpl::NewStepReads(
@@ -2128,9 +2133,6 @@ Status EngineImpl::StartReads(StepReads& r, bool wait) {
     };
     std::vector<std::pair<int, StagingLease*>> reads;
     if (options_.params != Residence::kHost) piece->working = take();
-    if (MultiRank() && options_.params == Residence::kDevice) {
-      piece->gather = take();
-    }
     if (nvme_states) {
       piece->master = take();
       piece->exp_avg = take();
@@ -2185,39 +2187,58 @@ Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa,
   return first_error;
 }
 
-// Note [Data-parallel ranks]: every shard has the same pieces, so piece p
-// of rank r's shard starts at r * elems + p's begin. The pieces are gathered
-// in rounds of as many elements per rank as the staging buffer holds for
-// all ranks; the device copies of a round read the buffer until the next
-// round waits for them.
-Status EngineImpl::GatherPiece(StepPiece& piece) {
-  const UnitState& s = units_[piece.unit];
-  const size_t es = ElementSize(s.dtype);
+// Note [Data-parallel ranks]: after every update of the step (during
+// backward or not), in unit and piece order, the same on every rank. Every
+// shard has the same pieces, so piece p of rank r's shard starts at
+// r * elems + p's begin. This rank's updated piece is read back from its
+// device block, and the pieces are gathered in rounds of as many elements
+// per rank as a staging buffer holds for all ranks.
+Status EngineImpl::GatherParams() {
+  STRATA_ASSIGN_OR_RETURN(StagingLease mine, staging_->Acquire());
+  STRATA_ASSIGN_OR_RETURN(StagingLease all, staging_->Acquire());
   const size_t ranks = static_cast<size_t>(options_.world_size);
-  const uint64_t round = piece.gather.size() / (ranks * es);
-  const CommType type = s.dtype == ElementType::kFloat16 ? CommType::kFloat16
-                                                         : CommType::kBFloat16;
-  for (uint64_t c = 0; c < piece.n; c += round) {
-    const uint64_t k = std::min(round, piece.n - c);
-    STRATA_RETURN_IF_ERROR(piece.gather.WaitDone());
-    const std::vector<size_t> counts(ranks, k);
-    STRATA_ASSIGN_OR_RETURN(
-        CommWork w, comm_->AllGather(piece.working.data() + c * es,
-                                     piece.gather.data(), counts, type));
-    STRATA_RETURN_IF_ERROR(w.Wait().WithContext(
-        "engine: gathering the updated parameters of " + UnitNames(piece.unit) +
-        " (unit " + std::to_string(piece.unit) + ")"));
-    for (size_t r = 0; r < ranks; ++r) {
-      if (r == static_cast<size_t>(options_.rank)) continue;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    const UnitState& s = units_[u];
+    const size_t es = ElementSize(s.dtype);
+    const uint64_t round = all.size() / (ranks * es);
+    const CommType type = s.dtype == ElementType::kFloat16
+                              ? CommType::kFloat16
+                              : CommType::kBFloat16;
+    for (uint64_t begin = 0; begin < s.elems; begin += piece_elems_) {
+      const uint64_t n = std::min(piece_elems_, s.elems - begin);
+      // Also waits for the last round's copies out of `all`.
       STRATA_RETURN_IF_ERROR(device_->CopyAsync(
-          *copy_stream_, DevAt(s, (r * s.elems + piece.begin + c) * es),
-          piece.gather.data() + r * k * es, k * es, CopyKind::kHostToDevice));
+          *copy_stream_, mine.data(), DevAt(s, (s.shard_begin + begin) * es),
+          n * es, CopyKind::kDeviceToHost));
+      STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+      {
+        MutexLock l(&mu_);
+        d2h_bytes_ += n * es;
+      }
+      for (uint64_t c = 0; c < n; c += round) {
+        const uint64_t k = std::min(round, n - c);
+        if (c > 0) {
+          STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+        }
+        const std::vector<size_t> counts(ranks, k);
+        STRATA_ASSIGN_OR_RETURN(
+            CommWork w,
+            comm_->AllGather(mine.data() + c * es, all.data(), counts, type));
+        STRATA_RETURN_IF_ERROR(w.Wait().WithContext(
+            "engine: gathering the updated parameters of " + UnitNames(u) +
+            " (unit " + std::to_string(u) + ")"));
+        for (size_t r = 0; r < ranks; ++r) {
+          if (r == static_cast<size_t>(options_.rank)) continue;
+          STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+              *copy_stream_, DevAt(s, (r * s.elems + begin + c) * es),
+              all.data() + r * k * es, k * es, CopyKind::kHostToDevice));
+        }
+        MutexLock l(&mu_);
+        h2d_bytes_ += (ranks - 1) * k * es;
+      }
     }
-    STRATA_RETURN_IF_ERROR(piece.gather.RecordDone(*copy_stream_));
-    MutexLock l(&mu_);
-    h2d_bytes_ += (ranks - 1) * k * es;
   }
-  return Status::Ok();
+  return device_->SynchronizeStream(*copy_stream_);
 }
 
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
@@ -2279,10 +2300,6 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
     {
       MutexLock l(&mu_);
       h2d_bytes_ += wbytes;
-    }
-    if (MultiRank()) {
-      STRATA_RETURN_IF_ERROR(GatherPiece(piece));
-      piece.gather.Reset();
     }
     piece.working.Reset();
   }
@@ -2427,7 +2444,9 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
     early_state_[u] = kEarlyUpdating;
     sa.step = steps_ + 1;
     sa.lr = early_args_.lr;
-    sa.inv_loss_scale = 1.0 / early_args_.loss_scale;
+    sa.inv_loss_scale =
+        1.0 / (early_args_.loss_scale *
+               static_cast<double>(MultiRank() ? options_.world_size : 1));
     sa.clip_coef = 1.0;
     sa.check_overflow = false;  // checked below, and again by Step
   }
@@ -2500,7 +2519,8 @@ Status EngineImpl::UndoEarly() {
     const size_t esize = ElementSize(s.dtype);
     if (options_.params == Residence::kHost) {
       st = ConvertCpuArray(saved, CpuDType::kFloat32,
-                           HostAt(kParam, e.unit, e.begin), wt, e.n);
+                           HostAt(kParam, e.unit, s.shard_begin + e.begin), wt,
+                           e.n);
     } else {
       StatusOr<StagingLease> lease = staging_->Acquire();
       st = lease.status();
@@ -2510,9 +2530,9 @@ Status EngineImpl::UndoEarly() {
       if (st.ok() && options_.params == Residence::kNvme) {
         st = WritePiece(e.unit, kParam, e.index, lease->span());
       } else if (st.ok()) {
-        st = device_->CopyAsync(*copy_stream_, DevAt(s, e.begin * esize),
-                                lease->data(), e.n * esize,
-                                CopyKind::kHostToDevice);
+        st = device_->CopyAsync(
+            *copy_stream_, DevAt(s, (s.shard_begin + e.begin) * esize),
+            lease->data(), e.n * esize, CopyKind::kHostToDevice);
         if (st.ok()) st = lease->RecordDone(*copy_stream_);
       }
     }

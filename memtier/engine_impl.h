@@ -247,9 +247,9 @@ class EngineImpl final : public Engine {
   Status ReduceGrads(const std::vector<uint32_t>& counts);
   // Every rank's stats summed in rank order, the same on every rank.
   StatusOr<GradStats> AgreeGradStats(const GradStats& local);
-  // Every rank's update of piece p of its shard of the working copy into
-  // every rank's device block, through piece.gather.
-  Status GatherPiece(StepPiece& piece);
+  // Every rank's updated shard of the working copy into every rank's
+  // device block.
+  Status GatherParams();
   // Waits until every hand-over so far is accumulated, keeping its error.
   void WaitGradsQuiet() STRATA_EXCLUDES(mu_);
   // Note [Moment formats] (engine.cc).

@@ -76,14 +76,15 @@ int Count(const std::string& out, int rank, const std::string& what) {
 class EngineRanksTest : public ::testing::TestWithParam<int> {};
 
 // Stages 1 and 2, optimizer states on host and NVMe, stage 2's gradients on
-// NVMe: the same masters as one engine on the whole batch.
+// NVMe and its updates during backward: the same masters as one engine on
+// the whole batch.
 TEST_P(EngineRanksTest, TrainsAsOneRankOnTheWholeBatch) {
   const int ranks = GetParam();
   const MpiRun r = Mpirun(ranks, {"train"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
   for (int i = 0; i < ranks; ++i)
-    EXPECT_EQ(Count(r.out, i, ": ok"), 5) << r.out;
+    EXPECT_EQ(Count(r.out, i, ": ok"), 6) << r.out;
   std::printf("%s(%d ranks, %.1f s)\n", r.out.c_str(), ranks, r.seconds);
 }
 
