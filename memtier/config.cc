@@ -1043,12 +1043,13 @@ void ReadZero(Ctx& ctx, const Field& f, DocState& st, EngineOptions* o) {
   Unsupported(ctx,
               z.TakeAny({"stage3_use_all_reduce_for_fetch_params",
                          "use_all_reduce_for_fetch_params"}),
-              "no collectives yet", false);
+              "stage 3 over several ranks is not built yet", false);
   Unsupported(
       ctx, z.TakeAny({"stage3_allgather_sequential", "allgather_sequential"}),
-      "no collectives yet", false);
-  // Collectives and DeepSpeed-specific machinery: nothing to do with one
-  // rank until the collectives land.
+      "stage 3 over several ranks is not built yet", false);
+  // Collectives and DeepSpeed-specific machinery: the engine's reduction
+  // over ranks has its own buckets and overlap (docs/memtier.md,
+  // "Data-parallel ranks"); none of these change it.
   for (std::string_view key : {"overlap_comm",
                                "contiguous_gradients",
                                "reduce_scatter",

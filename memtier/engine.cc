@@ -45,11 +45,59 @@ std::string Bytes(uint64_t b) { return std::to_string(b) + " bytes"; }
 // ---- EngineImpl: set-up -----------------------------------------------------
 
 Status EngineImpl::CheckOptions(const EngineOptions& o) {
-  if (o.world_size != 1) {
-    return Status::NotSupported(
-        "engine: world_size " + std::to_string(o.world_size) +
-        ": the layout is rank-aware, but gathering shards needs the "
-        "collectives, which are not built yet; use world_size 1");
+  // Note [Data-parallel ranks]: the communicator and what runs over it.
+  if (o.comm != nullptr) {
+    const Communicator& c = *o.comm;
+    STRATA_RETURN_IF_ERROR(
+        c.status().WithContext("engine: comm is broken already"));
+    if (c.size() != o.world_size || c.rank() != o.rank) {
+      return Status::InvalidArgument(
+          "engine: comm has rank " + std::to_string(c.rank()) + " of " +
+          std::to_string(c.size()) + " but the options say rank " +
+          std::to_string(o.rank) + " of world_size " +
+          std::to_string(o.world_size) + "; they must agree");
+    }
+    if (c.backend() == CommBackendKind::kNccl) {
+      return Status::NotSupported(
+          "engine: comm is an NCCL communicator, which works on device "
+          "memory only; the engine reduces gradients and gathers parameters "
+          "in host memory: give it an MPI (or single-rank) communicator");
+    }
+  }
+  if (o.world_size > 1) {
+    const std::string ws = "engine: world_size " + std::to_string(o.world_size);
+    if (o.comm == nullptr) {
+      return Status::InvalidArgument(
+          ws +
+          " needs comm, the trainer's data-parallel communicator (the "
+          "engine never makes one)");
+    }
+    if (o.zero_stage != 1 && o.zero_stage != 2) {
+      return Status::NotSupported(
+          ws + " with zero_stage " + std::to_string(o.zero_stage) +
+          ": several ranks run zero_stage 1 (optimizer states partitioned) "
+          "or 2 (gradients too); " +
+          (o.zero_stage == 3 ? "stage 3 (parameters partitioned, gathered by "
+                               "Fetch) is not built yet"
+                             : "stage 0 (every rank updating everything) is "
+                               "not offered") +
+          "; set zero_stage 1 or 2");
+    }
+    // Stages 1 and 2 keep the parameters on the device
+    // (ValidateEngineOptions), where the step gathers them.
+    if (o.grads == Residence::kNvme && o.zero_stage == 1) {
+      return Status::NotSupported(
+          ws +
+          ": grads on nvme with zero_stage 1, which keeps every rank's "
+          "full gradient in host memory; use zero_stage 2 (each rank's "
+          "gradient shard rests on nvme) or grads on host");
+    }
+    if (o.step_overlap_bytes > 0 && o.zero_stage == 1) {
+      return Status::NotSupported(
+          ws + ": step_overlap_bytes " + std::to_string(o.step_overlap_bytes) +
+          " with zero_stage 1, which reduces the gradients only at the step: "
+          "updates during backward need zero_stage 2 (or set it to 0)");
+    }
   }
   if (o.optimizer_states == Residence::kDevice) {
     return Status::NotSupported(
@@ -228,8 +276,10 @@ Status EngineImpl::Start() {
     UnitState& s = units_[u];
     const UnitInfo& info = layout_->unit(u);
     s.elems = info.shard_elems;
+    s.shard_begin = info.shard_begin;
+    s.full_elems = info.elems;
     s.dtype = specs_[info.tensors.front()].dtype;
-    s.param_bytes = s.elems * ElementSize(s.dtype);
+    s.param_bytes = s.full_elems * ElementSize(s.dtype);
     max_unit_elems = std::max(max_unit_elems, s.elems);
   }
 
@@ -265,6 +315,15 @@ Status EngineImpl::Start() {
           "(optimizer.moment_dtype): at least " +
           std::to_string(kCpuBlock8Elems * 4) + " bytes");
     }
+  }
+  if (MultiRank() && options_.params == Residence::kDevice &&
+      staging_bytes < 2 * static_cast<uint64_t>(options_.world_size)) {
+    // Note [Data-parallel ranks]: a gather round holds an element of every
+    // rank.
+    return Status::InvalidArgument(
+        "engine: staging_buffer_bytes " + std::to_string(staging_bytes) +
+        " cannot hold one working-precision element of each of world_size " +
+        std::to_string(options_.world_size) + " ranks");
   }
   STRATA_ASSIGN_OR_RETURN(
       staging_, StagingPool::Create(device_, staging_count, staging_bytes,
@@ -323,6 +382,50 @@ Status EngineImpl::Start() {
     host_[r] = std::move(b).value();
   }
 
+  // Note [Data-parallel ranks]: what the gradients' reduction needs.
+  comm_ = options_.comm;
+  if (MultiRank()) {
+    HostBufferOptions ho;
+    ho.pin = false;  // only the CPU and the communicator touch them
+    ho.prefault = true;
+    uint64_t max_full = 0, max_shard = 0;
+    for (const UnitState& s : units_) {
+      max_full = std::max(max_full, s.full_elems);
+      max_shard = std::max(max_shard, s.elems);
+    }
+    if (options_.zero_stage == 1) {
+      uint64_t off = 0;
+      for (UnitState& s : units_) {
+        s.full_grad_offset = off;
+        off += RoundUp(s.full_elems * 4, 4096);
+      }
+      STRATA_ASSIGN_OR_RETURN(full_grads_, HostBuffer::Allocate(off, ho));
+    } else {
+      // Two buckets of one window each: backward hands a unit's tensors over
+      // together, and the second lets the next window begin while the first
+      // waits for a tensor. A window is a packed unit's size (rounded to
+      // whole shard blocks), so a large tensor's unit spans several and the
+      // buckets never grow with the model.
+      window_elems_ =
+          RoundUp(lo.unit_elems,
+                  kTensorAlign * static_cast<uint64_t>(options_.world_size));
+      const uint64_t window = std::min(window_elems_, max_full);
+      buckets_.resize(2);
+      for (GradBucket& b : buckets_) {
+        STRATA_ASSIGN_OR_RETURN(b.mem, HostBuffer::Allocate(window * 4, ho));
+      }
+      STRATA_ASSIGN_OR_RETURN(
+          reduce_out_,
+          HostBuffer::Allocate(std::min(window, max_shard) * 4, ho));
+      uint64_t windows = 0;
+      for (const UnitState& s : units_) {
+        window_base_.push_back(windows);
+        windows += (s.full_elems + window_elems_ - 1) / window_elems_;
+      }
+      window_written_.assign(windows, 0);
+    }
+  }
+
   // Device tier: the budget, and the parameters that rest there.
   device_budget_ = options_.device_budget_bytes;
   if (device_budget_ == 0) {
@@ -379,8 +482,9 @@ Status EngineImpl::Start() {
     for (int r = 0; r < kRoles; ++r) {
       if (RoleResidence(r) != Residence::kNvme) continue;
       for (UnitState& s : units_) {
-        for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
-          const uint64_t n = std::min(piece_elems_, s.elems - b);
+        const uint64_t elems = RoleElems(r, s);
+        for (uint64_t b = 0; b < elems; b += piece_elems_) {
+          const uint64_t n = std::min(piece_elems_, elems - b);
           cap += RoundUp(RoleBytes(r, s, n), so.block_bytes);
         }
       }
@@ -420,8 +524,9 @@ Status EngineImpl::Start() {
       UnitState& s = units_[u];
       for (int r = 0; r < kRoles; ++r) {
         if (RoleResidence(r) != Residence::kNvme) continue;
-        for (uint64_t b = 0; b < s.elems; b += piece_elems_) {
-          const uint64_t n = std::min(piece_elems_, s.elems - b);
+        const uint64_t elems = RoleElems(r, s);
+        for (uint64_t b = 0; b < elems; b += piece_elems_) {
+          const uint64_t n = std::min(piece_elems_, elems - b);
           STRATA_ASSIGN_OR_RETURN(
               SwapHandle h,
               swap_->Allocate(SwapTensorId(u, r, s.nvme[r].size()),
@@ -482,6 +587,14 @@ Status EngineImpl::Start() {
       staging_->pinned_bytes() + (grad_pool_ ? grad_pool_->pinned_bytes() : 0);
   stats_.pinned_host_bytes = staging_pinned + PinnedRoleBytes();
   stats_.staging_bytes = staging_pinned;
+  for (const UnitState& s : units_) {
+    stats_.optimizer_state_bytes += RoleOffset(kMaster, s, s.elems) +
+                                    RoleOffset(kExpAvg, s, s.elems) +
+                                    RoleOffset(kExpAvgSq, s, s.elems);
+    stats_.grad_bytes += RoleBytes(kGrad, s, s.elems);
+  }
+  stats_.grad_bytes += full_grads_.size() + reduce_out_.size();
+  for (const GradBucket& b : buckets_) stats_.grad_bytes += b.mem.size();
   UpdateTierStatsLocked();
   return Status::Ok();
 }
@@ -629,12 +742,27 @@ Status EngineImpl::WritePiece(uint32_t u, int r, size_t p,
 Status EngineImpl::ForEachPieceOfTensor(
     TensorId id, int role, bool write,
     const std::function<void(std::byte*, uint64_t, uint64_t)>& fn) {
-  const TensorPlace& t = layout_->tensor(id);
-  UnitState& s = units_[t.unit];
+  const TensorPlace& tensor = layout_->tensor(id);
+  UnitState& s = units_[tensor.unit];
   assert(!IsMoment(role));  // elements of a tensor, not of a piece
   const size_t esize = RoleBytes(role, s, 1);
+  // The part of the tensor this rank holds of the role, in the role's
+  // elements of the unit (the whole tensor for the working copy, the part in
+  // this rank's shard for the others), and where that part starts in the
+  // tensor.
+  TensorPlace t = tensor;
+  uint64_t skip = 0;
+  if (role != kParam) {
+    const uint64_t lo = std::max(tensor.offset, s.shard_begin);
+    const uint64_t hi =
+        std::min(tensor.offset + tensor.elems, s.shard_begin + s.elems);
+    if (hi <= lo) return Status::Ok();
+    skip = lo - tensor.offset;
+    t.offset = lo - s.shard_begin;
+    t.elems = hi - lo;
+  }
   if (RoleResidence(role) == Residence::kHost) {
-    fn(HostAt(role, t.unit, t.offset), 0, t.elems);
+    fn(HostAt(role, t.unit, t.offset), skip, t.elems);
     return Status::Ok();
   }
   if (RoleResidence(role) == Residence::kDevice) {
@@ -647,7 +775,7 @@ Status EngineImpl::ForEachPieceOfTensor(
                                                 dev, n * esize,
                                                 CopyKind::kDeviceToHost));
       STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
-      fn(lease.data(), b, n);
+      fn(lease.data(), skip + b, n);
       if (write) {
         STRATA_RETURN_IF_ERROR(device_->CopyAsync(*copy_stream_, dev,
                                                   lease.data(), n * esize,
@@ -663,11 +791,11 @@ Status EngineImpl::ForEachPieceOfTensor(
     const uint64_t last = (t.offset + t.elems - 1) / piece_elems_;
     for (uint64_t p = first; p <= last; ++p) {
       const uint64_t pb = p * piece_elems_;
-      const uint64_t pn = std::min(piece_elems_, s.elems - pb);
+      const uint64_t pn = std::min(piece_elems_, RoleElems(role, s) - pb);
       STRATA_RETURN_IF_ERROR(ReadPiece(t.unit, role, p, lease.span()));
       const uint64_t b = std::max(pb, t.offset);
       const uint64_t e = std::min(pb + pn, t.offset + t.elems);
-      fn(lease.data() + (b - pb) * esize, b - t.offset, e - b);
+      fn(lease.data() + (b - pb) * esize, skip + b - t.offset, e - b);
       if (write) {
         STRATA_RETURN_IF_ERROR(WritePiece(t.unit, role, p, lease.span()));
       }
@@ -716,10 +844,36 @@ Status EngineImpl::ReadMaster(TensorId id, std::span<float> out) {
                                    std::to_string(out.size()) + " of " +
                                    std::to_string(numel_[id]) + " elements");
   }
-  return ForEachPieceOfTensor(id, kMaster, false,
-                              [&](std::byte* p, uint64_t b, uint64_t n) {
-                                std::memcpy(out.data() + b, p, n * 4);
-                              });
+  if (!MultiRank()) {
+    return ForEachPieceOfTensor(id, kMaster, false,
+                                [&](std::byte* p, uint64_t b, uint64_t n) {
+                                  std::memcpy(out.data() + b, p, n * 4);
+                                });
+  }
+  // Note [Data-parallel ranks]: a collective. Each rank holds the part of
+  // the tensor in its shard; the shards are in rank order, so gathering the
+  // parts in place makes the tensor. Hand-overs still being accumulated
+  // may reduce (zero_stage 2) and must come first on every rank.
+  WaitGradsQuiet();
+  const TensorPlace& t = layout_->tensor(id);
+  const uint64_t shard = units_[t.unit].elems;
+  std::vector<size_t> counts(static_cast<size_t>(options_.world_size));
+  uint64_t mine = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const uint64_t lo = std::max<uint64_t>(t.offset, r * shard);
+    const uint64_t hi = std::min<uint64_t>(t.offset + t.elems, (r + 1) * shard);
+    counts[r] = hi > lo ? hi - lo : 0;
+    if (r < static_cast<size_t>(options_.rank)) mine += counts[r];
+  }
+  STRATA_RETURN_IF_ERROR(ForEachPieceOfTensor(
+      id, kMaster, false, [&](std::byte* p, uint64_t b, uint64_t n) {
+        std::memcpy(out.data() + b, p, n * 4);
+      }));
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork w, comm_->AllGather(out.data() + mine, out.data(), counts,
+                                   CommType::kFloat32));
+  return w.Wait().WithContext("engine: ReadMaster(" + specs_[id].name +
+                              ") gathering the shards");
 }
 
 Status EngineImpl::CheckTensor(TensorId id, const char* what) const {
@@ -1323,7 +1477,7 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
   Status st = lease.WaitDone();
   const TensorPlace& t = layout_->tensor(id);
   float* acc =
-      grad_spill_
+      grad_spill_ || MultiRank()
           ? nullptr
           : reinterpret_cast<float*>(HostAt(kGrad, t.unit, t.offset + begin));
   for (uint64_t b = 0; st.ok() && b < n; b += scratch_.size()) {
@@ -1338,7 +1492,9 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
       vals = scratch_.data();
     }
     if (!st.ok()) break;
-    if (grad_spill_) {
+    if (MultiRank()) {
+      st = AccumulateRanked(id, t.offset + begin + b, vals, cnt, first);
+    } else if (grad_spill_) {
       st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first);
     } else if (first) {
       std::memcpy(acc + b, vals, cnt * 4);
@@ -1376,6 +1532,270 @@ Status EngineImpl::WaitGrads() {
   Status st = grad_error_;
   grad_error_ = Status::Ok();
   return st;
+}
+
+void EngineImpl::WaitGradsQuiet() {
+  MutexLock l(&mu_);
+  while (grads_pending_ > 0) grads_cv_.Wait(&mu_);
+}
+
+// ---- Data-parallel ranks ----------------------------------------------------
+
+// Note [Data-parallel ranks]
+// With world_size N above 1 (EngineOptions::comm, zero_stage 1 or 2) every
+// rank keeps the whole working copy of every unit, and its shard of the
+// rest: the layout pads each unit to N equal, aligned shards (the last ones
+// holding the padding), and rank r's gradient accumulator, fp32 master and
+// moments cover shard r only, on the host or on NVMe, so the optimizer
+// state per rank is 1/N.
+// - Gradients are averaged over ranks (DeepSpeed's convention): each rank
+//   hands over the gradient of its own micro-batches, the shards receive
+//   the sum over ranks (a reduce-scatter of fp32), and the step divides by
+//   N with the loss scale. zero_stage 1 accumulates the full local gradient
+//   as one rank does and reduce-scatters every unit at the step. zero_stage
+//   2 reduces as gradients come: a unit is cut in windows of a packed
+//   unit's size (a large tensor's unit spans several), and a hand-over goes
+//   into a bucket holding one window of the unit's full gradient (zeros
+//   elsewhere); the bucket is reduce-scattered (each rank receiving the
+//   window's part in its shard, maybe none: uneven counts) when every
+//   tensor overlapping the window is in, when one of them comes again (the
+//   next micro-batch), when its buffer is needed for another window (two
+//   buckets; the older goes), or at the step. The buckets' memory is two
+//   windows, whatever the model.
+//   All of this follows the order of the hand-overs, so every rank issues
+//   the same collectives when every rank hands over the same tensors in the
+//   same order (one thread, as DeepSpeed needs the same backward).
+// - The global norm is the sum of every rank's squared sums, and a
+//   non-finite shard anywhere skips the step everywhere: each rank's
+//   (sum, finite) pair is all-gathered and summed in rank order, so every
+//   rank gets the same norm and the same verdict, and the loss scale moves
+//   the same on every rank.
+// - Stages 1 and 2 keep the parameters on the device. Once every piece is
+//   updated, every rank's new working copy of its shard is all-gathered
+//   piece by piece through a staging buffer into every rank's device block
+//   (GatherParams), in unit order on every rank whichever units were
+//   updated during backward.
+// - Updates during backward (zero_stage 2): a unit's shard of the gradient
+//   is final once the last hand-overs of its tensors are reduced, so the
+//   stepper updates it as with one rank; it issues no collective (the
+//   gather waits for Step), and Step's agreed overflow verdict undoes every
+//   rank's early updates together.
+// - ReadMaster gathers a tensor's master from the shards: a collective.
+// - Gradients on NVMe (zero_stage 2): the reduced window is added into the
+//   spill's pieces of the shard (Note [Gradients on NVMe]).
+// - Not yet with several ranks (refused by CheckOptions or the call):
+//   grads on NVMe and updates during backward with zero_stage 1 (which
+//   reduces at the step), zero_stage 0 and 3 (stage 3 would shard the
+//   working copy and gather it in Fetch), checkpoints.
+
+Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
+  // zero_stage 1: every unit once per step, straight into its shard.
+  const std::vector<size_t> counts(static_cast<size_t>(options_.world_size),
+                                   units_[u].elems);
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork w, comm_->ReduceScatter(full, HostAt(kGrad, u, 0), counts,
+                                       CommType::kFloat32, ReduceOp::kSum));
+  return w.Wait().WithContext("engine: reducing the gradient of " +
+                              UnitNames(u) + " (unit " + std::to_string(u) +
+                              ") over the ranks");
+}
+
+Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
+  const UnitState& s = units_[u];
+  const uint64_t lo = w * window_elems_;
+  const uint64_t hi = std::min(lo + window_elems_, s.full_elems);
+  // Rank r receives the window's elements in its shard (maybe none).
+  std::vector<size_t> counts(static_cast<size_t>(options_.world_size));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const uint64_t a = std::max<uint64_t>(lo, r * s.elems);
+    const uint64_t b = std::min<uint64_t>(hi, (r + 1) * s.elems);
+    counts[r] = b > a ? b - a : 0;
+  }
+  const uint64_t mine = counts[static_cast<size_t>(options_.rank)];
+  uint8_t& written = window_written_[window_base_[u] + w];
+  float* shard = nullptr;  // in the host array (not with grads on NVMe)
+  if (mine > 0 && !grad_spill_) {
+    shard = reinterpret_cast<float*>(
+        HostAt(kGrad, u, std::max(lo, s.shard_begin) - s.shard_begin));
+  }
+  // Gradients on NVMe (Note [Gradients on NVMe]) are added through the
+  // spill, from the reduction's output.
+  float* out = written == 0 && mine > 0 && !grad_spill_
+                   ? shard
+                   : reinterpret_cast<float*>(reduce_out_.data());
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork work, comm_->ReduceScatter(data, out, counts, CommType::kFloat32,
+                                          ReduceOp::kSum));
+  STRATA_RETURN_IF_ERROR(work.Wait().WithContext(
+      "engine: reducing the gradient of " + UnitNames(u) + " (unit " +
+      std::to_string(u) + ", elements " + std::to_string(lo) + ".." +
+      std::to_string(hi) + ") over the ranks"));
+  if (grad_spill_) {
+    if (mine > 0) {
+      STRATA_RETURN_IF_ERROR(grad_spill_->Add(
+          u, std::max(lo, s.shard_begin) - s.shard_begin, out, mine,
+          /*overwrite=*/written == 0));
+    }
+  } else if (written != 0) {
+    for (uint64_t i = 0; i < mine; ++i) shard[i] += out[i];
+  }
+  written = 1;
+  return Status::Ok();
+}
+
+Status EngineImpl::FlushBucket(size_t b) {
+  GradBucket& k = buckets_[b];
+  const uint32_t u = static_cast<uint32_t>(k.unit);
+  k.unit = -1;
+  k.present.clear();
+  k.ended = 0;
+  return ReduceWindow(u, k.window,
+                      reinterpret_cast<const float*>(k.mem.data()));
+}
+
+Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
+                                    const float* vals, uint64_t n, bool first) {
+  const TensorPlace& t = layout_->tensor(id);
+  const uint32_t u = t.unit;
+  if (options_.zero_stage == 1) {
+    float* acc = FullGradAt(u, elem);
+    if (first) {
+      std::memcpy(acc, vals, n * 4);
+    } else {
+      for (uint64_t i = 0; i < n; ++i) acc[i] += vals[i];
+    }
+    return Status::Ok();
+  }
+  // zero_stage 2: split at the windows' ends.
+  while (n > 0) {
+    const uint64_t w = elem / window_elems_;
+    const uint64_t lo = w * window_elems_;
+    const uint64_t hi = std::min(lo + window_elems_, units_[u].full_elems);
+    const uint64_t k = std::min(n, hi - elem);
+    // The tensor's part of this window: [tlo, thi).
+    const uint64_t tlo = std::max(t.offset, lo);
+    const uint64_t thi = std::min(t.offset + t.elems, hi);
+    STRATA_RETURN_IF_ERROR(
+        AccumulateWindow(id, w, elem, vals, k, elem == tlo, elem + k == thi));
+    elem += k;
+    vals += k;
+    n -= k;
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
+                                    const float* vals, uint64_t n,
+                                    bool part_begins, bool part_ends) {
+  const uint32_t u = layout_->tensor(id).unit;
+  const uint64_t lo = w * window_elems_;
+  const uint64_t hi = std::min(lo + window_elems_, units_[u].full_elems);
+  size_t b = buckets_.size();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i].unit == static_cast<int64_t>(u) &&
+        buckets_[i].window == w) {
+      b = i;
+    }
+  }
+  if (part_begins) {
+    if (b < buckets_.size() &&
+        std::find(buckets_[b].present.begin(), buckets_[b].present.end(), id) !=
+            buckets_[b].present.end()) {
+      // The tensor's next hand-over: the window's last one is complete.
+      STRATA_RETURN_IF_ERROR(FlushBucket(b));
+      b = buckets_.size();
+    }
+    if (b == buckets_.size()) {
+      for (size_t i = 0; i < buckets_.size(); ++i) {
+        if (buckets_[i].unit < 0) b = i;
+      }
+      if (b == buckets_.size()) {
+        b = 0;
+        for (size_t i = 1; i < buckets_.size(); ++i) {
+          if (buckets_[i].opened < buckets_[b].opened) b = i;
+        }
+        STRATA_RETURN_IF_ERROR(FlushBucket(b));
+      }
+      GradBucket& k = buckets_[b];
+      k.unit = u;
+      k.window = w;
+      k.opened = ++buckets_opened_;
+      k.expected = 0;
+      for (uint32_t other : layout_->unit(u).tensors) {
+        const TensorPlace& o = layout_->tensor(other);
+        if (o.offset < hi && o.offset + o.elems > lo) ++k.expected;
+      }
+      std::memset(k.mem.data(), 0, (hi - lo) * 4);
+    }
+    buckets_[b].present.push_back(id);
+  } else if (b == buckets_.size()) {
+    return Status::Internal("engine: a gradient's bucket was lost");
+  }
+  GradBucket& k = buckets_[b];
+  std::memcpy(reinterpret_cast<float*>(k.mem.data()) + (elem - lo), vals,
+              n * 4);
+  if (part_ends && ++k.ended == k.expected) return FlushBucket(b);
+  return Status::Ok();
+}
+
+Status EngineImpl::ReduceGrads(const std::vector<uint32_t>& counts) {
+  if (options_.zero_stage == 1) {
+    // Tensors without a gradient this step contribute zeros.
+    for (TensorId id = 0; id < specs_.size(); ++id) {
+      if (counts[id] == 0) {
+        const TensorPlace& t = layout_->tensor(id);
+        std::memset(FullGradAt(t.unit, t.offset), 0, t.elems * 4);
+      }
+    }
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      STRATA_RETURN_IF_ERROR(ReduceUnitGrad(u, FullGradAt(u, 0)));
+    }
+    return Status::Ok();
+  }
+  // The buckets still open, in the order they were opened.
+  for (;;) {
+    size_t b = buckets_.size();
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (buckets_[i].unit >= 0 &&
+          (b == buckets_.size() || buckets_[i].opened < buckets_[b].opened)) {
+        b = i;
+      }
+    }
+    if (b == buckets_.size()) break;
+    STRATA_RETURN_IF_ERROR(FlushBucket(b));
+  }
+  // This rank's part of the windows no rank handed a gradient for (on NVMe
+  // a piece not written in the step is zeros already).
+  for (uint32_t u = 0; u < units_.size() && !grad_spill_; ++u) {
+    const UnitState& s = units_[u];
+    for (uint64_t w = 0; w * window_elems_ < s.full_elems; ++w) {
+      if (window_written_[window_base_[u] + w] != 0) continue;
+      const uint64_t lo = std::max(w * window_elems_, s.shard_begin);
+      const uint64_t hi =
+          std::min((w + 1) * window_elems_, s.shard_begin + s.elems);
+      if (hi > lo) {
+        std::memset(HostAt(kGrad, u, lo - s.shard_begin), 0, (hi - lo) * 4);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<GradStats> EngineImpl::AgreeGradStats(const GradStats& local) {
+  const size_t n = static_cast<size_t>(options_.world_size);
+  const double mine[2] = {local.sum_sq, local.finite ? 1.0 : 0.0};
+  std::vector<double> all(2 * n);
+  const std::vector<size_t> counts(n, sizeof mine);
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork w, comm_->AllGather(mine, all.data(), counts, CommType::kByte));
+  STRATA_RETURN_IF_ERROR(
+      w.Wait().WithContext("engine: agreeing on the gradient's norm"));
+  GradStats g;
+  for (size_t r = 0; r < n; ++r) {
+    g.sum_sq += all[2 * r];
+    g.finite = g.finite && all[2 * r + 1] != 0;
+  }
+  return g;
 }
 
 // ---- The optimizer step -----------------------------------------------------
@@ -1459,6 +1879,7 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& given) {
       allocations_after_first_step_ = counting_device_.count();
     }
     std::fill(grad_count_.begin(), grad_count_.end(), 0);
+    std::fill(window_written_.begin(), window_written_.end(), 0);
     UpdateTierStatsLocked();
   }
   step_cv_.SignalAll();
@@ -1517,7 +1938,16 @@ StatusOr<StepResult> EngineImpl::StepRest(
   }
   // Tensors without a gradient this step contribute zeros (on NVMe they are
   // zero already: Note [Gradients on NVMe]).
-  if (!grad_spill_) {
+  if (MultiRank()) {
+    // Note [Data-parallel ranks]: every shard summed over the ranks, on the
+    // accumulator, which owns the buckets and the spill.
+    std::promise<Status> reduced;
+    std::future<Status> f = reduced.get_future();
+    accumulator_->Post(Priority::kUrgent, [this, &reduced, &counts] {
+      reduced.set_value(ReduceGrads(counts));
+    });
+    STRATA_RETURN_IF_ERROR(f.get());
+  } else if (!grad_spill_) {
     for (TensorId id = 0; id < specs_.size(); ++id) {
       if (counts[id] == 0) {
         const TensorPlace& t = layout_->tensor(id);
@@ -1531,7 +1961,14 @@ StatusOr<StepResult> EngineImpl::StepRest(
   STRATA_RETURN_IF_ERROR(StartReads(*reads, /*wait=*/false));
   // Global norm and overflow, over the unscaled gradient.
   STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats(early_state));
-  const double inv_scale = 1.0 / args.loss_scale;
+  // Several ranks: the same sums on every rank, and the shards' sum over
+  // ranks averaged (Note [Data-parallel ranks]).
+  if (MultiRank()) {
+    STRATA_ASSIGN_OR_RETURN(g, AgreeGradStats(g));
+  }
+  const double inv_scale = MultiRank()
+                               ? 1.0 / (args.loss_scale * options_.world_size)
+                               : 1.0 / args.loss_scale;
   StepResult result;
   result.grad_norm = std::sqrt(g.sum_sq) * inv_scale;
   if (!g.finite || !std::isfinite(result.grad_norm)) {
@@ -1558,6 +1995,7 @@ StatusOr<StepResult> EngineImpl::StepRest(
   sa.check_overflow = false;  // checked above over the same gradient
   Status st = AfterConsumers();
   if (st.ok()) st = UpdateAll(*reads, sa);
+  if (st.ok() && MultiRank()) st = GatherParams();
   if (!st.ok()) {
     MutexLock l(&mu_);
     failed_ = st;  // Note [Engine failures]
@@ -1749,6 +2187,60 @@ Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa,
   return first_error;
 }
 
+// Note [Data-parallel ranks]: after every update of the step (during
+// backward or not), in unit and piece order, the same on every rank. Every
+// shard has the same pieces, so piece p of rank r's shard starts at
+// r * elems + p's begin. This rank's updated piece is read back from its
+// device block, and the pieces are gathered in rounds of as many elements
+// per rank as a staging buffer holds for all ranks.
+Status EngineImpl::GatherParams() {
+  STRATA_ASSIGN_OR_RETURN(StagingLease mine, staging_->Acquire());
+  STRATA_ASSIGN_OR_RETURN(StagingLease all, staging_->Acquire());
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    const UnitState& s = units_[u];
+    const size_t es = ElementSize(s.dtype);
+    const uint64_t round = all.size() / (ranks * es);
+    const CommType type = s.dtype == ElementType::kFloat16
+                              ? CommType::kFloat16
+                              : CommType::kBFloat16;
+    for (uint64_t begin = 0; begin < s.elems; begin += piece_elems_) {
+      const uint64_t n = std::min(piece_elems_, s.elems - begin);
+      // Also waits for the last round's copies out of `all`.
+      STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+          *copy_stream_, mine.data(), DevAt(s, (s.shard_begin + begin) * es),
+          n * es, CopyKind::kDeviceToHost));
+      STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+      {
+        MutexLock l(&mu_);
+        d2h_bytes_ += n * es;
+      }
+      for (uint64_t c = 0; c < n; c += round) {
+        const uint64_t k = std::min(round, n - c);
+        if (c > 0) {
+          STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+        }
+        const std::vector<size_t> counts(ranks, k);
+        STRATA_ASSIGN_OR_RETURN(
+            CommWork w,
+            comm_->AllGather(mine.data() + c * es, all.data(), counts, type));
+        STRATA_RETURN_IF_ERROR(w.Wait().WithContext(
+            "engine: gathering the updated parameters of " + UnitNames(u) +
+            " (unit " + std::to_string(u) + ")"));
+        for (size_t r = 0; r < ranks; ++r) {
+          if (r == static_cast<size_t>(options_.rank)) continue;
+          STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+              *copy_stream_, DevAt(s, (r * s.elems + begin + c) * es),
+              all.data() + r * k * es, k * es, CopyKind::kHostToDevice));
+        }
+        MutexLock l(&mu_);
+        h2d_bytes_ += (ranks - 1) * k * es;
+      }
+    }
+  }
+  return device_->SynchronizeStream(*copy_stream_);
+}
+
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
                                std::vector<std::future<Status>>* writes,
                                std::vector<EarlyPiece>* undo) {
@@ -1771,8 +2263,11 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
     t.exp_avg = HostAt(kExpAvg, u, piece.begin);
     t.exp_avg_sq = HostAt(kExpAvgSq, u, piece.begin);
   }
+  // The working copy covers the whole unit: this shard's piece starts at
+  // shard_begin (0 with one rank).
+  const uint64_t wbegin = s.shard_begin + piece.begin;
   t.working = options_.params == Residence::kHost
-                  ? static_cast<void*>(HostAt(kParam, u, piece.begin))
+                  ? static_cast<void*>(HostAt(kParam, u, wbegin))
                   : static_cast<void*>(piece.working.data());
   if (undo != nullptr) {
     EarlyPiece e;
@@ -1795,11 +2290,12 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
     return Status::Internal("engine: update refused a checked gradient");
   piece.grad.Reset();
 
-  const size_t wbytes = piece.n * ElementSize(s.dtype);
+  const size_t esize = ElementSize(s.dtype);
+  const size_t wbytes = piece.n * esize;
   if (options_.params == Residence::kDevice) {
     STRATA_RETURN_IF_ERROR(device_->CopyAsync(
-        *copy_stream_, DevAt(s, piece.begin * ElementSize(s.dtype)),
-        piece.working.data(), wbytes, CopyKind::kHostToDevice));
+        *copy_stream_, DevAt(s, wbegin * esize), piece.working.data(), wbytes,
+        CopyKind::kHostToDevice));
     STRATA_RETURN_IF_ERROR(piece.working.RecordDone(*copy_stream_));
     {
       MutexLock l(&mu_);
@@ -1948,7 +2444,9 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
     early_state_[u] = kEarlyUpdating;
     sa.step = steps_ + 1;
     sa.lr = early_args_.lr;
-    sa.inv_loss_scale = 1.0 / early_args_.loss_scale;
+    sa.inv_loss_scale =
+        1.0 / (early_args_.loss_scale *
+               static_cast<double>(MultiRank() ? options_.world_size : 1));
     sa.clip_coef = 1.0;
     sa.check_overflow = false;  // checked below, and again by Step
   }
@@ -2021,7 +2519,8 @@ Status EngineImpl::UndoEarly() {
     const size_t esize = ElementSize(s.dtype);
     if (options_.params == Residence::kHost) {
       st = ConvertCpuArray(saved, CpuDType::kFloat32,
-                           HostAt(kParam, e.unit, e.begin), wt, e.n);
+                           HostAt(kParam, e.unit, s.shard_begin + e.begin), wt,
+                           e.n);
     } else {
       StatusOr<StagingLease> lease = staging_->Acquire();
       st = lease.status();
@@ -2031,9 +2530,9 @@ Status EngineImpl::UndoEarly() {
       if (st.ok() && options_.params == Residence::kNvme) {
         st = WritePiece(e.unit, kParam, e.index, lease->span());
       } else if (st.ok()) {
-        st = device_->CopyAsync(*copy_stream_, DevAt(s, e.begin * esize),
-                                lease->data(), e.n * esize,
-                                CopyKind::kHostToDevice);
+        st = device_->CopyAsync(
+            *copy_stream_, DevAt(s, (s.shard_begin + e.begin) * esize),
+            lease->data(), e.n * esize, CopyKind::kHostToDevice);
         if (st.ok()) st = lease->RecordDone(*copy_stream_);
       }
     }
@@ -2164,6 +2663,8 @@ std::string EngineStatsJson(const EngineStats& s) {
                       {"nvme", tier(s.nvme)},
                       {"pinned_host_bytes", s.pinned_host_bytes},
                       {"staging_bytes", s.staging_bytes},
+                      {"optimizer_state_bytes", s.optimizer_state_bytes},
+                      {"grad_bytes", s.grad_bytes},
                       {"nvme_read_bytes", s.nvme_read_bytes},
                       {"nvme_write_bytes", s.nvme_write_bytes},
                       {"h2d_bytes", s.h2d_bytes},

@@ -104,9 +104,15 @@ class Inflight {
 };
 
 struct UnitState {
-  uint64_t elems = 0;  // this rank's shard
+  // This rank's shard: elements [shard_begin, shard_begin + elems) of the
+  // unit's full_elems. The gradient accumulator, the master and the moments
+  // cover the shard; the working copy (zero_stage 1 and 2) the whole unit.
+  // One rank: the shard is the unit.
+  uint64_t elems = 0;
+  uint64_t shard_begin = 0;
+  uint64_t full_elems = 0;
   ElementType dtype = ElementType::kBFloat16;
-  uint64_t param_bytes = 0;
+  uint64_t param_bytes = 0;  // of the working copy: full_elems
   // ---- Device copy of the parameters ----
   ArenaBlock dev;  // empty unless resident
   // Held while arriving or pinned by a ParamPin: the block stays put and
@@ -124,7 +130,8 @@ struct UnitState {
   int pins = 0;
   uint64_t last_use = 0;  // engine clock, for LRU ties
   // ---- Host and NVMe ----
-  std::array<uint64_t, kRoles> host_offset{};        // bytes into host_[role]
+  std::array<uint64_t, kRoles> host_offset{};  // bytes into host_[role]
+  uint64_t full_grad_offset = 0;  // bytes into full_grads_ (zero_stage 1)
   std::array<std::vector<SwapHandle>, kRoles> nvme;  // one per piece
 };
 
@@ -202,6 +209,49 @@ class EngineImpl final : public Engine {
   };
 
   Residence RoleResidence(int role) const;
+  // Elements of role `role` this rank holds of a unit: the working copy
+  // covers the whole unit, the other roles this rank's shard.
+  static uint64_t RoleElems(int role, const UnitState& s) {
+    return role == kParam ? s.full_elems : s.elems;
+  }
+  // Note [Data-parallel ranks] (engine.cc).
+  bool MultiRank() const { return options_.world_size > 1; }
+  // The accumulator of zero_stage 1 with several ranks: the unit's full
+  // local gradient.
+  float* FullGradAt(uint32_t unit, uint64_t elem) {
+    return reinterpret_cast<float*>(full_grads_.data() +
+                                    units_[unit].full_grad_offset) +
+           elem;
+  }
+  // Adds n gradient values of tensor `id` at element `elem` of its unit
+  // (full-unit coordinates) where this rank keeps them before the
+  // reduction (`first`: the tensor's first hand-over of the step), on the
+  // accumulator.
+  Status AccumulateRanked(TensorId id, uint64_t elem, const float* vals,
+                          uint64_t n, bool first);
+  // zero_stage 2: the part of a hand-over inside window `w` of its unit;
+  // `part_begins` and `part_ends`: it starts and ends the tensor's part of
+  // the window.
+  Status AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
+                          const float* vals, uint64_t n, bool part_begins,
+                          bool part_ends);
+  // zero_stage 2: reduce-scatters bucket b into the ranks' gradient shards.
+  Status FlushBucket(size_t b);
+  // Reduce-scatters window w of a unit's gradient (`data`, fp32, the
+  // window's elements) and adds this rank's part into its accumulator (or
+  // overwrites it, the first time in a step).
+  Status ReduceWindow(uint32_t unit, uint64_t w, const float* data);
+  // zero_stage 1: reduce-scatters a unit's full gradient into the shards.
+  Status ReduceUnitGrad(uint32_t unit, const float* full);
+  // The gradient shards of every unit, summed over ranks, before the norm.
+  Status ReduceGrads(const std::vector<uint32_t>& counts);
+  // Every rank's stats summed in rank order, the same on every rank.
+  StatusOr<GradStats> AgreeGradStats(const GradStats& local);
+  // Every rank's updated shard of the working copy into every rank's
+  // device block.
+  Status GatherParams();
+  // Waits until every hand-over so far is accumulated, keeping its error.
+  void WaitGradsQuiet() STRATA_EXCLUDES(mu_);
   // Note [Moment formats] (engine.cc).
   CpuDType MomentDType() const { return options_.optimizer.moment_dtype; }
   static bool IsMoment(int role) {
@@ -228,7 +278,7 @@ class EngineImpl final : public Engine {
   // Bytes of role `role` a unit takes in its host array: whole pages, so
   // that every unit starts page-aligned there.
   uint64_t HostBlockBytes(int role, const UnitState& s) const {
-    return RoundUp(RoleOffset(role, s, s.elems), 4096);
+    return RoundUp(RoleOffset(role, s, RoleElems(role, s)), 4096);
   }
   // The pinned device block of a unit, plus `bytes`. REQUIRES: s.pin held.
   static std::byte* DevAt(const UnitState& s, uint64_t bytes) {
@@ -389,6 +439,28 @@ class EngineImpl final : public Engine {
   uint64_t piece_elems_ = 0;
   uint64_t device_budget_ = 0;
   std::unique_ptr<StagingPool> staging_;
+  // Note [Data-parallel ranks]: the communicator (null with one rank), the
+  // full local gradients of zero_stage 1, and zero_stage 2's buckets (each
+  // one window of a unit's full gradient, one hand-over per tensor) with
+  // the reduce-scatter's output. The buckets and the windows' written flags
+  // are the accumulator's (and Step's, once the accumulator is idle).
+  std::shared_ptr<Communicator> comm_;
+  HostBuffer full_grads_;
+  struct GradBucket {
+    int64_t unit = -1;              // -1: free
+    uint64_t window = 0;            // elements [window * window_elems_, ...)
+    uint64_t opened = 0;            // order of opening
+    std::vector<uint32_t> present;  // tensors handed over into it
+    uint32_t ended = 0;             // of which whole in the window
+    uint32_t expected = 0;          // tensors overlapping the window
+    HostBuffer mem;
+  };
+  std::vector<GradBucket> buckets_;
+  uint64_t buckets_opened_ = 0;
+  HostBuffer reduce_out_;
+  uint64_t window_elems_ = 0;
+  std::vector<uint64_t> window_base_;    // per unit: its first window's flag
+  std::vector<uint8_t> window_written_;  // per window, this step
   // Note [Gradients on NVMe]: its own buffers, so that hand-overs waiting
   // for staging buffers never starve the accumulator.
   std::unique_ptr<StagingPool> grad_pool_;

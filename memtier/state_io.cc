@@ -140,6 +140,13 @@ Status EngineImpl::BeginExclusive(const char* what, bool load) {
     return Status::FailedPrecondition(std::string("engine: ") + what +
                                       " before Start");
   }
+  if (MultiRank()) {
+    // Note [Data-parallel ranks] (engine.cc).
+    return Status::NotSupported(
+        std::string("engine: ") + what + " with world_size " +
+        std::to_string(options_.world_size) +
+        ": checkpoints of sharded optimizer states are not built yet");
+  }
   {
     MutexLock l(&mu_);
     if (stepping_) {

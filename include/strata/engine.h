@@ -123,7 +123,15 @@ struct TierStats {
 struct EngineStats {
   TierStats device, host, nvme;
   uint64_t pinned_host_bytes = 0;  // everything the engine page-locked
-  uint64_t staging_bytes = 0;      // of which staging buffers
+  // This rank's fp32 master and moments (in their format), wherever they
+  // rest: with world_size N above 1, the rank's shard, about 1/N of the
+  // model's.
+  uint64_t optimizer_state_bytes = 0;
+  // This rank's gradient memory: the fp32 accumulator (the rank's shard with
+  // world_size above 1) plus, with several ranks, what the reduction needs
+  // (zero_stage 1: the full local gradient; 2: the buckets).
+  uint64_t grad_bytes = 0;
+  uint64_t staging_bytes = 0;  // of which staging buffers
   // Bytes moved, per direction.
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
@@ -168,7 +176,9 @@ class STRATA_EXPORT Engine {
   // numel elements), written to its master and working copy.
   virtual Status SetInitialValues(TensorId id,
                                   std::span<const float> values) = 0;
-  // The fp32 master of a tensor (numel elements), wherever it rests.
+  // The fp32 master of a tensor (numel elements), wherever it rests. With
+  // world_size above 1 a collective: every rank calls it, in the same order,
+  // and gets the whole tensor gathered from the ranks' shards.
   virtual Status ReadMaster(TensorId id, std::span<float> out) = 0;
 
   // Returns at once: a pin whose data arrives asynchronously (NVMe -> pinned
@@ -185,6 +195,10 @@ class STRATA_EXPORT Engine {
   // and accumulated in fp32 (micro-batches add up until the next Step).
   // `grad` must stay unchanged until WaitGrads() returns (or use the
   // DeviceMemory overload, whose memory the engine frees in stream order).
+  // With world_size above 1 every rank hands over the same tensors in the
+  // same order (the reductions follow it), each its own data's gradient:
+  // Step averages them over the ranks (docs/memtier.md, "Data-parallel
+  // ranks").
   virtual Status AddGrad(TensorId id, const void* grad, ElementType dtype,
                          Stream& producer) = 0;
   virtual Status AddGrad(TensorId id, DeviceMemory grad, ElementType dtype,

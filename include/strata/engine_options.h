@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "strata/async_io.h"
+#include "strata/comm.h"
 #include "strata/cpu_adam.h"
 #include "strata/export.h"
 #include "strata/io_engine.h"
@@ -90,14 +91,27 @@ struct EngineOptions {
   // Marks a size without a limit (max_persistent_bytes).
   static constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
-  // ---- Ranks (one today; the layout carries them from the start) ----
+  // ---- Ranks (data parallelism; docs/memtier.md, "Data-parallel ranks") ----
   int rank = 0;        // 0 <= rank < world_size
   int world_size = 1;  // 1 .. 65536
   // What is partitioned across ranks (ZeRO stage): 0 nothing, 1 optimizer
   // states, 2 also gradients, 3 also parameters. With world_size 1 every
   // stage keeps the same data on the one rank; only stage 3 lets parameters
-  // rest off the device (as in DeepSpeed). 0 .. 3, default 3.
+  // rest off the device (as in DeepSpeed). 0 .. 3, default 3. With
+  // world_size above 1 the engine runs stages 1 and 2 (3 and 0 are refused
+  // for now, kNotSupported).
   int zero_stage = 3;
+  // The data-parallel group the engine reduces gradients and gathers
+  // parameters over, made by the trainer (a Communicator over its own
+  // MPI_Comm composes with the groups it runs elsewhere; the engine never
+  // creates one). Required when world_size is above 1; its size and rank
+  // must equal world_size and rank. Host-memory collectives: the single-rank
+  // or MPI backend (NCCL is refused). Every rank must make the engine calls
+  // that issue collectives (AddGrad with zero_stage 2, Step, ReadMaster) in
+  // the same order, and nothing else may use this communicator meanwhile:
+  // give the engine one of its own. Kept alive by the engine; not part of a
+  // JSON config. Null (the default): one rank, no collectives.
+  std::shared_ptr<Communicator> comm;
 
   // ---- Where each role rests ----
   Residence params = Residence::kDevice;  // working-precision copy; any tier

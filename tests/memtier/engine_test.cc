@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "tests/memtier/engine_test_util.h"
@@ -360,6 +361,25 @@ const std::vector<std::pair<Residence, Residence>> kOverlapTiers = {
 std::string TiersName(Residence params, Residence states) {
   return "params on " + std::string(ResidenceName(params)) + ", states on " +
          std::string(ResidenceName(states));
+}
+
+// A single-rank communicator with world_size 1 runs no collective: the same
+// bits as no communicator.
+TEST(EngineTest, ASingleRankCommunicatorChangesNothing) {
+  EngineOptions o = BaseOptions();
+  const Trained alone = Train(o);
+  o.comm = std::make_shared<Communicator>(Communicator::Create().value());
+  for (int stage : {1, 2}) {
+    o.zero_stage = stage;
+    const Trained with = Train(o);
+    ExpectBitIdentical(alone, with);
+    EXPECT_EQ(with.stats.optimizer_state_bytes,
+              alone.stats.optimizer_state_bytes);
+  }
+  // Master and two fp32 moments of every element, padding included.
+  EXPECT_GE(alone.stats.optimizer_state_bytes,
+            uint64_t{12} * (kLayers * kWidth * kWidth + 3 * kWidth));
+  EXPECT_EQ(alone.stats.grad_bytes, alone.stats.optimizer_state_bytes / 3);
 }
 
 TEST(EngineTest, UpdatesDuringBackwardChangeNothing) {
@@ -767,10 +787,23 @@ TEST_F(EngineFixture, ErrorsNameWhatIsWrong) {
   auto e = Engine::Create(o, dev.get());
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("nvme_paths"), std::string::npos);
+  // Several ranks need the trainer's communicator, of their size.
   o = BaseOptions();
   o.world_size = 2;
-  EXPECT_EQ(Engine::Create(o, dev.get()).status().code(),
-            StatusCode::kNotSupported);
+  auto ranks = Engine::Create(o, dev.get());
+  ASSERT_FALSE(ranks.ok());
+  EXPECT_EQ(ranks.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ranks.status().message().find("needs comm"), std::string::npos)
+      << ranks.status().ToString();
+  o.comm = std::make_shared<Communicator>(Communicator::Create().value());
+  o.zero_stage = 1;
+  ranks = Engine::Create(o, dev.get());
+  ASSERT_FALSE(ranks.ok());
+  EXPECT_EQ(ranks.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ranks.status().message().find("comm has rank 0 of 1 but the "
+                                          "options say rank 0 of world_size 2"),
+            std::string::npos)
+      << ranks.status().ToString();
 
   Make(BaseOptions(), 1, /*start=*/false);
   EXPECT_EQ(eng_->Fetch(ids_[0]).status().code(),
