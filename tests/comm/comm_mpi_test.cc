@@ -1,62 +1,21 @@
 // The MPI backend on 1, 2 and 3 ranks, and a rank that dies: each case runs
 // comm_mpi_worker under mpirun (paths from CMake) and reads its output.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "tests/comm/mpi_run.h"
+
 namespace {
 
-struct MpiRun {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string out;     // stdout and stderr
-  double seconds = 0;
-};
+using strata::testing::MpiRun;
 
-// mpirun -np N [--oversubscribe] worker plugin args..., as root where needed.
 MpiRun Mpirun(int ranks, const std::vector<std::string>& args) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  std::vector<std::string> argv = {
-      STRATA_TEST_MPIEXEC, "-np", std::to_string(ranks), "--oversubscribe",
-      "--bind-to", "none",
-      // Shared memory and TCP on loopback only.
-      "--mca", "btl", "self,vader,tcp", STRATA_TEST_MPI_WORKER,
-      STRATA_TEST_MPI_PLUGIN};
-  argv.insert(argv.end(), args.begin(), args.end());
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const auto t0 = std::chrono::steady_clock::now();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    std::vector<char*> a;
-    for (auto& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  MpiRun r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.out.append(buf, n);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return strata::testing::RunUnderMpi(STRATA_TEST_MPIEXEC,
+                                      STRATA_TEST_MPI_WORKER,
+                                      STRATA_TEST_MPI_PLUGIN, ranks, args);
 }
 
 class MpiCollectivesTest : public ::testing::TestWithParam<int> {};
