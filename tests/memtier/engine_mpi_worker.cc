@@ -30,6 +30,7 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "tests/memtier/memory_checkpoint.h"
+#include "tests/memtier/small_engine_options.h"
 
 namespace strata {
 namespace {
@@ -80,14 +81,7 @@ uint64_t Numel(const TensorSpec& s) {
 }
 
 EngineOptions Base() {
-  EngineOptions o;
-  o.partition_bytes = 64 << 10;  // 16 Ki fp32: pack limit 4 Ki elements
-  o.staging_buffer_bytes = 64 << 10;
-  o.io_block_bytes = 64 << 10;
-  o.io.queue_depth = 4;
-  o.optimizer.cpu.threads = 1;
-  o.optimizer.cpu.weight_decay = 0.01;
-  o.persistence_threshold_bytes = 0;
+  EngineOptions o = testing::SmallEngineOptions();
   o.loss_scale.mode = LossScaleMode::kDynamic;
   o.loss_scale.initial_scale = 1024;
   o.loss_scale.hysteresis = 1;

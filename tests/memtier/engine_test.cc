@@ -22,6 +22,7 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "tests/memtier/engine_test_util.h"
+#include "tests/memtier/small_engine_options.h"
 #include "tests/swap/test_util.h"
 
 namespace strata {
@@ -35,17 +36,7 @@ constexpr int kLayers = 20;
 constexpr int kBatch = 16;
 constexpr uint64_t kUnitBytes = kWidth * kWidth * 2;  // bf16
 
-EngineOptions BaseOptions() {
-  EngineOptions o;
-  o.partition_bytes = 64 << 10;  // 16 Ki fp32: pack limit 4 Ki elements
-  o.staging_buffer_bytes = 64 << 10;
-  o.io_block_bytes = 64 << 10;
-  o.io.queue_depth = 4;
-  o.optimizer.cpu.threads = 1;
-  o.optimizer.cpu.weight_decay = 0.01;
-  o.persistence_threshold_bytes = 0;  // every unit may be evicted
-  return o;
-}
+EngineOptions BaseOptions() { return testing::SmallEngineOptions(); }
 
 // The trainer: a deep linear network y = W_L ... W_1 x, loss 0.5 |y - t|^2
 // / batch, computed on the device with GEMMs in bf16 and fp32 accumulation.
