@@ -856,14 +856,11 @@ Status EngineImpl::ReadMaster(TensorId id, std::span<float> out) {
   // may reduce (zero_stage 2) and must come first on every rank.
   WaitGradsQuiet();
   const TensorPlace& t = layout_->tensor(id);
-  const uint64_t shard = units_[t.unit].elems;
-  std::vector<size_t> counts(static_cast<size_t>(options_.world_size));
+  const std::vector<size_t> counts =
+      RankCounts(t.offset, t.offset + t.elems, units_[t.unit].elems);
   uint64_t mine = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    const uint64_t lo = std::max<uint64_t>(t.offset, r * shard);
-    const uint64_t hi = std::min<uint64_t>(t.offset + t.elems, (r + 1) * shard);
-    counts[r] = hi > lo ? hi - lo : 0;
-    if (r < static_cast<size_t>(options_.rank)) mine += counts[r];
+  for (size_t r = 0; r < static_cast<size_t>(options_.rank); ++r) {
+    mine += counts[r];
   }
   STRATA_RETURN_IF_ERROR(ForEachPieceOfTensor(
       id, kMaster, false, [&](std::byte* p, uint64_t b, uint64_t n) {
@@ -1605,12 +1602,7 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
   const uint64_t lo = w * window_elems_;
   const uint64_t hi = std::min(lo + window_elems_, s.full_elems);
   // Rank r receives the window's elements in its shard (maybe none).
-  std::vector<size_t> counts(static_cast<size_t>(options_.world_size));
-  for (size_t r = 0; r < counts.size(); ++r) {
-    const uint64_t a = std::max<uint64_t>(lo, r * s.elems);
-    const uint64_t b = std::min<uint64_t>(hi, (r + 1) * s.elems);
-    counts[r] = b > a ? b - a : 0;
-  }
+  const std::vector<size_t> counts = RankCounts(lo, hi, s.elems);
   const uint64_t mine = counts[static_cast<size_t>(options_.rank)];
   uint8_t& written = window_written_[window_base_[u] + w];
   float* shard = nullptr;  // in the host array (not with grads on NVMe)
@@ -1641,6 +1633,28 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
   }
   written = 1;
   return Status::Ok();
+}
+
+std::vector<size_t> EngineImpl::RankCounts(uint64_t lo, uint64_t hi,
+                                           uint64_t shard) const {
+  std::vector<size_t> counts(static_cast<size_t>(options_.world_size));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const uint64_t a = std::max<uint64_t>(lo, r * shard);
+    const uint64_t b = std::min<uint64_t>(hi, (r + 1) * shard);
+    counts[r] = b > a ? b - a : 0;
+  }
+  return counts;
+}
+
+size_t EngineImpl::OldestOpenBucket() const {
+  size_t b = buckets_.size();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i].unit >= 0 &&
+        (b == buckets_.size() || buckets_[i].opened < buckets_[b].opened)) {
+      b = i;
+    }
+  }
+  return b;
 }
 
 Status EngineImpl::FlushBucket(size_t b) {
@@ -1709,11 +1723,8 @@ Status EngineImpl::AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
       for (size_t i = 0; i < buckets_.size(); ++i) {
         if (buckets_[i].unit < 0) b = i;
       }
-      if (b == buckets_.size()) {
-        b = 0;
-        for (size_t i = 1; i < buckets_.size(); ++i) {
-          if (buckets_[i].opened < buckets_[b].opened) b = i;
-        }
+      if (b == buckets_.size()) {  // none free: the oldest goes
+        b = OldestOpenBucket();
         STRATA_RETURN_IF_ERROR(FlushBucket(b));
       }
       GradBucket& k = buckets_[b];
@@ -1753,15 +1764,7 @@ Status EngineImpl::ReduceGrads(const std::vector<uint32_t>& counts) {
     return Status::Ok();
   }
   // The buckets still open, in the order they were opened.
-  for (;;) {
-    size_t b = buckets_.size();
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      if (buckets_[i].unit >= 0 &&
-          (b == buckets_.size() || buckets_[i].opened < buckets_[b].opened)) {
-        b = i;
-      }
-    }
-    if (b == buckets_.size()) break;
+  for (size_t b; (b = OldestOpenBucket()) < buckets_.size();) {
     STRATA_RETURN_IF_ERROR(FlushBucket(b));
   }
   // This rank's part of the windows no rank handed a gradient for (on NVMe
@@ -1966,9 +1969,7 @@ StatusOr<StepResult> EngineImpl::StepRest(
   if (MultiRank()) {
     STRATA_ASSIGN_OR_RETURN(g, AgreeGradStats(g));
   }
-  const double inv_scale = MultiRank()
-                               ? 1.0 / (args.loss_scale * options_.world_size)
-                               : 1.0 / args.loss_scale;
+  const double inv_scale = InvGradScale(args.loss_scale);
   StepResult result;
   result.grad_norm = std::sqrt(g.sum_sq) * inv_scale;
   if (!g.finite || !std::isfinite(result.grad_norm)) {
@@ -2444,9 +2445,7 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
     early_state_[u] = kEarlyUpdating;
     sa.step = steps_ + 1;
     sa.lr = early_args_.lr;
-    sa.inv_loss_scale =
-        1.0 / (early_args_.loss_scale *
-               static_cast<double>(MultiRank() ? options_.world_size : 1));
+    sa.inv_loss_scale = InvGradScale(early_args_.loss_scale);
     sa.clip_coef = 1.0;
     sa.check_overflow = false;  // checked below, and again by Step
   }

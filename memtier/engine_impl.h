@@ -237,6 +237,19 @@ class EngineImpl final : public Engine {
                           bool part_ends);
   // zero_stage 2: reduce-scatters bucket b into the ranks' gradient shards.
   Status FlushBucket(size_t b);
+  // zero_stage 2: the open bucket opened first; buckets_.size() if none is
+  // open.
+  size_t OldestOpenBucket() const;
+  // How many of the unit elements [lo, hi) fall in each rank's shard of
+  // `shard` elements (rank r's is [r * shard, (r + 1) * shard)), in rank
+  // order: the counts of a collective over that range.
+  std::vector<size_t> RankCounts(uint64_t lo, uint64_t hi,
+                                 uint64_t shard) const;
+  // What Step divides a gradient by: the loss scale and, with several
+  // ranks, their number (the reduction sums, the gradient is averaged).
+  double InvGradScale(double loss_scale) const {
+    return 1.0 / (loss_scale * static_cast<double>(options_.world_size));
+  }
   // Reduce-scatters window w of a unit's gradient (`data`, fp32, the
   // window's elements) and adds this rank's part into its accumulator (or
   // overwrites it, the first time in a step).
