@@ -31,6 +31,7 @@
 #include "strata/engine.h"
 #include "tests/memtier/memory_checkpoint.h"
 #include "tests/memtier/small_engine_options.h"
+#include "tests/util/scratch_dir.h"
 
 namespace strata {
 namespace {
@@ -40,24 +41,7 @@ constexpr int kMicro = 2;
 constexpr int kOverflowStep = 2;  // the last rank's gradient has an inf
 constexpr double kClip = 2.0;
 
-// A fresh directory under TMPDIR, removed at destruction.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base ? base : "/tmp") + "/strata-dp-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::ScratchDir;
 
 // One tensor a unit of its own (two pieces per shard), one smaller, and
 // seven packed into two units; two of them never get a gradient, so that

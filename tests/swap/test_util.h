@@ -18,29 +18,9 @@
 #include "strata/host_buffer.h"
 #include "strata/io_engine.h"
 #include "strata/swap_space.h"
+#include "tests/util/scratch_dir.h"
 
 namespace strata::testing {
-
-// A fresh directory under TMPDIR (default /tmp), removed at destruction.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base ? base : "/tmp") + "/strata-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    if (p != nullptr) path_ = p;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Fills buf so that every 8-byte word holds (offset of the word) ^ salt; a
 // misplaced or stale block cannot pass for the right one.
