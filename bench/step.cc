@@ -256,6 +256,8 @@ class UpdateSample {
     return static_cast<double>(n_) / best;
   }
 
+  uint64_t params() const { return n_; }
+
  private:
   CpuDType moments_ = CpuDType::kFloat32;
   uint64_t n_ = 0, piece_state_ = 0;
@@ -277,7 +279,8 @@ struct CaseResult {
   std::string name;
   CpuDType moments = CpuDType::kFloat32;
   double step_s = 0, io_s = 0, update_s = 0;
-  double update_rate = 0;  // params/s, measured beside this case's engine
+  double update_rate = 0;      // params/s, measured beside this case's engine
+  uint64_t sample_params = 0;  // the update-rate sample's size
   std::vector<RepSample> reps;
   std::vector<double> paired;  // each rep's bound / its step time
   // The process's page-locked bytes at their most, from the engine's
@@ -368,6 +371,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     if (!update_sample) {
       STRATA_ASSIGN_OR_RETURN(UpdateSample u, UpdateSample::Create(c, moments));
       update_sample.emplace(std::move(u));
+      r.sample_params = update_sample->params();
     }
     STRATA_ASSIGN_OR_RETURN(sample.update_rate, update_sample->Measure());
     r.update_rate = std::max(r.update_rate, sample.update_rate);
@@ -471,6 +475,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
          {"io_s", r.io_s},
          {"update_s", r.update_s},
          {"update_params_per_s", r.update_rate},
+         {"update_sample_params", r.sample_params},
          {"efficiency", eff},
          {"paired_efficiency", paired_eff},
          {"pinned_peak_bytes", r.pinned_peak},

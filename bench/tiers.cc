@@ -22,6 +22,12 @@
 //               h2d; d2h and nvme_write), each the best of --reps. Above 1
 //               would mean the hops are measured less favourably than the
 //               engine runs.
+//   paired      the median of each repetition's e2e rate over the slowest
+//               hop it crosses in that same repetition: the drive's rate
+//               drifts from minute to minute on shared machines, so a best
+//               pass of the engine can meet a best hop sampled minutes away
+//               (one run gave an e2e_fetch efficiency of 1.12); each
+//               repetition measures the engine and its hops side by side.
 //
 // The engine prefetches along the order its last step recorded, so each pass
 // ends with a Step (outside the fetch's timing) that a NaN gradient skips, as
@@ -614,16 +620,23 @@ struct E2eRow {
   std::vector<std::string> crosses;  // the hops it crosses
 };
 
+// The GB/s of every pass of one repetition.
+struct RepRates {
+  double nvme_write = 0, nvme_read = 0, h2d = 0, d2h = 0;
+  double fetch = 0, writeback = 0;
+};
+
 struct TiersOutcome {
   Row nvme_write{"nvme_write"}, nvme_read{"nvme_read"}, h2d{"h2d"}, d2h{"d2h"};
   E2eRow fetch{{"e2e_fetch"}, {}, {"nvme_read", "h2d"}};
   E2eRow writeback{{"e2e_writeback"}, {}, {"d2h", "nvme_write"}};
+  std::vector<RepRates> reps;
   EngineStats engine_stats;
   std::string io_engine;
 };
 
-// One timed pass of a hop, kept if it is the fastest.
-Status MeasureHop(HopRig& rig, Row& row, Progress& progress) {
+// One timed pass of a hop, kept if it is the fastest; returns its GB/s.
+StatusOr<double> MeasureHop(HopRig& rig, Row& row, Progress& progress) {
   progress.Step(row.hop);
   StatusOr<double> s =
       row.hop == "nvme_write" ? NvmePass(rig, true)
@@ -633,25 +646,27 @@ Status MeasureHop(HopRig& rig, Row& row, Progress& progress) {
                                            : CopyKind::kDeviceToHost);
   STRATA_RETURN_IF_ERROR(s.status());
   row.Keep(rig.shape->size, *s);
-  return Status::Ok();
+  return *s > 0 ? rig.shape->size / *s / 1e9 : 0.0;
 }
 
-Status MeasureFetch(EngineRig& rig, TiersOutcome& out, Progress& progress) {
+StatusOr<double> MeasureFetch(EngineRig& rig, TiersOutcome& out,
+                              Progress& progress) {
   progress.Step("e2e_fetch");
   STRATA_ASSIGN_OR_RETURN(PassStats p, FetchPass(rig));
   STRATA_RETURN_IF_ERROR(EndStep(rig));
   // Bytes that came from NVMe: a tensor found on the device counts nothing.
   if (out.fetch.row.Keep(p.nvme_read_bytes, p.seconds)) out.fetch.pass = p;
-  return Status::Ok();
+  return p.seconds > 0 ? p.nvme_read_bytes / p.seconds / 1e9 : 0.0;
 }
 
-Status MeasureWriteback(EngineRig& rig, TiersOutcome& out, Progress& progress) {
+StatusOr<double> MeasureWriteback(EngineRig& rig, TiersOutcome& out,
+                                  Progress& progress) {
   progress.Step("e2e_writeback");
   STRATA_ASSIGN_OR_RETURN(PassStats p, WritebackPass(rig));
   if (out.writeback.row.Keep(p.nvme_write_bytes, p.seconds)) {
     out.writeback.pass = p;
   }
-  return Status::Ok();
+  return p.seconds > 0 ? p.nvme_write_bytes / p.seconds / 1e9 : 0.0;
 }
 
 // One repetition: the writes (the hop's and the engine's write-back), the
@@ -659,26 +674,33 @@ Status MeasureWriteback(EngineRig& rig, TiersOutcome& out, Progress& progress) {
 // runs while the drive may still be absorbing writes. Within each pair the
 // hop and the engine take turns going first, so that neither is always
 // measured after the other.
+// Each repetition's rates are kept too, for the paired figure: the engine's
+// pass against the hops measured beside it, in the same minute.
 Status MeasureRep(int rep, HopRig& hops, EngineRig& engine, TiersOutcome& out,
                   Progress& progress) {
   const bool hop_first = rep % 2 == 1;
+  RepRates r;
   if (hop_first) {
-    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_write, progress));
+    STRATA_ASSIGN_OR_RETURN(r.nvme_write,
+                            MeasureHop(hops, out.nvme_write, progress));
   }
-  STRATA_RETURN_IF_ERROR(MeasureWriteback(engine, out, progress));
+  STRATA_ASSIGN_OR_RETURN(r.writeback, MeasureWriteback(engine, out, progress));
   if (!hop_first) {
-    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_write, progress));
+    STRATA_ASSIGN_OR_RETURN(r.nvme_write,
+                            MeasureHop(hops, out.nvme_write, progress));
   }
-  for (Row* r : {&out.h2d, &out.d2h}) {
-    STRATA_RETURN_IF_ERROR(MeasureHop(hops, *r, progress));
-  }
+  STRATA_ASSIGN_OR_RETURN(r.h2d, MeasureHop(hops, out.h2d, progress));
+  STRATA_ASSIGN_OR_RETURN(r.d2h, MeasureHop(hops, out.d2h, progress));
   if (hop_first) {
-    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_read, progress));
+    STRATA_ASSIGN_OR_RETURN(r.nvme_read,
+                            MeasureHop(hops, out.nvme_read, progress));
   }
-  STRATA_RETURN_IF_ERROR(MeasureFetch(engine, out, progress));
+  STRATA_ASSIGN_OR_RETURN(r.fetch, MeasureFetch(engine, out, progress));
   if (!hop_first) {
-    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_read, progress));
+    STRATA_ASSIGN_OR_RETURN(r.nvme_read,
+                            MeasureHop(hops, out.nvme_read, progress));
   }
+  out.reps.push_back(r);
   return Status::Ok();
 }
 
@@ -741,6 +763,26 @@ double Efficiency(const TiersOutcome& out, const E2eRow& e) {
   return ref.gbps > 0 ? e.row.gbps() / ref.gbps : 0.0;
 }
 
+// Each repetition's engine pass over the slowest hop it crosses in that
+// repetition.
+std::vector<double> PairedRatios(const TiersOutcome& out, const E2eRow& e) {
+  const bool fetch = &e == &out.fetch;
+  std::vector<double> ratios;
+  for (const RepRates& r : out.reps) {
+    const double slowest =
+        fetch ? std::min(r.nvme_read, r.h2d) : std::min(r.nvme_write, r.d2h);
+    ratios.push_back(slowest > 0 ? (fetch ? r.fetch : r.writeback) / slowest
+                                 : 0.0);
+  }
+  return ratios;
+}
+
+// The median of the paired ratios (nearest rank).
+double PairedEfficiency(const TiersOutcome& out, const E2eRow& e) {
+  std::vector<double> ratios = PairedRatios(out, e);
+  return ratios.empty() ? 0.0 : Percentile(ratios, 50);
+}
+
 nlohmann::json E2eJson(const TiersOutcome& out, const E2eRow& e) {
   const Reference ref = Slowest(out, e);
   nlohmann::json j = RowJson(e.row);
@@ -748,6 +790,8 @@ nlohmann::json E2eJson(const TiersOutcome& out, const E2eRow& e) {
   j["slowest_hop"] = ref.hop;
   j["slowest_hop_gbps"] = ref.gbps;
   j["efficiency"] = Efficiency(out, e);
+  j["paired_efficiency"] = PairedEfficiency(out, e);
+  j["paired_ratios"] = PairedRatios(out, e);
   if (&e == &out.fetch) {
     j["nvme_read_bytes"] = e.pass.nvme_read_bytes;
     j["h2d_bytes"] = e.pass.h2d_bytes;
@@ -794,6 +838,7 @@ void AddE2eRow(Table& table, const TiersOutcome& out, const E2eRow& e) {
   table.AddRow({e.row.hop, Fixed(e.row.bytes / 1e9, 3), Fixed(e.row.seconds, 3),
                 Fixed(e.row.gbps(), 3), ref.hop + " " + Fixed(ref.gbps, 3),
                 Fixed(Efficiency(out, e), 3),
+                Fixed(PairedEfficiency(out, e), 3),
                 fetch ? std::to_string(e.pass.prefetch_hits) : "",
                 fetch ? std::to_string(e.pass.cache_hits()) : "",
                 fetch ? Fixed(e.pass.stall_seconds, 3) : ""});
@@ -801,11 +846,11 @@ void AddE2eRow(Table& table, const TiersOutcome& out, const E2eRow& e) {
 
 void PrintTable(const TiersConfig& c, const TiersPrepared& p,
                 const TiersOutcome& out) {
-  Table table({"hop", "GB", "s", "GB/s", "slowest hop", "efficiency",
+  Table table({"hop", "GB", "s", "GB/s", "slowest hop", "efficiency", "paired",
                "prefetched", "cached", "stall s"});
   for (const Row* r : {&out.nvme_write, &out.nvme_read, &out.h2d, &out.d2h}) {
     table.AddRow({r->hop, Fixed(r->bytes / 1e9, 3), Fixed(r->seconds, 3),
-                  Fixed(r->gbps(), 3), "", "", "", "", ""});
+                  Fixed(r->gbps(), 3), "", "", "", "", "", ""});
   }
   AddE2eRow(table, out, out.fetch);
   AddE2eRow(table, out, out.writeback);
@@ -829,6 +874,15 @@ Status ReportTiers(const TiersConfig& c, TiersPrepared& p,
   }
   results.push_back(E2eJson(out, out.fetch));
   results.push_back(E2eJson(out, out.writeback));
+  nlohmann::json reps = nlohmann::json::array();
+  for (const RepRates& r : out.reps) {
+    reps.push_back({{"nvme_write_gbps", r.nvme_write},
+                    {"nvme_read_gbps", r.nvme_read},
+                    {"h2d_gbps", r.h2d},
+                    {"d2h_gbps", r.d2h},
+                    {"e2e_fetch_gbps", r.fetch},
+                    {"e2e_writeback_gbps", r.writeback}});
+  }
   nlohmann::json j = {{"command", kCommand},
                       {"machine", MachineInfo()},
                       {"filesystem", p.filesystem},
@@ -839,6 +893,7 @@ Status ReportTiers(const TiersConfig& c, TiersPrepared& p,
                       {"io_engine", out.io_engine},
                       {"config", ConfigJson(c, p)},
                       {"results", results},
+                      {"reps", reps},
                       {"engine_stats", nlohmann::json::parse(
                                            EngineStatsJson(out.engine_stats))}};
   return p.json.Commit(j);

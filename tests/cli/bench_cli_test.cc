@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -596,6 +597,15 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
       EXPECT_TRUE(j["config"].contains(k)) << c.command << " config." << k;
     }
     EXPECT_FALSE(j["results"].empty()) << c.command;
+    if (c.command != "step") continue;
+    // The sample the update rate came from: at least one parameter, at
+    // most the step's.
+    for (const auto& r : j["results"]) {
+      EXPECT_GT(r.value("update_sample_params", uint64_t{0}), 0u) << r.dump();
+      EXPECT_LE(r.value("update_sample_params", uint64_t{0}),
+                r.value("params", uint64_t{0}))
+          << r.dump();
+    }
   }
   EXPECT_EQ(
       Entries(d.path()),
@@ -728,8 +738,16 @@ TEST(BenchCliTest, TiersJsonHasEveryRowAndItsEfficiency) {
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j.value("command", ""), "tiers");
   for (const char* k : {"machine", "filesystem", "device", "io_engine",
-                        "config", "results", "engine_stats"}) {
+                        "config", "results", "reps", "engine_stats"}) {
     EXPECT_TRUE(j.contains(k)) << k;
+  }
+  // Every repetition's passes, each one measured.
+  ASSERT_EQ(j["reps"].size(), 2u) << j["reps"].dump();
+  for (const auto& rep : j["reps"]) {
+    for (const char* k : {"nvme_write_gbps", "nvme_read_gbps", "h2d_gbps",
+                          "d2h_gbps", "e2e_fetch_gbps", "e2e_writeback_gbps"}) {
+      EXPECT_GT(rep.value(k, 0.0), 0) << k << " " << rep.dump();
+    }
   }
   EXPECT_EQ(j["config"]["size"], 8u << 20);
   EXPECT_EQ(j["config"]["device"], "host");
@@ -743,10 +761,30 @@ TEST(BenchCliTest, TiersJsonHasEveryRowAndItsEfficiency) {
     EXPECT_GT(r["seconds"].get<double>(), 0) << hop;
     EXPECT_GT(r["gbps"].get<double>(), 0) << hop;
     if (hop.rfind("e2e_", 0) != 0) continue;
-    for (const char* k :
-         {"slowest_hop", "slowest_hop_gbps", "efficiency", "crosses"}) {
+    for (const char* k : {"slowest_hop", "slowest_hop_gbps", "efficiency",
+                          "crosses", "paired_efficiency", "paired_ratios"}) {
       EXPECT_TRUE(r.contains(k)) << hop << "." << k;
     }
+    // One ratio per repetition: its own pass over its own slowest hop, and
+    // the paired figure is one of them (the median, nearest rank).
+    const std::string rate =
+        hop == "e2e_fetch" ? "e2e_fetch_gbps" : "e2e_writeback_gbps";
+    const std::vector<std::string> crossed =
+        hop == "e2e_fetch"
+            ? std::vector<std::string>{"nvme_read_gbps", "h2d_gbps"}
+            : std::vector<std::string>{"nvme_write_gbps", "d2h_gbps"};
+    ASSERT_EQ(r["paired_ratios"].size(), j["reps"].size()) << r.dump();
+    bool paired_is_one = false;
+    for (size_t i = 0; i < j["reps"].size(); ++i) {
+      const auto& rep = j["reps"][i];
+      const double slowest = std::min(rep[crossed[0]].get<double>(),
+                                      rep[crossed[1]].get<double>());
+      const double ratio = r["paired_ratios"][i];
+      EXPECT_NEAR(ratio, rep[rate].get<double>() / slowest, 1e-9 * ratio)
+          << hop << " rep " << i;
+      paired_is_one = paired_is_one || ratio == r["paired_efficiency"];
+    }
+    EXPECT_TRUE(paired_is_one) << r.dump();
     const std::vector<std::string> own =
         hop == "e2e_fetch"
             ? std::vector<std::string>{"nvme_read_bytes", "h2d_bytes",
