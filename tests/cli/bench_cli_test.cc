@@ -605,6 +605,11 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
       EXPECT_LE(r.value("update_sample_params", uint64_t{0}),
                 r.value("params", uint64_t{0}))
           << r.dump();
+      // A small step's sample of its own size fits beside its engine.
+      EXPECT_EQ(r.value("update_sampled", ""), "beside_engine") << r.dump();
+      EXPECT_EQ(r.value("update_sample_params", uint64_t{0}),
+                r.value("params", uint64_t{0}))
+          << r.dump();
     }
   }
   EXPECT_EQ(
