@@ -26,6 +26,7 @@
 // gradients are handed over (outside the timing) before every step.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -222,6 +223,21 @@ uint64_t SampleParams(const StepConfig& c, CpuDType moments, double share) {
 // allocating and freeing gigabytes between steps set the kernel's page
 // zeroing and reclaim on the steps that followed (one host step in three
 // took 2-4x its time).
+// Note [Settling]
+// On a virtual machine whose freed memory goes back to the host (free page
+// reporting, as Firecracker guests have), memory the process has just
+// allocated is slow until the host has backed it again: one sample of 1 Gi
+// parameters took 0.75, 0.65, 0.64, 0.74, 0.48 and then 0.36-0.40 s per
+// pass. So the engine's warm-up steps and the sample's first passes repeat
+// until two in a row agree within kSettled, at most kSettlePasses times,
+// before anything is timed.
+constexpr int kSettlePasses = 8;
+constexpr double kSettled = 0.05;
+
+bool Settled(double last, double now) {
+  return last > 0 && std::abs(now - last) <= kSettled * last;
+}
+
 class UpdateSample {
  public:
   static StatusOr<UpdateSample> Create(const StepConfig& c, CpuDType moments,
@@ -250,32 +266,24 @@ class UpdateSample {
     return s;
   }
 
+  // Passes until two in a row agree within kSettled (at most kSettlePasses):
+  // see Note [Settling].
+  Status Settle() {
+    double last = 0;
+    for (int r = 0; r < kSettlePasses; ++r) {
+      STRATA_ASSIGN_OR_RETURN(double s, Pass());
+      if (Settled(last, s)) break;
+      last = s;
+    }
+    return Status::Ok();
+  }
+
+  // The best of five passes, in params/s.
   StatusOr<double> Measure() {
-    CpuStepArgs a;
-    a.check_overflow = false;
     double best = 1e30;
-    for (int r = 0; r <= 5; ++r) {  // r == 0 warms up
-      STRATA_RETURN_IF_ERROR(CheckInterrupted());
-      a.step = ++steps_;
-      const auto t0 = Clock::now();
-      for (uint64_t b = 0; b < n_; b += kTensorElems) {
-        const uint64_t k = std::min(kTensorElems, n_ - b);
-        STRATA_RETURN_IF_ERROR(
-            opt_->ComputeGradStats(grad_.data() + b * 4, CpuDType::kFloat32, k)
-                .status());
-      }
-      for (uint64_t b = 0; b < n_; b += kTensorElems) {
-        CpuOptimizerTensors t;
-        t.n = std::min(kTensorElems, n_ - b);
-        t.master = reinterpret_cast<float*>(master_.data()) + b;
-        t.grad = grad_.data() + b * 4;
-        t.exp_avg = m_.data() + b / kTensorElems * piece_state_;
-        t.exp_avg_sq = v_.data() + b / kTensorElems * piece_state_;
-        t.moment_dtype = moments_;
-        t.working = w_.data() + b * 2;
-        STRATA_RETURN_IF_ERROR(opt_->Step(t, a).status());
-      }
-      if (r > 0) best = std::min(best, SecondsSince(t0));
+    for (int r = 0; r < 5; ++r) {
+      STRATA_ASSIGN_OR_RETURN(double s, Pass());
+      best = std::min(best, s);
     }
     return static_cast<double>(n_) / best;
   }
@@ -283,6 +291,33 @@ class UpdateSample {
   uint64_t params() const { return n_; }
 
  private:
+  // One pass over the sample, in seconds.
+  StatusOr<double> Pass() {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    CpuStepArgs a;
+    a.check_overflow = false;
+    a.step = ++steps_;
+    const auto t0 = Clock::now();
+    for (uint64_t b = 0; b < n_; b += kTensorElems) {
+      const uint64_t k = std::min(kTensorElems, n_ - b);
+      STRATA_RETURN_IF_ERROR(
+          opt_->ComputeGradStats(grad_.data() + b * 4, CpuDType::kFloat32, k)
+              .status());
+    }
+    for (uint64_t b = 0; b < n_; b += kTensorElems) {
+      CpuOptimizerTensors t;
+      t.n = std::min(kTensorElems, n_ - b);
+      t.master = reinterpret_cast<float*>(master_.data()) + b;
+      t.grad = grad_.data() + b * 4;
+      t.exp_avg = m_.data() + b / kTensorElems * piece_state_;
+      t.exp_avg_sq = v_.data() + b / kTensorElems * piece_state_;
+      t.moment_dtype = moments_;
+      t.working = w_.data() + b * 2;
+      STRATA_RETURN_IF_ERROR(opt_->Step(t, a).status());
+    }
+    return SecondsSince(t0);
+  }
+
   CpuDType moments_ = CpuDType::kFloat32;
   uint64_t n_ = 0, piece_state_ = 0;
   int64_t steps_ = 0;
@@ -368,12 +403,13 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   r.step_s = 1e30;
   // Note [The update sample]: beside the engine when one of the step's
   // size fits beside it, else once after the engine is gone. Decided after
-  // the warm-up step, so that SampleParams sees the memory the engine holds.
+  // the warm-up steps, so that SampleParams sees the memory the engine holds.
   std::optional<UpdateSample> update_sample;
   bool beside = false;
-  for (int rep = 0; rep <= c.reps; ++rep) {  // rep 0 warms up
+  // One step with every gradient handed over first (outside the timing), in
+  // seconds; the pinned peak is taken over it.
+  auto one_step = [&]() -> StatusOr<double> {
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
-    if (rep > 0) HostBuffer::ResetPeakPinnedBytes();  // rep 0's covers Start
     for (TensorId id : ids) {
       STRATA_RETURN_IF_ERROR(
           engine->AddGrad(id, grad.data(), ElementType::kFloat32, *stream));
@@ -387,22 +423,33 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     if (!sr.applied) return Status::Internal("step: the step was skipped");
     r.pinned_peak =
         std::max(r.pinned_peak, HostBuffer::PeakPinnedBytes() - pinned_before);
+    return s;
+  };
+  // Note [Settling]: warm-up steps (the first one's pinned peak covers
+  // Start), then the sample's first passes.
+  double last = 0;
+  for (int w = 0; w < kSettlePasses; ++w) {
+    STRATA_ASSIGN_OR_RETURN(double s, one_step());
+    if (Settled(last, s)) break;
+    last = s;
+  }
+  const uint64_t beside_params = SampleParams(c, moments, 0.5);
+  beside = beside_params == c.params;
+  if (beside) {
+    STRATA_ASSIGN_OR_RETURN(UpdateSample u,
+                            UpdateSample::Create(c, moments, beside_params));
+    update_sample.emplace(std::move(u));
+    STRATA_RETURN_IF_ERROR(update_sample->Settle());
+  }
+  for (int rep = 1; rep <= c.reps; ++rep) {
+    HostBuffer::ResetPeakPinnedBytes();
     RepSample sample;
-    sample.step_s = s;
-    if (rep == 0) {
-      const uint64_t n = SampleParams(c, moments, 0.5);
-      beside = n == c.params;
-      if (beside) {
-        STRATA_ASSIGN_OR_RETURN(UpdateSample u,
-                                UpdateSample::Create(c, moments, n));
-        update_sample.emplace(std::move(u));
-      }
-    }
+    STRATA_ASSIGN_OR_RETURN(sample.step_s, one_step());
+    const double s = sample.step_s;
     if (beside) {
       STRATA_ASSIGN_OR_RETURN(sample.update_rate, update_sample->Measure());
       r.update_rate = std::max(r.update_rate, sample.update_rate);
     }
-    if (rep == 0) continue;
     r.step_s = std::min(r.step_s, s);
     if (nvme) {
       STRATA_ASSIGN_OR_RETURN(
@@ -428,6 +475,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     STRATA_ASSIGN_OR_RETURN(UpdateSample u,
                             UpdateSample::Create(c, moments, n));
     update_sample.emplace(std::move(u));
+    STRATA_RETURN_IF_ERROR(update_sample->Settle());
     for (int rep = 0; rep < c.reps; ++rep) {
       STRATA_ASSIGN_OR_RETURN(double rate, update_sample->Measure());
       r.update_rate = std::max(r.update_rate, rate);
