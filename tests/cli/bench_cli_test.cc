@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/util/scratch_dir.h"
+
 #ifndef STRATA_BENCH_PATH
 #error "STRATA_BENCH_PATH must name the strata-bench binary"
 #endif
@@ -36,22 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string t = (fs::temp_directory_path() / "strata-cli-XXXXXX").string();
-    if (::mkdtemp(t.data()) == nullptr) std::abort();
-    path_ = t;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using strata::testing::ScratchDir;
 
 // What is in `dir` (names only).
 std::set<std::string> Entries(const std::string& dir) {

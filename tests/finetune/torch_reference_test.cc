@@ -12,27 +12,14 @@
 #include "examples/finetune/model/config.h"
 #include "strata/device.h"
 #include "tests/finetune/harness.h"
+#include "tests/util/scratch_dir.h"
 
 namespace finetune {
 namespace {
 
 namespace fs = std::filesystem;
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string t = (fs::temp_directory_path() / "strata-ft-XXXXXX").string();
-    if (::mkdtemp(t.data()) != nullptr) path_ = t;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using strata::testing::ScratchDir;
 
 template <class T>
 void WriteFile(const std::string& path, const std::vector<T>& v) {
