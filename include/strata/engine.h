@@ -257,7 +257,7 @@ class STRATA_EXPORT Engine {
   // placement, but every registered tensor must be in it with the same shape
   // (kNotFound, kInvalidArgument naming it; nothing changed then). fp32 and
   // bf16 moments load into each other; int8 moments only into int8 moments of
-  // the same layout (tensors, partition_bytes, piece size), else
+  // the same layout (tensors, partition_bytes, piece size, world_size), else
   // kInvalidArgument naming both. Needs no pin held and
   // no gradient handed over since the last Step. A read that fails after
   // the first write (a corrupt extent) leaves the state partly loaded: the
