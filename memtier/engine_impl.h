@@ -187,6 +187,9 @@ class EngineImpl final : public Engine {
   double LossScale() const override;
   Status SaveState(CheckpointWriter& writer, bool params) override;
   Status LoadState(CheckpointReader& reader) override;
+  Status SaveState(CheckpointWriter* writer, bool params) override;
+  StatusOr<std::string> CommitState(CheckpointWriter* writer) override;
+  Status Agree(const Status& local) override;
   EngineStats stats() const override;
   const TensorSpec& spec(TensorId id) const override { return specs_[id]; }
   size_t num_tensors() const override { return specs_.size(); }
@@ -425,6 +428,36 @@ class EngineImpl final : public Engine {
     return (units_[unit].elems + piece_elems_ - 1) / piece_elems_;
   }
   Status SaveRole(CheckpointWriter& writer, int role, Inflight& writes);
+  // The placements of tensors in elements [lo, lo + n) of unit u (unit
+  // coordinates, not the shard's).
+  std::vector<StatePlacement> PlacementsInUnit(
+      uint32_t unit, uint64_t lo, uint64_t n,
+      const std::vector<uint32_t>& index) const;
+  // The blob strata.engine: step, loss scale, optimizer, layout.
+  std::string EngineBlobJson() const STRATA_EXCLUDES(mu_);
+  // Note [Checkpoints over ranks] (state_io.cc).
+  Status SaveStateRanked(CheckpointWriter* writer, bool params);
+  // Role r of every rank's shard to rank 0, which writes it; `local` keeps
+  // this rank's first error (the collectives go on after it, so that no
+  // rank waits for another forever); the return is a collective's failure.
+  Status SaveRoleRanked(CheckpointWriter* writer, int role, Inflight& writes,
+                        Status& local);
+  // Rank 0: the whole working copy of every unit, from its own.
+  Status SaveWholeParams(CheckpointWriter& writer, Inflight& writes);
+  // Piece p of the whole working copy of unit u from the checkpoint: its
+  // stored one when `ckpt_params`, else its master rounded.
+  Status LoadWholeParamPiece(CheckpointReader& reader, uint32_t unit,
+                             size_t piece, const std::vector<uint32_t>& index,
+                             bool ckpt_params, Inflight& writes);
+  // The pieces of a unit's whole working copy.
+  size_t NumWholePieces(uint32_t unit) const {
+    return (units_[unit].full_elems + piece_elems_ - 1) / piece_elems_;
+  }
+  // Every rank has the same `mine` (hashed), else kInvalidArgument naming
+  // `what` and the first rank that differs from rank 0. A collective.
+  Status AgreeSame(const std::string& what, const std::string& mine);
+  // Agree without waiting for the gradients.
+  Status AgreeNow(const Status& local);
   // Note [Moment formats in checkpoints]: the block scales of int8 moments
   // a load puts back, per moment, in piece order; `first[u]` is the index
   // of unit u's first block.

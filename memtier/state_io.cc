@@ -140,13 +140,6 @@ Status EngineImpl::BeginExclusive(const char* what, bool load) {
     return Status::FailedPrecondition(std::string("engine: ") + what +
                                       " before Start");
   }
-  if (MultiRank()) {
-    // Note [Data-parallel ranks] (engine.cc).
-    return Status::NotSupported(
-        std::string("engine: ") + what + " with world_size " +
-        std::to_string(options_.world_size) +
-        ": checkpoints of sharded optimizer states are not built yet");
-  }
   {
     MutexLock l(&mu_);
     if (stepping_) {
@@ -207,10 +200,15 @@ void EngineImpl::EndExclusive() {
 std::vector<StatePlacement> EngineImpl::PlacementsOf(
     uint32_t u, uint64_t begin, uint64_t n,
     const std::vector<uint32_t>& index) const {
+  // Unit coordinates of the piece: the shard starts at shard_begin.
+  return PlacementsInUnit(u, layout_->unit(u).shard_begin + begin, n, index);
+}
+
+std::vector<StatePlacement> EngineImpl::PlacementsInUnit(
+    uint32_t u, uint64_t lo, uint64_t n,
+    const std::vector<uint32_t>& index) const {
   std::vector<StatePlacement> out;
   const UnitInfo& info = layout_->unit(u);
-  // Unit coordinates of the piece: the shard starts at shard_begin.
-  const uint64_t lo = info.shard_begin + begin;
   const uint64_t hi = lo + n;
   for (uint32_t id : info.tensors) {
     const TensorPlace& t = layout_->tensor(id);
@@ -352,6 +350,7 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
 }
 
 Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {
+  if (MultiRank()) return SaveStateRanked(&writer, params);
   STRATA_RETURN_IF_ERROR(BeginExclusive("SaveState", /*load=*/false));
   Status st;
   for (size_t i = 0; i < specs_.size() && st.ok(); ++i) {
@@ -378,27 +377,412 @@ Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {
   // Every submitted extent ends before the buffers and the writer may go.
   Status written = writes.Wait();
   if (st.ok()) st = written;
-  if (st.ok()) {
-    const CpuOptimizerOptions& o = options_.optimizer.cpu;
-    nlohmann::json j;
-    {
-      MutexLock l(&mu_);
-      j["step"] = steps_;
-      j["loss_scale"] = nlohmann::json::parse(loss_scaler_.Save());
-    }
-    j["optimizer"] = {{"type", std::string(CpuOptimizerAlgoName(o.algo))},
-                      {"betas", {o.beta1, o.beta2}},
-                      {"eps", o.eps},
-                      {"weight_decay", o.weight_decay},
-                      {"bias_correction", o.bias_correction}};
-    j["partition_bytes"] = options_.partition_bytes;
-    j["world_size"] = options_.world_size;
-    j["moment_dtype"] = std::string(MomentDTypeName(MomentDType()));
-    j["piece_elems"] = piece_elems_;
-    st = writer.PutBlob(kEngineBlob, j.dump());
-  }
+  if (st.ok()) st = writer.PutBlob(kEngineBlob, EngineBlobJson());
   EndExclusive();
   return st.ok() ? st : st.WithContext("engine: SaveState");
+}
+
+std::string EngineImpl::EngineBlobJson() const {
+  const CpuOptimizerOptions& o = options_.optimizer.cpu;
+  nlohmann::json j;
+  {
+    MutexLock l(&mu_);
+    j["step"] = steps_;
+    j["loss_scale"] = nlohmann::json::parse(loss_scaler_.Save());
+  }
+  j["optimizer"] = {{"type", std::string(CpuOptimizerAlgoName(o.algo))},
+                    {"betas", {o.beta1, o.beta2}},
+                    {"eps", o.eps},
+                    {"weight_decay", o.weight_decay},
+                    {"bias_correction", o.bias_correction}};
+  j["partition_bytes"] = options_.partition_bytes;
+  j["world_size"] = options_.world_size;
+  j["moment_dtype"] = std::string(MomentDTypeName(MomentDType()));
+  j["piece_elems"] = piece_elems_;
+  return j.dump();
+}
+
+// ---- Several ranks ---------------------------------------------------------
+
+// Note [Checkpoints over ranks]
+// A checkpoint saved over N ranks is one a single engine could have saved:
+// the same roles, full tensors by name and global shape, the same blob (its
+// "world_size" says N), so it loads at any world size with no conversion.
+// - Save: a collective. Rank 0 alone has a CheckpointWriter. For each role
+//   of master and moments, unit by unit, each rank's shard in rank order,
+//   piece by piece: the shard's owner reads the piece where it rests into a
+//   staging buffer and broadcasts it (rank 0's own pieces move on no
+//   collective), and rank 0 converts it as one rank does (Note [Moment
+//   formats in checkpoints]) and writes it as an extent, its placements
+//   those of that rank's shard; pieces that hold only a unit's padding (a
+//   last shard) are not written. So rank 0 holds a few staging buffers of
+//   the state at a time, never the whole state. The working copy (with
+//   `params`) is whole on every rank: rank 0 writes its own.
+// - Errors: a rank that fails (a read, a write, a refused call) keeps its
+//   first error and goes on with the collectives, doing nothing else, so
+//   that no rank waits for another forever; at the end the ranks agree on
+//   the outcome (Agree: every rank's status all-gathered, the lowest
+//   failing rank's message broadcast), so every rank returns the same
+//   Status. CommitState commits on rank 0 and agrees likewise: a commit
+//   that fails leaves nothing published (the writer removes its temporary
+//   directory), and every rank says so.
+// - Before a save the ranks check that their step counts, loss scales and
+//   optimizer settings are equal (a hash of the blob all-gathered); before
+//   a load, that every rank opened the same checkpoint (its step and blob).
+// - Load: every rank reads, by placements, only its shard's elements of
+//   master and moments (another world size cuts other ranges from the same
+//   extents), and the whole working copy (the stored one, or the master
+//   rounded). No collective moves data.
+// - int8 moments: their blocks are the saving ranks' shards' pieces, the
+//   scales in the blob unit by unit, shard by shard, piece by piece; they
+//   load only at the same world_size (and layout), else kInvalidArgument
+//   naming both layouts. fp32 and bf16 moments load at any world size.
+
+Status EngineImpl::AgreeNow(const Status& local) {
+  if (!MultiRank()) return local;
+  // Each rank's code, errno and message length; then the lowest failing
+  // rank's message.
+  struct Head {
+    int32_t code = 0;
+    int32_t sys_errno = 0;
+    uint32_t len = 0;
+    uint32_t pad = 0;
+  };
+  constexpr size_t kMaxMessage = 16 << 10;
+  const std::string_view msg =
+      local.message().substr(0, std::min(local.message().size(), kMaxMessage));
+  Head mine;
+  mine.code = static_cast<int32_t>(local.code());
+  mine.sys_errno = local.sys_errno();
+  mine.len = static_cast<uint32_t>(msg.size());
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  std::vector<Head> all(ranks);
+  const std::vector<size_t> counts(ranks, sizeof(Head));
+  auto failed = [](const Status& st) {
+    return st.WithContext(
+        "engine: agreeing on an outcome over the ranks (the communicator "
+        "failed)");
+  };
+  {
+    StatusOr<CommWork> w =
+        options_.comm->AllGather(&mine, all.data(), counts, CommType::kByte);
+    if (!w.ok()) return failed(w.status());
+    Status st = w->Wait();
+    if (!st.ok()) return failed(st);
+  }
+  size_t root = 0;
+  while (root < ranks && all[root].code == 0) ++root;
+  if (root == ranks) return Status::Ok();
+  std::string text(all[root].len, '\0');
+  if (root == static_cast<size_t>(options_.rank)) {
+    std::memcpy(text.data(), msg.data(), msg.size());
+  }
+  if (!text.empty()) {
+    StatusOr<CommWork> w = options_.comm->Broadcast(
+        text.data(), text.size(), CommType::kByte, static_cast<int>(root));
+    if (!w.ok()) return failed(w.status());
+    Status st = w->Wait();
+    if (!st.ok()) return failed(st);
+  }
+  return Status(static_cast<StatusCode>(all[root].code),
+                "rank " + std::to_string(root) + ": " + text,
+                all[root].sys_errno);
+}
+
+Status EngineImpl::Agree(const Status& local) {
+  if (!MultiRank()) return local;
+  // Before Start nothing else runs on the communicator.
+  if (started_) WaitGradsQuiet();
+  return AgreeNow(local);
+}
+
+Status EngineImpl::AgreeSame(const std::string& what, const std::string& mine) {
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  const uint64_t h = std::hash<std::string>{}(mine);
+  std::vector<uint64_t> all(ranks);
+  const std::vector<size_t> counts(ranks, sizeof(uint64_t));
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork w, comm_->AllGather(&h, all.data(), counts, CommType::kByte));
+  STRATA_RETURN_IF_ERROR(
+      w.Wait().WithContext("engine: comparing " + what + " over the ranks"));
+  for (size_t r = 1; r < ranks; ++r) {
+    if (all[r] != all[0]) {
+      return Status::InvalidArgument(
+          "engine: " + what + " differs between rank 0 and rank " +
+          std::to_string(r) + "; every rank must have the same");
+    }
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::SaveState(CheckpointWriter* writer, bool params) {
+  if (MultiRank()) return SaveStateRanked(writer, params);
+  if (writer == nullptr) {
+    return Status::InvalidArgument(
+        "engine: SaveState with a null writer (world_size 1: the one rank "
+        "writes)");
+  }
+  return SaveState(*writer, params);
+}
+
+StatusOr<std::string> EngineImpl::CommitState(CheckpointWriter* writer) {
+  if (!MultiRank()) {
+    if (writer == nullptr) {
+      return Status::InvalidArgument(
+          "engine: CommitState with a null writer (world_size 1: the one "
+          "rank commits)");
+    }
+    return writer->Commit();
+  }
+  const bool writes = options_.rank == 0;
+  Status local;
+  std::string path;
+  if (writes != (writer != nullptr)) {
+    local = Status::InvalidArgument(
+        "engine: CommitState on rank " + std::to_string(options_.rank) +
+        (writes ? " (the writer rank) without a writer"
+                : " with a writer: rank 0 alone commits; pass null"));
+  } else if (writes) {
+    StatusOr<std::string> committed = writer->Commit();
+    if (committed.ok()) {
+      path = *committed;
+    } else {
+      local = committed.status();
+    }
+  }
+  STRATA_RETURN_IF_ERROR(Agree(local));
+  // Every rank learns the path.
+  uint64_t len = path.size();
+  {
+    STRATA_ASSIGN_OR_RETURN(CommWork w,
+                            comm_->Broadcast(&len, 8, CommType::kByte, 0));
+    STRATA_RETURN_IF_ERROR(w.Wait());
+  }
+  path.resize(len);
+  if (len > 0) {
+    STRATA_ASSIGN_OR_RETURN(
+        CommWork w, comm_->Broadcast(path.data(), len, CommType::kByte, 0));
+    STRATA_RETURN_IF_ERROR(w.Wait());
+  }
+  return path;
+}
+
+Status EngineImpl::SaveStateRanked(CheckpointWriter* writer, bool params) {
+  const bool writes = options_.rank == 0;
+  Status local;
+  if (writes && writer == nullptr) {
+    local = Status::FailedPrecondition(
+        "engine: SaveState on rank 0, the writer rank, without a checkpoint "
+        "writer (did CheckpointWriter::Begin fail there?)");
+  } else if (!writes && writer != nullptr) {
+    local = Status::InvalidArgument(
+        "engine: SaveState on rank " + std::to_string(options_.rank) +
+        " with a checkpoint writer: rank 0 alone writes; pass null on the "
+        "other ranks");
+  }
+  // A bucket the accumulator reduces would interleave its collective with
+  // the save's.
+  WaitGradsQuiet();
+  bool began = false;
+  if (local.ok()) {
+    local = BeginExclusive("SaveState", /*load=*/false);
+    began = local.ok();
+  }
+  Status st = AgreeNow(local);
+  if (st.ok()) {
+    st = AgreeSame("the step count, loss scale or optimizer settings",
+                   EngineBlobJson());
+  }
+  if (!st.ok()) {
+    if (began) EndExclusive();
+    return st.WithContext("engine: SaveState");
+  }
+  for (size_t i = 0; writes && i < specs_.size() && local.ok(); ++i) {
+    CheckpointTensor t;
+    t.name = specs_[i].name;
+    t.shape = specs_[i].shape;
+    t.dtype = specs_[i].dtype;
+    StatusOr<uint32_t> index = writer->AddTensor(t);
+    if (!index.ok()) {
+      local = index.status();
+    } else if (*index != i) {
+      local = Status::Internal(
+          "engine: the checkpoint writer numbered tensor " + t.name + " " +
+          std::to_string(*index) + ", not " + std::to_string(i) +
+          " (was it given tensors before SaveState?)");
+    }
+  }
+  Inflight written;
+  for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
+    st = SaveRoleRanked(writer, r, written, local);
+    if (!st.ok()) break;
+  }
+  if (st.ok() && writes && params && local.ok()) {
+    local = SaveWholeParams(*writer, written);
+  }
+  const Status w = written.Wait();
+  if (local.ok()) local = w;
+  if (writes && local.ok())
+    local = writer->PutBlob(kEngineBlob, EngineBlobJson());
+  EndExclusive();
+  // A collective that failed broke the communicator: every rank sees it.
+  if (st.ok()) st = AgreeNow(local);
+  return st.ok() ? st : st.WithContext("engine: SaveState");
+}
+
+Status EngineImpl::SaveRoleRanked(CheckpointWriter* writer, int r,
+                                  Inflight& writes, Status& local) {
+  const StateRole state = StateOf(r);
+  const Residence where = RoleResidence(r);
+  const int me = options_.rank;
+  std::vector<float> scales;  // rank 0: int8 scales in the blob's order
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    UnitState& s = units_[u];
+    for (int q = 0; q < options_.world_size; ++q) {
+      // Rank 0's own pieces need no collective.
+      if (q == 0 && me != 0) continue;
+      for (size_t p = 0; p < NumPieces(u); ++p) {
+        const uint64_t begin = p * piece_elems_;
+        const uint64_t n = std::min(piece_elems_, s.elems - begin);
+        const size_t raw = RoleBytes(r, s, n);
+        STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
+        auto lease = std::make_shared<StagingLease>(std::move(acquired));
+        std::byte* buf = lease->data();
+        if (q == me && local.ok()) {
+          switch (where) {
+            case Residence::kHost:
+              std::memcpy(buf, HostAt(r, u, begin), raw);
+              break;
+            case Residence::kNvme:
+              local = ReadPiece(u, r, p, lease->span());
+              break;
+            case Residence::kDevice:
+              local = device_->CopyAsync(*copy_stream_, buf,
+                                         DevAt(s, RoleOffset(r, s, begin)), raw,
+                                         CopyKind::kDeviceToHost);
+              if (local.ok()) {
+                local = device_->SynchronizeStream(*copy_stream_);
+              }
+              break;
+          }
+        }
+        if (q != 0) {
+          STRATA_ASSIGN_OR_RETURN(
+              CommWork w, comm_->Broadcast(buf, raw, CommType::kByte, q));
+          STRATA_RETURN_IF_ERROR(w.Wait().WithContext(
+              "engine: SaveState: moving the " +
+              std::string(StateRoleName(state)) + " of " + UnitNames(u) +
+              " (unit " + std::to_string(u) + ", rank " + std::to_string(q) +
+              "'s piece " + std::to_string(p) + ") to rank 0"));
+        }
+        if (me != 0 || !local.ok()) continue;
+        size_t filled = raw;
+        const size_t bytes = IsMoment(r) ? n * 4 : raw;
+        if (IsMoment(r) && MomentDType() == CpuDType::kBFloat16) {
+          WidenBf16InPlace(buf, n);
+          filled = bytes;
+        } else if (IsMoment(r) && MomentDType() == CpuDType::kBlock8) {
+          Block8ToSlots(buf, n, &scales);
+          filled = bytes;
+        }
+        std::vector<StatePlacement> places = PlacementsInUnit(
+            u, static_cast<uint64_t>(q) * s.elems + begin, n, {});
+        if (places.empty()) continue;  // padding only
+        const size_t padded = RoundUp(bytes, kCheckpointAlign);
+        std::memset(buf + filled, 0, padded - filled);
+        writes.Add();
+        Status wst =
+            writer->WriteExtent(state, {buf, padded}, std::move(places),
+                                [&writes, lease](Status done) mutable {
+                                  lease.reset();  // back before the count drops
+                                  writes.Finish(done);
+                                });
+        if (!wst.ok()) {
+          writes.Finish(wst);
+          local = wst;
+        }
+      }
+    }
+  }
+  if (me == 0 && local.ok() && IsMoment(r) &&
+      MomentDType() == CpuDType::kBlock8) {
+    local = writer->PutBlob(
+        ScalesBlob(r),
+        {reinterpret_cast<const char*>(scales.data()), scales.size() * 4});
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::SaveWholeParams(CheckpointWriter& writer, Inflight& writes) {
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    UnitState& s = units_[u];
+    for (size_t p = 0; p < NumWholePieces(u); ++p) {
+      const uint64_t begin = p * piece_elems_;
+      const uint64_t n = std::min(piece_elems_, s.full_elems - begin);
+      std::vector<StatePlacement> places = PlacementsInUnit(u, begin, n, {});
+      if (places.empty()) continue;
+      const size_t raw = RoleBytes(kParam, s, n);
+      STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
+      auto lease = std::make_shared<StagingLease>(std::move(acquired));
+      std::byte* buf = lease->data();
+      if (RoleResidence(kParam) == Residence::kDevice) {
+        STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+            *copy_stream_, buf, DevAt(s, RoleOffset(kParam, s, begin)), raw,
+            CopyKind::kDeviceToHost));
+        STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+      } else {
+        // Not with several ranks today (stages 1 and 2 keep parameters on
+        // the device), but the host array is the whole unit's as well.
+        std::memcpy(buf, HostAt(kParam, u, begin), raw);
+      }
+      const size_t padded = RoundUp(raw, kCheckpointAlign);
+      std::memset(buf + raw, 0, padded - raw);
+      writes.Add();
+      Status st = writer.WriteExtent(StateRole::kParam, {buf, padded},
+                                     std::move(places),
+                                     [&writes, lease](Status done) mutable {
+                                       lease.reset();
+                                       writes.Finish(done);
+                                     });
+      if (!st.ok()) {
+        writes.Finish(st);
+        return st;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::LoadWholeParamPiece(CheckpointReader& reader, uint32_t u,
+                                       size_t p,
+                                       const std::vector<uint32_t>& index,
+                                       bool ckpt_params, Inflight& writes) {
+  UnitState& s = units_[u];
+  const uint64_t begin = p * piece_elems_;
+  const uint64_t n = std::min(piece_elems_, s.full_elems - begin);
+  const std::vector<StatePlacement> places =
+      PlacementsInUnit(u, begin, n, index);
+  const size_t es = ElementSize(s.dtype);
+  STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
+  auto working = std::make_shared<StagingLease>(std::move(acquired));
+  std::memset(working->data(), 0, RoundUp(n * es, kCheckpointAlign));
+  if (!places.empty()) {
+    if (ckpt_params) {
+      STRATA_RETURN_IF_ERROR(
+          reader.Read(StateRole::kParam, places, {working->data(), n * es}));
+    } else {
+      // The master rounded to the working dtype, as with one rank.
+      STRATA_ASSIGN_OR_RETURN(StagingLease master, staging_->Acquire());
+      std::memset(master.data(), 0, RoundUp(n * 4, kCheckpointAlign));
+      STRATA_RETURN_IF_ERROR(
+          reader.Read(StateRole::kMaster, places, {master.data(), n * 4}));
+      STRATA_RETURN_IF_ERROR(ConvertCpuArray(master.data(), CpuDType::kFloat32,
+                                             working->data(), ToCpu(s.dtype),
+                                             n));
+    }
+  }
+  StorePiece(u, kParam, p, std::move(working), writes);
+  return Status::Ok();
 }
 
 // ---- Load ------------------------------------------------------------------
@@ -409,7 +793,7 @@ void EngineImpl::StorePiece(uint32_t u, int r, size_t p,
   UnitState& s = units_[u];
   const uint64_t begin = p * piece_elems_;
   const uint64_t bytes =
-      RoleBytes(r, s, std::min(piece_elems_, s.elems - begin));
+      RoleBytes(r, s, std::min(piece_elems_, RoleElems(r, s) - begin));
   writes.Add();
   switch (RoleResidence(r)) {
     case Residence::kHost:
@@ -453,8 +837,12 @@ Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
     auto lease = std::make_shared<StagingLease>(std::move(acquired));
     const size_t bytes = IsMoment(r) ? n * 4 : RoleBytes(r, s, n);
     std::memset(lease->data(), 0, RoundUp(bytes, kCheckpointAlign));
-    STRATA_RETURN_IF_ERROR(
-        reader.Read(StateOf(r), places, {lease->data(), bytes}));
+    // A piece of padding alone (a last shard, with several ranks) reads
+    // nothing.
+    if (!places.empty()) {
+      STRATA_RETURN_IF_ERROR(
+          reader.Read(StateOf(r), places, {lease->data(), bytes}));
+    }
     if (IsMoment(r) && scales != nullptr) {
       // The gaps' slots stay zero: their codes are zero (Note [Moment
       // formats in checkpoints]).
@@ -482,7 +870,9 @@ Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
                                              CpuDType::kBFloat16, n));
       lease = std::move(narrow);
     }
-    if (r == kMaster && !ckpt_params) {
+    // With several ranks the working copy is the whole unit's
+    // (LoadWholeParamPiece), not the shard's.
+    if (r == kMaster && !ckpt_params && !MultiRank()) {
       // The working copy: the master rounded to the working dtype.
       STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
       auto working = std::make_shared<StagingLease>(std::move(acquired));
@@ -495,7 +885,7 @@ Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
     }
     StorePiece(u, r, p, std::move(lease), writes);
   }
-  if (ckpt_params) {
+  if (ckpt_params && !MultiRank()) {
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StagingLease> lease, fill(kParam));
     StorePiece(u, kParam, p, std::move(lease), writes);
   }
@@ -510,146 +900,198 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   }
   const std::string where = "engine: LoadState from " + reader.path();
   std::vector<uint32_t> index(specs_.size());
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    StatusOr<uint32_t> k = reader.Find(specs_[i].name);
-    if (!k.ok()) {
-      return Status::NotFound(where + ": tensor " + specs_[i].name +
-                              " is not in the checkpoint");
-    }
-    const CheckpointTensor& t = reader.tensors()[*k];
-    if (t.shape != specs_[i].shape) {
-      auto shape = [](const std::vector<int64_t>& v) {
-        std::string out = "[";
-        for (size_t d = 0; d < v.size(); ++d) {
-          out += (d ? ", " : "") + std::to_string(v[d]);
-        }
-        return out + "]";
-      };
-      return Status::InvalidArgument(
-          where + ": tensor " + t.name + " has shape " + shape(t.shape) +
-          " there and " + shape(specs_[i].shape) + " here");
-    }
-    index[i] = *k;
-  }
-  for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
-    if (!reader.HasRole(StateOf(r))) {
-      return Status::Corruption(where + ": the checkpoint has no " +
-                                std::string(StateRoleName(StateOf(r))));
-    }
-  }
-  // The stored working copy is used only when its dtypes are this engine's.
-  bool ckpt_params = reader.HasRole(StateRole::kParam);
-  for (size_t i = 0; i < specs_.size() && ckpt_params; ++i) {
-    ckpt_params = reader.tensors()[index[i]].dtype == specs_[i].dtype;
-  }
-  STRATA_ASSIGN_OR_RETURN(std::string blob, reader.Blob(kEngineBlob));
+  bool ckpt_params = false;
+  std::string blob;
   int64_t step = 0;
   LossScaler scaler(options_.loss_scale);
-  {
-    nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-        !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0) {
-      return Status::Corruption(where + ": blob " + kEngineBlob +
-                                " has no valid \"step\"");
-    }
-    step = j["step"].get<int64_t>();
-    // A checkpoint without the key (older than the engine's own scale)
-    // leaves the scale at the options' initial one.
-    if (j.contains("loss_scale")) {
-      STRATA_RETURN_IF_ERROR(
-          scaler.Load(j["loss_scale"].dump(), where + ": blob " + kEngineBlob));
-    }
-    // Note [Moment formats in checkpoints]. A checkpoint without the key is
-    // older than the formats: fp32.
-    CpuDType saved = CpuDType::kFloat32;
-    if (j.contains("moment_dtype")) {
-      StatusOr<CpuDType> d =
-          j["moment_dtype"].is_string()
-              ? ParseMomentDType(j["moment_dtype"].get<std::string>())
-              : StatusOr<CpuDType>(Status::InvalidArgument("not a string"));
-      if (!d.ok()) {
-        return Status::Corruption(where + ": blob " + kEngineBlob +
-                                  " has a bad \"moment_dtype\" (" +
-                                  d.status().ToString() + ")");
-      }
-      saved = *d;
-    }
-    const CpuDType here = MomentDType();
-    const std::string formats =
-        "the checkpoint's moments are " + std::string(MomentDTypeName(saved)) +
-        " and this engine's " + std::string(MomentDTypeName(here)) +
-        " (optimizer.moment_dtype)";
-    if ((saved == CpuDType::kBlock8) != (here == CpuDType::kBlock8)) {
-      return Status::InvalidArgument(
-          where + ": " + formats +
-          "; int8 moments load only into int8 moments (fp32 and bf16 load "
-          "into each other)");
-    }
-    if (here == CpuDType::kBlock8) {
-      // Stored as this layout's piece arrays: the same tensors in the same
-      // order, partition size and piece size give the same pieces.
-      bool same = reader.tensors().size() == specs_.size();
-      for (size_t i = 0; i < specs_.size() && same; ++i) {
-        same = index[i] == i && reader.tensors()[i].dtype == specs_[i].dtype;
-      }
-      const auto number = [&j](const char* key) -> uint64_t {
-        return j.contains(key) && j[key].is_number_unsigned()
-                   ? j[key].get<uint64_t>()
-                   : 0;
-      };
-      const uint64_t partition = number("partition_bytes");
-      const uint64_t piece = number("piece_elems");
-      if (!same || partition != options_.partition_bytes ||
-          piece != piece_elems_) {
-        return Status::InvalidArgument(
-            where +
-            ": int8 moments are stored as the saving engine's quantized "
-            "pieces and load only into the same layout: the same tensors in "
-            "the same order, partition_bytes and pieces (staging_buffer_bytes "
-            "/ 4, whole blocks); the checkpoint has partition_bytes " +
-            std::to_string(partition) + " and pieces of " +
-            std::to_string(piece) + " elements" +
-            (same ? "" : " and other tensors or another order") +
-            ", this engine " + std::to_string(options_.partition_bytes) +
-            " and " + std::to_string(piece_elems_));
-      }
-    }
-  }
-  // Note [Moment formats in checkpoints]: int8 moments' scales, whole.
   Block8Scales scales;
   const Block8Scales* scales_ptr = nullptr;
-  if (MomentDType() == CpuDType::kBlock8) {
-    uint64_t blocks = 0;
-    for (uint32_t u = 0; u < units_.size(); ++u) {
-      scales.first.push_back(blocks);
-      for (size_t p = 0; p < NumPieces(u); ++p) {
-        blocks +=
-            Blocks(std::min(piece_elems_, units_[u].elems - p * piece_elems_));
+  auto check = [&]() -> Status {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      StatusOr<uint32_t> k = reader.Find(specs_[i].name);
+      if (!k.ok()) {
+        return Status::NotFound(where + ": tensor " + specs_[i].name +
+                                " is not in the checkpoint");
+      }
+      const CheckpointTensor& t = reader.tensors()[*k];
+      if (t.shape != specs_[i].shape) {
+        auto shape = [](const std::vector<int64_t>& v) {
+          std::string out = "[";
+          for (size_t d = 0; d < v.size(); ++d) {
+            out += (d ? ", " : "") + std::to_string(v[d]);
+          }
+          return out + "]";
+        };
+        return Status::InvalidArgument(
+            where + ": tensor " + t.name + " has shape " + shape(t.shape) +
+            " there and " + shape(specs_[i].shape) + " here");
+      }
+      index[i] = *k;
+    }
+    for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
+      if (!reader.HasRole(StateOf(r))) {
+        return Status::Corruption(where + ": the checkpoint has no " +
+                                  std::string(StateRoleName(StateOf(r))));
       }
     }
-    for (int r : {kExpAvg, kExpAvgSq}) {
-      STRATA_ASSIGN_OR_RETURN(std::string b, reader.Blob(ScalesBlob(r)));
-      if (b.size() != blocks * 4) {
-        return Status::Corruption(where + ": blob " + ScalesBlob(r) + " has " +
-                                  std::to_string(b.size()) + " bytes, not " +
-                                  std::to_string(blocks * 4) +
-                                  " (4 per block of int8 moments)");
-      }
-      std::vector<float>& v = r == kExpAvg ? scales.exp_avg : scales.exp_avg_sq;
-      v.resize(blocks);
-      std::memcpy(v.data(), b.data(), b.size());
+    // The stored working copy is used only when its dtypes are this engine's.
+    ckpt_params = reader.HasRole(StateRole::kParam);
+    for (size_t i = 0; i < specs_.size() && ckpt_params; ++i) {
+      ckpt_params = reader.tensors()[index[i]].dtype == specs_[i].dtype;
     }
-    scales_ptr = &scales;
-  }
-  STRATA_RETURN_IF_ERROR(BeginExclusive("LoadState", /*load=*/true));
-  // Two loaders take pieces in turn, so that a checkpoint read is in
-  // flight while the other loader verifies, converts or stores its piece
-  // (a reader's Read blocks).
-  std::vector<std::pair<uint32_t, size_t>> pieces;
-  for (uint32_t u = 0; u < units_.size(); ++u) {
-    for (size_t p = 0; p < NumPieces(u); ++p) pieces.emplace_back(u, p);
+    STRATA_ASSIGN_OR_RETURN(blob, reader.Blob(kEngineBlob));
+    {
+      nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+          !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0) {
+        return Status::Corruption(where + ": blob " + kEngineBlob +
+                                  " has no valid \"step\"");
+      }
+      step = j["step"].get<int64_t>();
+      // A checkpoint without the key (older than the engine's own scale)
+      // leaves the scale at the options' initial one.
+      if (j.contains("loss_scale")) {
+        STRATA_RETURN_IF_ERROR(scaler.Load(j["loss_scale"].dump(),
+                                           where + ": blob " + kEngineBlob));
+      }
+      // Note [Moment formats in checkpoints]. A checkpoint without the key is
+      // older than the formats: fp32.
+      CpuDType saved = CpuDType::kFloat32;
+      if (j.contains("moment_dtype")) {
+        StatusOr<CpuDType> d =
+            j["moment_dtype"].is_string()
+                ? ParseMomentDType(j["moment_dtype"].get<std::string>())
+                : StatusOr<CpuDType>(Status::InvalidArgument("not a string"));
+        if (!d.ok()) {
+          return Status::Corruption(where + ": blob " + kEngineBlob +
+                                    " has a bad \"moment_dtype\" (" +
+                                    d.status().ToString() + ")");
+        }
+        saved = *d;
+      }
+      const CpuDType here = MomentDType();
+      const std::string formats =
+          "the checkpoint's moments are " +
+          std::string(MomentDTypeName(saved)) + " and this engine's " +
+          std::string(MomentDTypeName(here)) + " (optimizer.moment_dtype)";
+      if ((saved == CpuDType::kBlock8) != (here == CpuDType::kBlock8)) {
+        return Status::InvalidArgument(
+            where + ": " + formats +
+            "; int8 moments load only into int8 moments (fp32 and bf16 load "
+            "into each other)");
+      }
+      if (here == CpuDType::kBlock8) {
+        // Stored as this layout's piece arrays: the same tensors in the same
+        // order, partition size and piece size give the same pieces.
+        bool same = reader.tensors().size() == specs_.size();
+        for (size_t i = 0; i < specs_.size() && same; ++i) {
+          same = index[i] == i && reader.tensors()[i].dtype == specs_[i].dtype;
+        }
+        const auto number = [&j](const char* key) -> uint64_t {
+          return j.contains(key) && j[key].is_number_unsigned()
+                     ? j[key].get<uint64_t>()
+                     : 0;
+        };
+        const uint64_t partition = number("partition_bytes");
+        const uint64_t piece = number("piece_elems");
+        // Note [Checkpoints over ranks]: the pieces are the shards' pieces.
+        const uint64_t world =
+            j.contains("world_size") ? number("world_size") : 1;
+        const uint64_t world_here = static_cast<uint64_t>(options_.world_size);
+        if (!same || partition != options_.partition_bytes ||
+            piece != piece_elems_ || world != world_here) {
+          return Status::InvalidArgument(
+              where +
+              ": int8 moments are stored as the saving engine's quantized "
+              "pieces and load only into the same layout: the same tensors in "
+              "the same order, partition_bytes, pieces (staging_buffer_bytes "
+              "/ 4, whole blocks) and world_size (the pieces are each rank's "
+              "shard's); the checkpoint has partition_bytes " +
+              std::to_string(partition) + ", pieces of " +
+              std::to_string(piece) + " elements and world_size " +
+              std::to_string(world) +
+              (same ? "" : " and other tensors or another order") +
+              ", this engine " + std::to_string(options_.partition_bytes) +
+              ", " + std::to_string(piece_elems_) + " and " +
+              std::to_string(world_here));
+        }
+      }
+    }
+    // Note [Moment formats in checkpoints]: int8 moments' scales, whole;
+    // with several ranks, unit by unit, each unit's shards in rank order
+    // (Note [Checkpoints over ranks]).
+    if (MomentDType() == CpuDType::kBlock8) {
+      uint64_t blocks = 0;
+      for (uint32_t u = 0; u < units_.size(); ++u) {
+        uint64_t shard = 0;
+        for (size_t p = 0; p < NumPieces(u); ++p) {
+          shard += Blocks(
+              std::min(piece_elems_, units_[u].elems - p * piece_elems_));
+        }
+        scales.first.push_back(blocks +
+                               static_cast<uint64_t>(options_.rank) * shard);
+        blocks += static_cast<uint64_t>(options_.world_size) * shard;
+      }
+      for (int r : {kExpAvg, kExpAvgSq}) {
+        STRATA_ASSIGN_OR_RETURN(std::string b, reader.Blob(ScalesBlob(r)));
+        if (b.size() != blocks * 4) {
+          return Status::Corruption(
+              where + ": blob " + ScalesBlob(r) + " has " +
+              std::to_string(b.size()) + " bytes, not " +
+              std::to_string(blocks * 4) + " (4 per block of int8 moments)");
+        }
+        std::vector<float>& v =
+            r == kExpAvg ? scales.exp_avg : scales.exp_avg_sq;
+        v.resize(blocks);
+        std::memcpy(v.data(), b.data(), b.size());
+      }
+      scales_ptr = &scales;
+    }
+    return Status::Ok();
+  };
+  if (!MultiRank()) {
+    STRATA_RETURN_IF_ERROR(check());
+    STRATA_RETURN_IF_ERROR(BeginExclusive("LoadState", /*load=*/true));
+  } else {
+    // Note [Checkpoints over ranks]: every rank checks, then they agree;
+    // and every rank must have read the same checkpoint.
+    WaitGradsQuiet();
+    STRATA_RETURN_IF_ERROR(AgreeNow(check()));
+    STRATA_RETURN_IF_ERROR(AgreeSame(
+        "the checkpoint (its step and blob " + std::string(kEngineBlob) + ")",
+        std::to_string(reader.step()) + "\n" + blob));
+    const Status began = BeginExclusive("LoadState", /*load=*/true);
+    const Status agreed = AgreeNow(began);
+    if (!agreed.ok()) {
+      if (began.ok()) EndExclusive();
+      return agreed;
+    }
   }
   Inflight writes;
+  // Two loaders take pieces in turn, so that a checkpoint read is in
+  // flight while the other loader verifies, converts or stores its piece
+  // (a reader's Read blocks). With several ranks, pieces marked `whole`
+  // are of a unit's whole working copy (Note [Checkpoints over ranks]).
+  struct LoadItem {
+    uint32_t u;
+    size_t p;
+    bool whole;
+  };
+  std::vector<LoadItem> pieces;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    for (size_t p = 0; p < NumPieces(u); ++p) pieces.push_back({u, p, false});
+    if (MultiRank()) {
+      for (size_t p = 0; p < NumWholePieces(u); ++p) {
+        pieces.push_back({u, p, true});
+      }
+    }
+  }
+  auto load = [&](const LoadItem& item) {
+    return item.whole ? LoadWholeParamPiece(reader, item.u, item.p, index,
+                                            ckpt_params, writes)
+                      : LoadPiece(reader, item.u, item.p, index, ckpt_params,
+                                  scales_ptr, writes);
+  };
   std::atomic<size_t> next{0};
   Mutex error_mu;
   Status st;
@@ -661,8 +1103,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
       }
       const size_t i = next.fetch_add(1);
       if (i >= pieces.size()) return;
-      Status pst = LoadPiece(reader, pieces[i].first, pieces[i].second, index,
-                             ckpt_params, scales_ptr, writes);
+      Status pst = load(pieces[i]);
       if (!pst.ok()) {
         MutexLock l(&error_mu);
         if (st.ok()) st = pst;
@@ -673,8 +1114,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   // changes nothing.
   if (!pieces.empty()) {
     next = 1;
-    st = LoadPiece(reader, pieces[0].first, pieces[0].second, index,
-                   ckpt_params, scales_ptr, writes);
+    st = load(pieces[0]);
   }
   if (st.ok() && pieces.size() > 1) {
     std::thread second(loader);
@@ -683,13 +1123,16 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   }
   Status written = writes.Wait();
   if (st.ok()) st = written;
+  if (!st.ok()) st = st.WithContext(where);
+  // Note [Checkpoints over ranks]: a rank that loaded everything fails too
+  // when another did not (the ranks' states would not match).
+  if (MultiRank()) st = AgreeNow(st);
   {
     MutexLock l(&mu_);
     if (st.ok()) {
       steps_ = step;
       loss_scaler_ = scaler;
     } else {
-      st = st.WithContext(where);
       // Note [Engine failures]: partly loaded, unless nothing was stored.
       if (writes.started() > 0) failed_ = st;
     }

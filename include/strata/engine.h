@@ -257,13 +257,39 @@ class STRATA_EXPORT Engine {
   // placement, but every registered tensor must be in it with the same shape
   // (kNotFound, kInvalidArgument naming it; nothing changed then). fp32 and
   // bf16 moments load into each other; int8 moments only into int8 moments of
-  // the same layout (tensors, partition_bytes, piece size), else
+  // the same layout (tensors, partition_bytes, piece size, world_size), else
   // kInvalidArgument naming both. Needs no pin held and
   // no gradient handed over since the last Step. A read that fails after
   // the first write (a corrupt extent) leaves the state partly loaded: the
   // engine then refuses every later call as after a failed Step; check a
   // checkpoint first with CheckpointReader::Verify where that matters.
   virtual Status LoadState(CheckpointReader& reader) = 0;
+
+  // Several ranks (EngineOptions::world_size above 1; docs/checkpoints.md,
+  // "Several ranks"). A checkpoint is the same whatever the world size: full
+  // tensors by name and global shape, loadable at any world size. Saving is
+  // a collective: every rank calls SaveState, each rank's shard of each
+  // piece goes to rank 0 through the staging buffers, and rank 0 alone
+  // writes: `writer` is rank 0's and null on every other rank (a writer
+  // there, or none on rank 0, is an error). Then rank 0 adds its blobs and
+  // every rank calls CommitState, which commits on rank 0. Loading: every
+  // rank opens the same checkpoint and calls LoadState, which reads only
+  // the rank's shard (and the whole working copy, which every rank keeps).
+  // Each of these returns the same Status on every rank: a failure on any
+  // rank (a write or read error, a refused option, a checkpoint that
+  // differs between ranks) is every rank's, naming the rank it came from,
+  // and nothing is published then. With one rank, SaveState(&writer) is
+  // SaveState(writer) (null is kInvalidArgument) and CommitState is
+  // writer->Commit().
+  virtual Status SaveState(CheckpointWriter* writer, bool params = false) = 0;
+  virtual StatusOr<std::string> CommitState(CheckpointWriter* writer) = 0;
+  // Every rank's `local` status agreed over the ranks: OK when every rank's
+  // is, else the first failing rank's (lowest rank), as "rank R: <message>"
+  // with its code, on every rank. A collective (every rank calls it, between
+  // steps, as SaveState); waits for the gradients handed over so far first.
+  // With one rank it returns `local`. For the trainer's own steps of a save,
+  // e.g. a CheckpointWriter::Begin that failed on rank 0.
+  virtual Status Agree(const Status& local) = 0;
 
   virtual EngineStats stats() const = 0;
   virtual const TensorSpec& spec(TensorId id) const = 0;

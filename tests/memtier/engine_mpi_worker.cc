@@ -10,6 +10,21 @@
 //       state is 1/N of the single engine's.
 //   engine_mpi_worker <plugin> errors
 //       the option combinations refused with several ranks.
+//   engine_mpi_worker <plugin> ckpt-save DIR
+//       for each checkpoint case (stage, states on host or NVMe, moment
+//       format): trains on this world's ranks, saves after kSteps steps into
+//       DIR and goes on (the uninterrupted run); a second run loads that
+//       checkpoint and goes on: masters bit for bit the first run's. Rank 0
+//       writes the masters at the save beside the checkpoint.
+//   engine_mpi_worker <plugin> ckpt-load DIR W
+//       loads each case's checkpoint saved on W ranks at this world size:
+//       the masters right after the load are the saved ones bit for bit,
+//       and the steps after it stay within 1e-4 of one engine trained alone
+//       on the same data; int8 moments at another world size are refused.
+//   engine_mpi_worker <plugin> ckpt-fail DIR
+//       a writer rank without a writer, a disk that fills during the save
+//       and a commit that fails: every rank gets the same error, and the
+//       checkpoint directory keeps only the earlier checkpoint.
 // Prints "rank R: CASE: ok ..." per case, "FAIL ..." otherwise; exit 0 when
 // every case passes.
 #include <stdlib.h>
@@ -25,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/cpu_adam.h"
 #include "strata/device.h"
@@ -72,8 +88,22 @@ EngineOptions Base() {
   return o;
 }
 
+// Checkpoints in a training run (ckpt-* modes).
+struct Phases {
+  std::string load;            // loaded after Start; steps begin at kSteps
+  std::string save;            // saved after kSteps steps
+  bool params = false;         // save the working copy too
+  int steps = kSteps;          // the last step + 1
+  std::vector<int> after;      // the data of steps >= kSteps (empty: same)
+  CheckpointFs* fs = nullptr;  // the writer's
+  bool null_writer = false;    // rank 0 passes no writer
+  bool stop_after_save = false;
+};
+
 struct Trained {
   std::string error;  // empty: every call succeeded
+  Status saved;       // the save's outcome (Phases::save)
+  std::vector<std::vector<float>> at_checkpoint;  // masters saved or loaded
   std::vector<std::vector<float>> masters;
   std::vector<double> norms;
   std::vector<bool> applied;
@@ -115,7 +145,8 @@ Status ReadWorking(Engine& e, Device& dev, Stream& stream, TensorId id,
 // Trains on the data of ranks `data` of `world` (each rank's gradient
 // divided by data.size() when one engine takes them all, as the engine
 // averages over ranks).
-Trained Train(EngineOptions o, const std::vector<int>& data, int world) {
+Trained Train(EngineOptions o, const std::vector<int>& data, int world,
+              const Phases& ph = {}) {
   Trained t;
   DeviceOptions dopt;
   dopt.choice = DeviceChoice::kHostEmulated;
@@ -142,8 +173,47 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world) {
     for (float& x : w) x = nd(init);
     CHECK_OK(eng->SetInitialValues(ids[i], w));
   }
-  const float share = 1.0f / static_cast<float>(data.size());
-  for (int s = 0; s < kSteps; ++s) {
+  auto masters = [&](std::vector<std::vector<float>>& out) -> Status {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::vector<float> v(Numel(specs[i]));
+      STRATA_RETURN_IF_ERROR(eng->ReadMaster(ids[i], v));
+      out.push_back(std::move(v));
+    }
+    return Status::Ok();
+  };
+  int first = 0;
+  if (!ph.load.empty()) {
+    ASSIGN_OK(reader, CheckpointReader::Open(ph.load));
+    CHECK_OK(eng->LoadState(*reader));
+    CHECK_OK(masters(t.at_checkpoint));
+    first = kSteps;
+  }
+  for (int s = first; s < ph.steps; ++s) {
+    if (s == kSteps && !ph.save.empty()) {
+      // Rank 0 writes; every rank agrees on each stage's outcome.
+      std::unique_ptr<CheckpointWriter> w;
+      Status begun;
+      if (o.rank == 0 && !ph.null_writer) {
+        CheckpointWriterOptions wo;
+        wo.dir = ph.save;
+        wo.step = kSteps + (ph.fs != nullptr ? 1 : 0);
+        wo.fs = ph.fs;
+        auto b = CheckpointWriter::Begin(wo);
+        begun = b.status();
+        if (b.ok()) w = std::move(b).value();
+      }
+      Status st = eng->Agree(begun);
+      if (st.ok()) st = eng->SaveState(w.get(), ph.params);
+      if (st.ok()) st = eng->CommitState(w.get()).status();
+      t.saved = st;
+      w.reset();
+      if (ph.stop_after_save) return t;
+      CHECK_OK(st);
+      CHECK_OK(masters(t.at_checkpoint));
+    }
+    const std::vector<int>& d =
+        s >= kSteps && !ph.after.empty() ? ph.after : data;
+    const float share = 1.0f / static_cast<float>(d.size());
     // Updates during backward need clipping off.
     StepArgs a;
     a.lr = 1e-2;
@@ -157,8 +227,8 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world) {
         std::vector<float> w;
         CHECK_OK(ReadWorking(*eng, *dev, *stream, ids[i], w));
         std::vector<float> g(w.size(), 0.0f);
-        for (int d : data) {
-          std::mt19937 rng(1000003u * static_cast<uint32_t>(d) +
+        for (int dr : d) {
+          std::mt19937 rng(1000003u * static_cast<uint32_t>(dr) +
                            10007u * static_cast<uint32_t>(s) +
                            101u * static_cast<uint32_t>(m) +
                            static_cast<uint32_t>(i));
@@ -166,7 +236,7 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world) {
           for (size_t j = 0; j < g.size(); ++j) {
             g[j] += (0.5f * w[j] + z(rng)) * share;
           }
-          if (s == kOverflowStep && m == 0 && i == 0 && d == world - 1) {
+          if (s == kOverflowStep && m == 0 && i == 0 && dr == world - 1) {
             g[7] = std::numeric_limits<float>::infinity();
           }
         }
@@ -396,29 +466,354 @@ int ErrorCases(const std::shared_ptr<Communicator>& comm) {
     std::printf("rank %d: %s: refused: %s\n", rank, c.name,
                 e.status().ToString().c_str());
   }
-  // And an engine that works refuses checkpoints, saying why.
-  EngineOptions o = Base();
-  o.zero_stage = 1;
-  o.rank = rank;
-  o.world_size = world;
-  o.comm = comm;
-  auto e = Engine::Create(o, dev->get());
-  if (!e.ok()) return Fail(rank, "errors", e.status().ToString());
-  if (!(*e)->Register({"w", {1000}, ElementType::kBFloat16}).ok() ||
-      !(*e)->Start().ok()) {
-    return Fail(rank, "errors", "start");
-  }
-  testing::MemoryCheckpoint ckpt;
-  testing::MemoryCheckpointWriter writer(&ckpt);
-  const Status saved = (*e)->SaveState(writer);
-  if (saved.code() != StatusCode::kNotSupported ||
-      saved.message().find("world_size") == std::string::npos) {
-    rc |= Fail(rank, "checkpoint", saved.ToString());
-  } else {
-    std::printf("rank %d: checkpoint: refused: %s\n", rank,
-                saved.ToString().c_str());
-  }
   std::fflush(stdout);
+  return rc;
+}
+
+// ---- Checkpoints over ranks ------------------------------------------------
+
+constexpr int kMore = 2;  // steps after the checkpoint
+
+struct CkptCase {
+  const char* name;
+  int stage;
+  Residence states;
+  CpuDType moments;
+  bool params;  // the working copy saved too
+};
+const CkptCase kCkptCases[] = {
+    {"s2-host-fp32", 2, Residence::kHost, CpuDType::kFloat32, false},
+    {"s1-nvme-bf16", 1, Residence::kNvme, CpuDType::kBFloat16, false},
+    {"s2-nvme-fp32-params", 2, Residence::kNvme, CpuDType::kFloat32, true},
+    {"s2-host-int8", 2, Residence::kHost, CpuDType::kBlock8, false},
+};
+
+EngineOptions CkptOptions(const CkptCase& c,
+                          const std::shared_ptr<Communicator>& comm) {
+  EngineOptions o = Base();
+  o.optimizer_states = c.states;
+  o.optimizer.moment_dtype = c.moments;
+  if (comm->size() > 1) {
+    o.zero_stage = c.stage;
+    o.rank = comm->rank();
+    o.world_size = comm->size();
+    o.comm = comm;
+  }
+  return o;
+}
+
+// Each rank's own data at this world size (one rank: ranks 0 and 1's).
+std::vector<int> CkptData(const Communicator& comm, int saved_world) {
+  if (comm.size() > 1) return {comm.rank()};
+  std::vector<int> d;
+  for (int r = 0; r < saved_world; ++r) d.push_back(r);
+  return d;
+}
+
+std::string CkptDir(const std::string& dir, int world, const CkptCase& c) {
+  return dir + "/w" + std::to_string(world) + "-" + c.name;
+}
+
+double MaxDiff(const std::vector<std::vector<float>>& a,
+               const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return INFINITY;
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      const double d = std::fabs(double(a[i][j]) - b[i][j]);
+      if (!(d <= m)) m = d;  // NaN sticks
+    }
+  }
+  return m;
+}
+
+bool Same(const std::vector<std::vector<float>>& a,
+          const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int CkptSave(const std::shared_ptr<Communicator>& comm,
+             const std::string& dir) {
+  const int rank = comm->rank(), world = comm->size();
+  int rc = 0;
+  for (const CkptCase& c : kCkptCases) {
+    const std::string name = std::string("ckpt-save ") + c.name;
+    const EngineOptions o = CkptOptions(c, comm);
+    const std::vector<int> data = CkptData(*comm, 2);
+    Phases save;
+    save.save = CkptDir(dir, world, c);
+    save.params = c.params;
+    save.steps = kSteps + kMore;
+    const Trained a = Train(o, data, 2, save);
+    if (!a.error.empty()) {
+      rc |= Fail(rank, name, "uninterrupted: " + a.error);
+      continue;
+    }
+    Phases load;
+    load.load = save.save;
+    load.steps = kSteps + kMore;
+    const Trained b = Train(o, data, 2, load);
+    if (!b.error.empty()) {
+      rc |= Fail(rank, name, "resumed: " + b.error);
+      continue;
+    }
+    std::string why;
+    if (!Same(a.at_checkpoint, b.at_checkpoint)) {
+      why += " the loaded masters are not the saved ones;";
+    }
+    if (!Same(a.masters, b.masters) || a.loss_scale != b.loss_scale) {
+      why += " resumed run differs from the uninterrupted one by " +
+             std::to_string(MaxDiff(a.masters, b.masters)) + ";";
+    }
+    if (!why.empty()) {
+      rc |= Fail(rank, name, why);
+      continue;
+    }
+    if (rank == 0) {
+      FILE* f = std::fopen((save.save + ".masters").c_str(), "wb");
+      for (const auto& v : a.at_checkpoint) {
+        std::fwrite(v.data(), 4, v.size(), f);
+      }
+      std::fclose(f);
+    }
+    std::printf("rank %d: %s: ok (resumed bit for bit)\n", rank, name.c_str());
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
+int CkptLoad(const std::shared_ptr<Communicator>& comm, const std::string& dir,
+             int saved) {
+  const int rank = comm->rank(), world = comm->size();
+  int rc = 0;
+  for (const CkptCase& c : kCkptCases) {
+    const std::string name = std::string("ckpt-load ") + c.name + " from " +
+                             std::to_string(saved) + " ranks";
+    const EngineOptions o = CkptOptions(c, comm);
+    Phases load;
+    load.load = CkptDir(dir, saved, c);
+    load.steps = kSteps + kMore;
+    load.after = {rank};
+    const Trained l = Train(o, CkptData(*comm, saved), 2, load);
+    if (c.moments == CpuDType::kBlock8 && saved != world) {
+      if (l.error.find("InvalidArgument") == std::string::npos ||
+          l.error.find("world_size " + std::to_string(saved)) ==
+              std::string::npos) {
+        rc |= Fail(rank, name, "int8 across world sizes: " + l.error);
+      } else {
+        std::printf("rank %d: %s: refused: %s\n", rank, name.c_str(),
+                    l.error.c_str());
+      }
+      continue;
+    }
+    if (!l.error.empty()) {
+      rc |= Fail(rank, name, l.error);
+      continue;
+    }
+    // The masters at the save.
+    std::vector<std::vector<float>> want;
+    FILE* f = std::fopen((load.load + ".masters").c_str(), "rb");
+    for (const TensorSpec& s : Specs()) {
+      std::vector<float> v(Numel(s));
+      if (f == nullptr || std::fread(v.data(), 4, v.size(), f) != v.size()) {
+        break;
+      }
+      want.push_back(std::move(v));
+    }
+    if (f != nullptr) std::fclose(f);
+    // One engine alone: the saving ranks' data, then this world's.
+    EngineOptions one = o;
+    one.world_size = 1;
+    one.rank = 0;
+    one.comm = nullptr;
+    one.zero_stage = Base().zero_stage;
+    Phases ref;
+    ref.steps = kSteps + kMore;
+    for (int r = 0; r < world; ++r) ref.after.push_back(r);
+    const Trained r = Train(one, {0, 1}, 2, ref);
+    std::string why;
+    if (!r.error.empty()) why += " reference: " + r.error + ";";
+    if (!Same(l.at_checkpoint, want)) {
+      why += " the loaded masters are not the saved ones (max difference " +
+             std::to_string(MaxDiff(l.at_checkpoint, want)) + ");";
+    }
+    const double d = MaxDiff(l.masters, r.masters);
+    if (!(d <= 1e-4)) {
+      why += " the steps after the load differ from one engine's by " +
+             std::to_string(d) + ";";
+    }
+    if (!why.empty()) {
+      rc |= Fail(rank, name, why);
+      continue;
+    }
+    std::printf("rank %d: %s: ok (max difference after %d steps %.3g)\n", rank,
+                name.c_str(), kMore, d);
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
+// POSIX files whose data writes fail with ENOSPC after `good` of them, or
+// whose small files (the manifest, "latest") fail to be written.
+class FullDiskFs final : public CheckpointFs {
+ public:
+  FullDiskFs(std::unique_ptr<CheckpointFs> base, int good, bool small)
+      : base_(std::move(base)), left_(good), small_(small) {}
+  class Full final : public File {
+   public:
+    Full(std::unique_ptr<File> f, std::atomic<int>* left)
+        : f_(std::move(f)), left_(left) {}
+    void Write(uint64_t offset, std::span<const std::byte> buf,
+               std::function<void(Status)> done) override {
+      if (left_->fetch_sub(1) <= 0) {
+        done(Status::FromErrno(ENOSPC, "write"));
+        return;
+      }
+      f_->Write(offset, buf, std::move(done));
+    }
+    void Read(uint64_t offset, std::span<std::byte> buf,
+              std::function<void(Status)> done) override {
+      f_->Read(offset, buf, std::move(done));
+    }
+    Status Sync() override { return f_->Sync(); }
+    StatusOr<uint64_t> Size() override { return f_->Size(); }
+
+   private:
+    std::unique_ptr<File> f_;
+    std::atomic<int>* left_;
+  };
+  StatusOr<std::unique_ptr<File>> Create(const std::string& path) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> f, base_->Create(path));
+    return std::unique_ptr<File>(new Full(std::move(f), &left_));
+  }
+  StatusOr<std::unique_ptr<File>> Overwrite(const std::string& path) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> f, base_->Overwrite(path));
+    return std::unique_ptr<File>(new Full(std::move(f), &left_));
+  }
+  StatusOr<std::unique_ptr<File>> Open(const std::string& path) override {
+    return base_->Open(path);
+  }
+  StatusOr<std::string> ReadSmall(const std::string& path) override {
+    return base_->ReadSmall(path);
+  }
+  Status WriteSmall(const std::string& path, std::string_view data) override {
+    if (small_) return Status::FromErrno(ENOSPC, "write " + path);
+    return base_->WriteSmall(path, data);
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    return base_->Rename(from, to);
+  }
+  Status SyncDir(const std::string& dir) override {
+    return base_->SyncDir(dir);
+  }
+  Status MakeDir(const std::string& path) override {
+    return base_->MakeDir(path);
+  }
+  Status RemoveAll(const std::string& path) override {
+    return base_->RemoveAll(path);
+  }
+  StatusOr<std::vector<std::string>> List(const std::string& dir) override {
+    return base_->List(dir);
+  }
+  StatusOr<std::unique_ptr<Lock>> LockDir(const std::string& dir) override {
+    return base_->LockDir(dir);
+  }
+
+ private:
+  std::unique_ptr<CheckpointFs> base_;
+  std::atomic<int> left_;
+  bool small_;
+};
+
+int CkptFail(const std::shared_ptr<Communicator>& comm,
+             const std::string& dir) {
+  const int rank = comm->rank();
+  int rc = 0;
+  const CkptCase& c = kCkptCases[2];  // states on NVMe, working copy saved
+  const EngineOptions o = CkptOptions(c, comm);
+  const std::string at = dir + "/fail";
+  // A good checkpoint first: the failed saves must leave it alone.
+  Phases good;
+  good.save = at;
+  good.steps = kSteps + 1;
+  const Trained g = Train(o, {rank}, 2, good);
+  if (!g.error.empty()) return Fail(rank, "ckpt-fail first save", g.error);
+  struct Fault {
+    const char* name;
+    bool null_writer;
+    int good_writes;  // -1: no FullDiskFs
+    bool small;
+    const char* says;
+  };
+  for (const Fault& f :
+       {Fault{"no writer on the writer rank", true, -1, false,
+              "without a checkpoint"},
+        Fault{"disk full during the save", false, 3, false, "rank 0: "},
+        Fault{"commit fails", false, 1 << 30, true, "rank 0: "}}) {
+    const std::string name = std::string("ckpt-fail ") + f.name;
+    std::unique_ptr<CheckpointFs> fs;
+    if (f.good_writes >= 0 && rank == 0) {
+      auto posix = NewPosixCheckpointFs();
+      if (!posix.ok()) return Fail(rank, name, posix.status().ToString());
+      fs = std::make_unique<FullDiskFs>(std::move(posix).value(), f.good_writes,
+                                        f.small);
+    }
+    Phases bad;
+    bad.save = at;
+    bad.steps = kSteps + 1;
+    bad.params = true;
+    bad.fs = fs.get();
+    bad.null_writer = f.null_writer;
+    bad.stop_after_save = true;
+    const Trained b = Train(o, {rank}, 2, bad);
+    std::string why;
+    if (!b.error.empty()) why += " " + b.error + ";";
+    if (b.saved.ok() || b.saved.message().find(f.says) == std::string::npos) {
+      why += " save: " + b.saved.ToString() + ";";
+    }
+    // Every rank the same error: its hash agreed over the ranks.
+    const std::string text = b.saved.ToString();
+    uint64_t h = std::hash<std::string>{}(text);
+    std::vector<uint64_t> all(static_cast<size_t>(comm->size()));
+    const std::vector<size_t> counts(all.size(), 8);
+    auto w = comm->AllGather(&h, all.data(), counts, CommType::kByte);
+    if (!w.ok() || !w->Wait().ok()) return Fail(rank, name, "all-gather");
+    for (uint64_t x : all) {
+      if (x != all[0]) why += " the ranks' errors differ;";
+    }
+    // Nothing half-written: "latest" still names the first checkpoint, and
+    // no other step or temporary directory is left.
+    if (rank == 0) {
+      for (const auto& e : std::filesystem::directory_iterator(at)) {
+        const std::string n = e.path().filename().string();
+        char want[32];
+        std::snprintf(want, sizeof want, "step-%012d", kSteps);
+        if (n.rfind("step-", 0) == 0 && n != want) {
+          why += " left " + n + ";";
+        }
+        if (n.rfind(".tmp-step-", 0) == 0) why += " left " + n + ";";
+      }
+      auto reader = CheckpointReader::Open(at);
+      if (!reader.ok() || (*reader)->step() != kSteps) {
+        why += " latest: " + (reader.ok() ? std::to_string((*reader)->step())
+                                          : reader.status().ToString());
+      }
+    }
+    if (!why.empty()) {
+      rc |= Fail(rank, name, why);
+      continue;
+    }
+    std::printf("rank %d: %s: refused: %s\n", rank, name.c_str(), text.c_str());
+    std::fflush(stdout);
+  }
   return rc;
 }
 
@@ -443,6 +838,15 @@ int main(int argc, char** argv) {
   auto shared = std::make_shared<strata::Communicator>(std::move(comm).value());
   if (mode == "train") return strata::TrainCases(shared);
   if (mode == "errors") return strata::ErrorCases(shared);
+  if (mode == "ckpt-save" && argc == 4) {
+    return strata::CkptSave(shared, argv[3]);
+  }
+  if (mode == "ckpt-load" && argc == 5) {
+    return strata::CkptLoad(shared, argv[3], std::atoi(argv[4]));
+  }
+  if (mode == "ckpt-fail" && argc == 4) {
+    return strata::CkptFail(shared, argv[3]);
+  }
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }
