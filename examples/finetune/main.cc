@@ -623,7 +623,13 @@ Status Run(const Flags& f, const Ranks& ranks) {
                                           ranks.size));
     }
   }
-  // Each rank's swap directory, made here and removed after the run.
+  // Each rank's swap directory, made here and removed after the run; and a
+  // checkpoint directory the run makes, removed if a failed run leaves it
+  // empty.
+  std::error_code exists_ec;
+  const bool new_checkpoint_dir =
+      lead && !o.checkpoint_dir.empty() &&
+      !std::filesystem::exists(o.checkpoint_dir, exists_ec);
   std::vector<std::string> made;
   Status dirs = Status::Ok();
   for (const std::string& d : s.made_dirs) {
@@ -649,6 +655,7 @@ Status Run(const Flags& f, const Ranks& ranks) {
     r = Train(o, *s.sampler, shown);
     if (lead) progress.Finish();
   }
+  if (!r.ok() && new_checkpoint_dir) made.push_back(o.checkpoint_dir);
   for (const std::string& d : made) {
     std::error_code ec;
     std::filesystem::remove(d, ec);  // only when empty

@@ -123,9 +123,11 @@ Status Run::Setup(TrainReport* report) {
   }
   StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(eo, device_.get());
   if (!engine.ok() &&
-      engine.status().code() == strata::StatusCode::kNotSupported) {
-    // Options the engine does not run (e.g. a ZeRO stage with several
-    // ranks): the user's to change, like any option that cannot work.
+      (engine.status().code() == strata::StatusCode::kNotSupported ||
+       engine.status().code() == strata::StatusCode::kInvalidArgument)) {
+    // Options the engine refuses or does not run (e.g. a ZeRO stage with
+    // several ranks): the user's to change, like any option that cannot
+    // work; the message says where they came from.
     return Status::InvalidArgument(o_.engine_origin + ": " +
                                    std::string(engine.status().message()));
   }
