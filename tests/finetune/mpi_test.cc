@@ -151,11 +151,11 @@ class FinetuneMpiTest : public ::testing::Test {
     // and the gradients likewise (fp32, another order of additions). Those
     // differences (~1e-7 relative) move the fp32 masters by as little, and
     // now and then one bf16 working weight rounds the other way (2^-8
-    // relative): the curves then differ by ~1e-4. A wrong share of the
-    // batch (ranks on the same or on other sequences) or gradients summed
-    // instead of averaged move the loss by 1e-2 or more within 8 steps.
+    // relative): the curves differ by at most 1e-5 here. Every rank on the
+    // same sequences, or rank 0's own loss reported, moves the loss by
+    // 5e-3 to 3e-2 within 8 steps.
     for (size_t i = 0; i < l1.size(); ++i) {
-      EXPECT_NEAR(l1[i], l2[i], 2e-3) << "step " << i + 1;
+      EXPECT_NEAR(l1[i], l2[i], 1e-3) << "step " << i + 1;
     }
     std::printf("losses, 1 rank of batch 4 vs 2 ranks of batch 2:\n");
     for (size_t i = 0; i < l1.size(); ++i) {
