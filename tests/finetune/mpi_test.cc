@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -127,7 +128,7 @@ class FinetuneMpiTest : public ::testing::Test {
     return Exec(argv, cwd_.path(), logs_.path() + "/mpirun.txt");
   }
   // 2 ranks of batch 2 against 1 rank of batch 4, with `extra` flags.
-  void ExpectSameCurve(const std::vector<std::string>& extra) {
+  void ExpectSameCurve(const std::vector<std::string>& extra, int stage = 2) {
     std::vector<std::string> one = Tiny(4);
     one.insert(one.end(), extra.begin(), extra.end());
     one.insert(one.end(), {"--json", "one.json"});
@@ -166,7 +167,7 @@ class FinetuneMpiTest : public ::testing::Test {
     const auto j = nlohmann::json::parse(in, nullptr, false);
     ASSERT_FALSE(j.is_discarded());
     EXPECT_EQ(j["config"]["data_parallel"]["ranks"], 2);
-    EXPECT_EQ(j["config"]["data_parallel"]["zero_stage"], 2);
+    EXPECT_EQ(j["config"]["data_parallel"]["zero_stage"], stage);
     EXPECT_EQ(j["config"]["data_parallel"]["global_batch"], 4);
     EXPECT_EQ(j["tokens_per_step"], 4 * 16);
   }
@@ -180,8 +181,41 @@ TEST_F(FinetuneMpiTest, TwoRanksTrainAsOneRankOfTwiceTheBatch) {
 
 TEST_F(FinetuneMpiTest, TwoRanksWithStatesOnNvmeTrainAsOneRank) {
   ExpectSameCurve({"--nvme", nvme_.path()});
+  std::ifstream in(cwd_.path() + "/two.json");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_EQ(j["config"]["engine"]["optimizer_states"], "nvme");
+  EXPECT_GT(j["engine"]["nvme_write_bytes"].get<uint64_t>(), 0u);
   // Each rank's swap directory is gone with its engine.
   EXPECT_TRUE(Entries(nvme_.path()).empty());
+}
+
+TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage1TrainAsOneRank) {
+  const std::string config = logs_.path() + "/stage1.json";
+  std::ofstream(config) << R"({"zero_optimization": {"stage": 1,
+              "offload_optimizer": {"device": "cpu"}},
+            "strata": {"partition_bytes": 65536}})";
+  ExpectSameCurve({"--config", config}, 1);
+}
+
+// An error on one rank only (its swap directory cannot be made) stops
+// both ranks with the same status, the other saying so, without waiting
+// for the communicator's timeout.
+TEST_F(FinetuneMpiTest, AnErrorOnOneRankStopsEveryRankWithItsStatus) {
+  std::ofstream(nvme_.path() + "/rank-1") << "not a directory";
+  std::vector<std::string> args = Tiny(2);
+  args.insert(args.end(), {"--nvme", nvme_.path(), "--json", "run.json",
+                           "--comm-timeout", "30"});
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome o = Mpirun(2, args);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_EQ(o.code, 2) << o.out;
+  EXPECT_EQ(Lines(o.out, "rank 1: ", "--nvme"), 1) << o.out;
+  EXPECT_EQ(Lines(o.out, "rank 0: ", "another rank refused"), 1) << o.out;
+  EXPECT_LT(s, 20) << o.out;  // not the communicator's timeout
+  EXPECT_TRUE(Entries(cwd_.path()).empty());
+  EXPECT_EQ(Entries(nvme_.path()), (std::set<std::string>{"rank-1"}));
 }
 
 TEST_F(FinetuneMpiTest, StagesTheEngineRefusesExit2OnEveryRankNamingThem) {
