@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <numbers>
 #include <optional>
@@ -373,64 +372,51 @@ nlohmann::json Run::DataConfig() const {
           {"n_embd", o_.model.n_embd}};
 }
 
-// The writer of this rank's part of checkpoint `steps`. Rank 0 (the one
-// rank without data parallelism) opens the checkpoint itself. Every other
-// rank calls the engine's SaveState too (with several ranks it is a
-// collective call: the states are sharded), through a writer of its own in
-// a scratch directory beside the checkpoint directory, which the save
-// removes: the checkpoint directory admits one writer at a time, and what
-// the engine keeps there of a rank's shard is the engine's to decide.
-StatusOr<std::unique_ptr<strata::CheckpointWriter>> Run::OpenWriter(
-    int64_t steps) {
-  strata::CheckpointWriterOptions wo;
-  wo.dir = o_.engine.rank == 0 ? o_.checkpoint_dir : RankScratchDir();
-  wo.step = steps;
-  wo.keep = o_.keep;
-  return strata::CheckpointWriter::Begin(wo);
-}
-
-std::string Run::RankScratchDir() const {
-  return o_.checkpoint_dir + ".rank-" + std::to_string(o_.engine.rank) + ".tmp";
-}
-
+// A checkpoint of the whole state, whatever the number of ranks: every
+// rank calls the engine's SaveState and CommitState (collective calls with
+// several ranks, each returning the same outcome on every rank), rank 0
+// alone holds the writer and adds the trainer's blob.
 Status Run::Save(int64_t steps, TrainReport* report) {
   const auto t0 = Clock::now();
-  StatusOr<std::unique_ptr<strata::CheckpointWriter>> w = OpenWriter(steps);
-  // Every rank has its writer before any makes a collective call.
-  Status st = AgreeAcrossRanks(o_.comm.get(), w.status());
-  if (st.ok()) st = engine_->SaveState(**w, o_.save_params);
-  std::string path;
-  if (st.ok() && o_.engine.rank == 0) {
+  const bool writes = o_.engine.rank == 0;
+  std::unique_ptr<strata::CheckpointWriter> w;
+  Status begun = Status::Ok();
+  if (writes) {
+    strata::CheckpointWriterOptions wo;
+    wo.dir = o_.checkpoint_dir;
+    wo.step = steps;
+    wo.keep = o_.keep;
+    StatusOr<std::unique_ptr<strata::CheckpointWriter>> b =
+        strata::CheckpointWriter::Begin(wo);
+    begun = b.status();
+    if (b.ok()) w = std::move(b).value();
+  }
+  STRATA_RETURN_IF_ERROR(engine_->Agree(begun));
+  STRATA_RETURN_IF_ERROR(engine_->SaveState(w.get(), o_.save_params));
+  Status put = Status::Ok();
+  if (writes) {
     nlohmann::json j = {
         {"step", steps}, {"model", o_.model_name}, {"data", DataConfig()}};
-    st = (*w)->PutBlob(kTrainerBlob, j.dump());
+    put = w->PutBlob(kTrainerBlob, j.dump());
   }
-  if (st.ok()) {
-    StatusOr<std::string> p = (*w)->Commit();
-    st = p.status();
-    if (p.ok()) path = *p;
-  }
-  if (o_.engine.rank != 0) {
-    if (w.ok()) w->reset();  // removes what it wrote
-    std::error_code ec;
-    std::filesystem::remove_all(RankScratchDir(), ec);
-    path = o_.checkpoint_dir;  // rank 0 names the checkpoint
-  }
-  STRATA_RETURN_IF_ERROR(AgreeAcrossRanks(o_.comm.get(), st));
-  report->saves.push_back({steps, path, Since(t0)});
+  // A checkpoint without the trainer's blob is never committed.
+  STRATA_RETURN_IF_ERROR(engine_->Agree(put));
+  STRATA_ASSIGN_OR_RETURN(std::string path, engine_->CommitState(w.get()));
+  report->saves.push_back(
+      {steps, path.empty() ? o_.checkpoint_dir : path, Since(t0)});
   return Status::Ok();
 }
 
 StatusOr<int64_t> Run::Resume(TrainReport* report) {
   if (!o_.resume) return 0;
   const auto t0 = Clock::now();
-  // Every rank reads the trainer's state and checks it, and all agree
-  // before the engine's LoadState (collective with several ranks).
+  // Every rank opens the checkpoint, reads the trainer's state and checks
+  // it; they agree before the engine's LoadState (a collective with several
+  // ranks, with one outcome on every rank).
   std::unique_ptr<strata::CheckpointReader> r;
   StatusOr<int64_t> step = ReadTrainerState(&r);
-  STRATA_RETURN_IF_ERROR(AgreeAcrossRanks(o_.comm.get(), step.status()));
-  STRATA_RETURN_IF_ERROR(
-      AgreeAcrossRanks(o_.comm.get(), engine_->LoadState(*r)));
+  STRATA_RETURN_IF_ERROR(engine_->Agree(step.status()));
+  STRATA_RETURN_IF_ERROR(engine_->LoadState(*r));
   report->resumed_from = *step;
   report->load_seconds = Since(t0);
   return *step;

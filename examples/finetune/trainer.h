@@ -15,7 +15,8 @@
 // and the engine averages the gradients over ranks, so N ranks of `batch`
 // train as one rank of N x batch. The loss of each step is the mean over
 // ranks; checkpoints and the export are written by rank 0 (every rank makes
-// the engine calls, which are collective). Errors that one rank meets where
+// the engine calls, which are collective: SaveState, CommitState, LoadState,
+// ReadMaster). Errors that one rank meets where
 // the others go on are agreed on through `comm` at the set-up, each save and
 // the export, so that every rank stops with the same code.
 //
@@ -92,9 +93,10 @@ struct TrainOptions {
   // the data position, which is the step) is saved every `save_every` steps
   // (0: only after the last step) and after the last step, keeping `keep`
   // checkpoints. `resume` continues from the directory's latest checkpoint:
-  // steps runs to the same total, and the batch, sequence length,
-  // micro-batches and seed must be the checkpoint's (the data order
-  // depends on them); budgets and tiers may differ.
+  // steps runs to the same total, and the global batch (batch x
+  // world_size), sequence length, micro-batches and seed must be the
+  // checkpoint's (the data order depends on them); budgets, tiers and the
+  // number of ranks may differ.
   std::string checkpoint_dir;
   int64_t save_every = 0;
   int keep = 2;
