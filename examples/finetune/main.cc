@@ -572,6 +572,7 @@ StatusOr<Setup> ParseFlags(const Flags& f, const Ranks& ranks) {
   s.config["data_parallel"] = {
       {"ranks", ranks.size},
       {"comm", ranks.size > 1 ? "mpi" : "single"},
+      {"comm_timeout_s", f.comm_timeout},
       {"zero_stage", o.engine.zero_stage},
       {"global_batch", int64_t{o.batch} * o.micro_batches * ranks.size}};
   s.config["engine"] = {
