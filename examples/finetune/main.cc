@@ -5,7 +5,8 @@
 //
 // Exit statuses: 0 ok (also --help); 1 the run failed (a device, engine,
 // memory or I/O error); 2 bad usage (a flag, file or config that cannot
-// work), the message naming it.
+// work), the message naming it. Under mpirun every rank exits with the
+// highest status of all ranks.
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,10 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +32,7 @@
 #include "examples/finetune/io/tokenizer.h"
 #include "examples/finetune/report.h"
 #include "examples/finetune/trainer.h"
+#include "strata/comm.h"
 #include "strata/engine_config.h"
 #include "strata/version.h"
 
@@ -58,7 +64,66 @@ struct Flags {
   std::string checkpoint_dir, export_path, export_dtype = "fp32";
   int64_t save_every = 0, keep = 2, stop_after = 0;
   bool resume = false, save_params = false;
+  std::string comm = "auto";
+  double comm_timeout = 300;
 };
+
+// The data-parallel ranks this process is one of (docs/finetune.md, "Data
+// parallelism"): one, or those of an MPI job.
+struct Ranks {
+  int size = 1, rank = 0;
+  std::shared_ptr<strata::Communicator> engine;   // the engine's own
+  std::shared_ptr<strata::Communicator> trainer;  // loss, agreement
+};
+
+// The launcher's world size from its environment: Open MPI's mpirun sets
+// OMPI_COMM_WORLD_SIZE, MPICH's (Hydra) and Slurm's PMI set PMI_SIZE. 1
+// when neither is set (a plain launch).
+int LaunchedRanks() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = std::getenv(var);
+    int n = 0;
+    if (v != nullptr &&
+        std::from_chars(v, v + std::strlen(v), n).ec == std::errc() && n > 0) {
+      return n;
+    }
+  }
+  return 1;
+}
+
+// --comm auto (MPI when launched on several ranks), mpi or single.
+StatusOr<Ranks> MakeRanks(const Flags& f) {
+  Ranks r;
+  bool mpi = false;
+  if (f.comm == "auto") {
+    mpi = LaunchedRanks() > 1;
+  } else if (f.comm == "mpi") {
+    mpi = true;
+  } else if (f.comm != "single") {
+    return Status::InvalidArgument("--comm: '" + f.comm +
+                                   "'; accepted: auto, mpi, single");
+  }
+  if (!(f.comm_timeout > 0 && f.comm_timeout <= 1e6)) {
+    return Status::InvalidArgument(
+        "--comm-timeout: must be in (0, 1e6] seconds");
+  }
+  if (!mpi) return r;
+  strata::CommOptions co;
+  co.backend = strata::CommBackendKind::kMpi;
+  co.timeout_s = f.comm_timeout;
+  // Two communicators over the same ranks: the engine's must carry nothing
+  // else, and the trainer's carries the loss and the agreement on errors.
+  for (auto* c : {&r.engine, &r.trainer}) {
+    StatusOr<strata::Communicator> made = strata::Communicator::Create(co);
+    if (!made.ok()) {
+      return std::move(made).status().WithContext("--comm mpi");
+    }
+    *c = std::make_shared<strata::Communicator>(std::move(made).value());
+  }
+  r.size = r.engine->size();
+  r.rank = r.engine->rank();
+  return r;
+}
 
 // "4096", "512K", "64M", "2G" (powers of 1024).
 StatusOr<uint64_t> ParseBytes(const std::string& option,
@@ -122,6 +187,9 @@ struct Setup {
   std::optional<strata::finetune::BatchSampler> sampler;
   nlohmann::json config;  // what the run ran with, for --json
   std::vector<std::string> notes;
+  // Directories made for the run (each rank's swap directory), removed
+  // after it when empty.
+  std::vector<std::string> made_dirs;
 };
 
 Status ParseModel(const Flags& f, bool cuda, Setup* s) {
@@ -188,8 +256,10 @@ Status ParseData(const Flags& f, Setup* s) {
                                    std::string(data.status().message()));
   }
   s->data.emplace(std::move(data).value());
+  // Every rank draws the global micro-batch and trains on its share.
   auto sampler = strata::finetune::BatchSampler::Create(
-      s->data->train(), o.batch, o.seq_len, o.seed);
+      s->data->train(), int64_t{o.batch} * o.engine.world_size, o.seq_len,
+      o.seed);
   if (!sampler.ok()) {
     return Status::InvalidArgument("--data: " +
                                    std::string(sampler.status().message()));
@@ -206,7 +276,44 @@ Status ParseData(const Flags& f, Setup* s) {
 // Fills the engine options: from --config, else the defaults (parameters
 // and optimizer states in host RAM, or on NVMe with --nvme), with a device
 // budget from --device-budget or a twelfth of the model state.
-Status ParseEngine(const Flags& f, Setup* s) {
+// Whether a config names the ZeRO stage (zero_optimization.stage or
+// strata.zero_stage) rather than leaving strata's default.
+bool ConfigNamesStage(const std::string& path) {
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  auto has = [&j](const char* section, const char* key) {
+    return j.is_object() && j.contains(section) && j[section].is_object() &&
+           j[section].contains(key);
+  };
+  return has("zero_optimization", "stage") || has("strata", "zero_stage");
+}
+
+// With several ranks: the ranks, the ZeRO stage (the config's, else 2),
+// parameters on the device (stages 1 and 2 keep them there) and a swap
+// directory per rank, since an engine locks the directories it swaps in.
+Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
+  strata::EngineOptions& e = s->options.engine;
+  if (ranks.size == 1) return Status::Ok();
+  if (e.world_size != 1 && e.world_size != ranks.size) {
+    return Status::InvalidArgument(
+        "--config: strata.world_size is " + std::to_string(e.world_size) +
+        " but the job runs " + std::to_string(ranks.size) + " ranks");
+  }
+  if (f.config.empty() || !ConfigNamesStage(f.config)) e.zero_stage = 2;
+  if (f.config.empty()) e.params = strata::Residence::kDevice;
+  if (!f.nvme.empty()) e.params = strata::Residence::kDevice;
+  for (std::string& p : e.nvme_paths) {
+    p += "/rank-" + std::to_string(ranks.rank);
+    s->made_dirs.push_back(p);
+  }
+  e.world_size = ranks.size;
+  e.rank = ranks.rank;
+  e.comm = ranks.engine;
+  s->options.comm = ranks.trainer;
+  return Status::Ok();
+}
+
+Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
   TrainOptions& o = s->options;
   if (!f.config.empty()) {
     auto c = strata::ParseEngineConfigFile(f.config);
@@ -215,6 +322,7 @@ Status ParseEngine(const Flags& f, Setup* s) {
                                      std::string(c.status().message()));
     }
     o.engine = c->options;
+    o.engine_origin = "--config " + f.config;
     for (const std::string& w : c->warnings) s->notes.push_back(w);
   } else {
     o.engine.params = strata::Residence::kHost;
@@ -226,6 +334,7 @@ Status ParseEngine(const Flags& f, Setup* s) {
     o.engine.optimizer_states = strata::Residence::kNvme;
     o.engine.nvme_paths = {f.nvme};
   }
+  STRATA_RETURN_IF_ERROR(ParseRanks(f, ranks, s));
   const uint64_t state = ModelStateBytes(o.model, o.dtype);
   // The most the trainer pins at once: one block, or the head with wte.
   const int64_t C = o.model.n_embd;
@@ -237,8 +346,11 @@ Status ParseEngine(const Flags& f, Setup* s) {
     STRATA_ASSIGN_OR_RETURN(o.engine.device_budget_bytes,
                             ParseBytes("--device-budget", f.device_budget));
   } else if (o.engine.device_budget_bytes == 0) {
-    const uint64_t want =
-        std::max<uint64_t>(state / 12, 2 * std::max(block, head));
+    uint64_t want = std::max<uint64_t>(state / 12, 2 * std::max(block, head));
+    if (ranks.size > 1 && o.engine.params == strata::Residence::kDevice) {
+      // The whole working copy rests there, beside the room to work.
+      want += static_cast<uint64_t>(ParameterCount(o.model)) * esize;
+    }
     o.engine.device_budget_bytes = (want + (1 << 20) - 1) >> 20 << 20;
   }
   const uint64_t budget = o.engine.device_budget_bytes;
@@ -326,7 +438,7 @@ Status ParseCheckpoints(const Flags& f, TrainOptions* o) {
   return Status::Ok();
 }
 
-StatusOr<Setup> ParseFlags(const Flags& f) {
+StatusOr<Setup> ParseFlags(const Flags& f, const Ranks& ranks) {
   Setup s;
   STRATA_RETURN_IF_ERROR(CheckOutput("--json", f.json));
   STRATA_RETURN_IF_ERROR(CheckOutput("--plot", f.plot));
@@ -417,8 +529,9 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
                                    " is longer than the model's context of " +
                                    std::to_string(o.model.context_length));
   }
+  o.engine.world_size = ranks.size;  // the sampler draws for all ranks
   STRATA_RETURN_IF_ERROR(ParseData(f, &s));
-  STRATA_RETURN_IF_ERROR(ParseEngine(f, &s));
+  STRATA_RETURN_IF_ERROR(ParseEngine(f, ranks, &s));
   if (!cuda && o.device.memory_budget_bytes == 0) {
     // The host-emulated device reserves address space: the engine's budget,
     // the activations (logits dominate) and the gradients in flight.
@@ -456,6 +569,12 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
       {"resume", o.resume},         {"save_params", o.save_params},
       {"export", o.export_path},    {"export_dtype", f.export_dtype}};
   s.config["engine_config"] = f.config;
+  s.config["data_parallel"] = {
+      {"ranks", ranks.size},
+      {"comm", ranks.size > 1 ? "mpi" : "single"},
+      {"comm_timeout_s", f.comm_timeout},
+      {"zero_stage", o.engine.zero_stage},
+      {"global_batch", int64_t{o.batch} * o.micro_batches * ranks.size}};
   s.config["engine"] = {
       {"params", std::string(strata::ResidenceName(o.engine.params))},
       {"optimizer_states",
@@ -466,6 +585,97 @@ StatusOr<Setup> ParseFlags(const Flags& f) {
       {"partition_bytes", o.engine.partition_bytes},
       {"step_overlap_bytes", o.engine.step_overlap_bytes}};
   return s;
+}
+
+int ExitCode(const Status& st) {
+  if (st.ok()) return kExitOk;
+  return st.code() == strata::StatusCode::kInvalidArgument ? kExitUsage
+                                                           : kExitFailure;
+}
+
+// Checks the flags, trains and writes the reports (rank 0 prints and
+// writes; every rank trains its share).
+Status Run(const Flags& f, const Ranks& ranks) {
+  const bool lead = ranks.rank == 0;
+  StatusOr<Setup> setup = ParseFlags(f, ranks);
+  // Every rank has its options before any of them makes the engine.
+  STRATA_RETURN_IF_ERROR(AgreeAcrossRanks(ranks.trainer.get(), setup.status()));
+  Setup& s = *setup;
+  if (lead) {
+    for (const std::string& n : s.notes) {
+      std::fprintf(stderr, "strata-finetune: config: %s\n", n.c_str());
+    }
+  }
+  const TrainOptions& o = s.options;
+  if (lead) {
+    std::fprintf(stderr, "strata-finetune: %s, %s; %lld text files, %s\n",
+                 o.model_name.c_str(),
+                 o.resume            ? "resuming from the latest checkpoint"
+                 : o.weights.empty() ? "fresh initialization (no --weights)"
+                                     : "weights from the checkpoint",
+                 static_cast<long long>(s.data->files().size()),
+                 HumanBytes(s.data->text_bytes()).c_str());
+    if (ranks.size > 1) {
+      std::fprintf(stderr,
+                   "strata-finetune: %d data-parallel ranks (MPI), ZeRO "
+                   "stage %d; global batch %lld sequences per step\n",
+                   ranks.size, o.engine.zero_stage,
+                   static_cast<long long>(int64_t{o.batch} * o.micro_batches *
+                                          ranks.size));
+    }
+  }
+  // Each rank's swap directory, made here and removed after the run; and a
+  // checkpoint directory the run makes, removed if a failed run leaves it
+  // empty.
+  std::error_code exists_ec;
+  const bool new_checkpoint_dir =
+      lead && !o.checkpoint_dir.empty() &&
+      !std::filesystem::exists(o.checkpoint_dir, exists_ec);
+  std::vector<std::string> made;
+  Status dirs = Status::Ok();
+  for (const std::string& d : s.made_dirs) {
+    std::error_code ec;
+    if (std::filesystem::create_directory(d, ec)) {
+      made.push_back(d);
+    } else if (ec) {
+      dirs = Status::InvalidArgument("--nvme: cannot make " + d + ": " +
+                                     ec.message());
+      break;
+    }
+  }
+  dirs = AgreeAcrossRanks(ranks.trainer.get(), dirs);
+  StatusOr<TrainReport> r = Status::Aborted("not trained");
+  if (!dirs.ok()) {
+    r = dirs;
+  } else {
+    Progress progress(
+        stderr, o.steps,
+        int64_t{o.batch} * o.seq_len * o.micro_batches * ranks.size);
+    ProgressFn shown;
+    if (lead) shown = [&progress](const StepRecord& st) { progress.Step(st); };
+    r = Train(o, *s.sampler, shown);
+    if (lead) progress.Finish();
+  }
+  if (!r.ok() && new_checkpoint_dir) made.push_back(o.checkpoint_dir);
+  for (const std::string& d : made) {
+    std::error_code ec;
+    std::filesystem::remove(d, ec);  // only when empty
+  }
+  STRATA_RETURN_IF_ERROR(r.status());
+  if (!lead) return Status::Ok();
+  std::fputs(Summary(o, *r).c_str(), stdout);
+  if (!f.json.empty()) {
+    STRATA_RETURN_IF_ERROR(
+        WriteFileAtomically(f.json, ReportJson(o, *r, s.config).dump(2))
+            .WithContext("--json"));
+  }
+  if (!f.plot.empty()) {
+    STRATA_RETURN_IF_ERROR(
+        WriteFileAtomically(f.plot,
+                            LossPlotSvg(*r, "strata-finetune: " + o.model_name))
+            .WithContext("--plot"));
+  }
+  return Status::Ok();
 }
 
 int Main(int argc, char** argv) {
@@ -536,64 +746,41 @@ int Main(int argc, char** argv) {
                  "fp32 (masters), bf16 or fp16");
   app.add_option("--threads", f.threads,
                  "CPU threads for compute and the optimizer (0: all)");
+  app.add_option("--comm", f.comm,
+                 "Data-parallel ranks: auto (MPI when launched by mpirun on "
+                 "several ranks), mpi or single (docs/finetune.md)");
+  app.add_option("--comm-timeout", f.comm_timeout,
+                 "Seconds a rank waits for the others in a collective before "
+                 "it fails (300)");
   app.set_version_flag("--version", std::string(strata_version()));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;
   }
-  StatusOr<Setup> setup = ParseFlags(f);
-  if (!setup.ok()) {
+  StatusOr<Ranks> ranks = MakeRanks(f);
+  if (!ranks.ok()) {
     std::fprintf(stderr, "strata-finetune: %s\n",
-                 setup.status().ToString().c_str());
-    return setup.status().code() == strata::StatusCode::kInvalidArgument
-               ? kExitUsage
-               : kExitFailure;
+                 ranks.status().ToString().c_str());
+    return ExitCode(ranks.status());
   }
-  Setup& s = *setup;
-  for (const std::string& n : s.notes) {
-    std::fprintf(stderr, "strata-finetune: config: %s\n", n.c_str());
+  Status st = Run(f, *ranks);
+  if (!st.ok()) {
+    std::fprintf(stderr, "strata-finetune: %s%s\n",
+                 ranks->size > 1
+                     ? ("rank " + std::to_string(ranks->rank) + ": ").c_str()
+                     : "",
+                 st.ToString().c_str());
   }
-  const TrainOptions& o = s.options;
-  std::fprintf(stderr, "strata-finetune: %s, %s; %lld text files, %s\n",
-               o.model_name.c_str(),
-               o.resume            ? "resuming from the latest checkpoint"
-               : o.weights.empty() ? "fresh initialization (no --weights)"
-                                   : "weights from the checkpoint",
-               static_cast<long long>(s.data->files().size()),
-               HumanBytes(s.data->text_bytes()).c_str());
-  Progress progress(stderr, o.steps,
-                    int64_t{o.batch} * o.seq_len * o.micro_batches);
-  StatusOr<TrainReport> r = Train(
-      o, *s.sampler, [&progress](const StepRecord& st) { progress.Step(st); });
-  progress.Finish();
-  if (!r.ok()) {
-    std::fprintf(stderr, "strata-finetune: %s\n",
-                 r.status().ToString().c_str());
-    return r.status().code() == strata::StatusCode::kInvalidArgument
-               ? kExitUsage
-               : kExitFailure;
+  int code = ExitCode(st);
+  if (ranks->trainer != nullptr) {
+    // Every rank exits with the highest status of all.
+    float c = static_cast<float>(code);
+    StatusOr<strata::CommWork> w = ranks->trainer->AllReduce(
+        &c, &c, 1, strata::CommType::kFloat32, strata::ReduceOp::kMax);
+    if (w.ok() && w->Wait().ok()) code = std::max(code, static_cast<int>(c));
   }
-  std::fputs(Summary(o, *r).c_str(), stdout);
-  if (!f.json.empty()) {
-    Status st =
-        WriteFileAtomically(f.json, ReportJson(o, *r, s.config).dump(2));
-    if (!st.ok()) {
-      std::fprintf(stderr, "strata-finetune: --json: %s\n",
-                   st.ToString().c_str());
-      return kExitFailure;
-    }
-  }
-  if (!f.plot.empty()) {
-    Status st = WriteFileAtomically(
-        f.plot, LossPlotSvg(*r, "strata-finetune: " + o.model_name));
-    if (!st.ok()) {
-      std::fprintf(stderr, "strata-finetune: --plot: %s\n",
-                   st.ToString().c_str());
-      return kExitFailure;
-    }
-  }
-  return kExitOk;
+  return code;
 }
 
 }  // namespace

@@ -104,6 +104,12 @@ std::string Summary(const TrainOptions& o, const TrainReport& r) {
        Fixed(r.steps.front().loss, 4) + " -> " + Fixed(r.steps.back().loss, 4));
   line("tokens/s", Fixed(r.tokens_per_s, 1) + " (" +
                        std::to_string(r.tokens_per_step) + " per step)");
+  if (o.engine.world_size > 1) {
+    line("data-parallel ranks", std::to_string(o.engine.world_size) +
+                                    " (ZeRO stage " +
+                                    std::to_string(o.engine.zero_stage) +
+                                    "); the figures below are rank 0's");
+  }
   line("achieved TFLOPS", Fixed(r.tflops, 4) + " (model FLOPs, no recompute)");
   line("parameters", std::to_string(r.params));
   const double ratio =

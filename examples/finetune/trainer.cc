@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <utility>
 
 #include "examples/finetune/io/gpt2_checkpoint.h"
@@ -74,6 +75,11 @@ class Run {
 
   // What must be the same on resume: the data order depends on it.
   nlohmann::json DataConfig() const;
+  StatusOr<std::unique_ptr<strata::CheckpointWriter>> OpenWriter(int64_t steps);
+  std::string RankScratchDir() const;
+  // The checkpoint's step, once its trainer blob matches this run.
+  StatusOr<int64_t> ReadTrainerState(
+      std::unique_ptr<strata::CheckpointReader>* reader);
 
   const TrainOptions& o_;
   const strata::finetune::BatchSampler& sampler_;
@@ -97,7 +103,8 @@ Status Run::Setup(TrainReport* report) {
         " is outside 1 .. the model's context length " +
         std::to_string(o_.model.context_length));
   }
-  if (sampler_.batch() != o_.batch || sampler_.seq_len() != o_.seq_len) {
+  if (sampler_.batch() != int64_t{o_.batch} * o_.engine.world_size ||
+      sampler_.seq_len() != o_.seq_len) {
     return Status::InvalidArgument("the batch sampler's shape differs");
   }
   STRATA_ASSIGN_OR_RETURN(device_, strata::NewDevice(o_.device));
@@ -113,7 +120,17 @@ Status Run::Setup(TrainReport* report) {
   if (o_.dtype != ElementType::kFloat16) {
     eo.loss_scale.mode = strata::LossScaleMode::kNone;
   }
-  STRATA_ASSIGN_OR_RETURN(engine_, Engine::Create(eo, device_.get()));
+  StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(eo, device_.get());
+  if (!engine.ok() &&
+      (engine.status().code() == strata::StatusCode::kNotSupported ||
+       engine.status().code() == strata::StatusCode::kInvalidArgument)) {
+    // Options the engine refuses or does not run (e.g. a ZeRO stage with
+    // several ranks): the user's to change, like any option that cannot
+    // work; the message says where they came from.
+    return Status::InvalidArgument(o_.engine_origin + ": " +
+                                   std::string(engine.status().message()));
+  }
+  STRATA_ASSIGN_OR_RETURN(engine_, std::move(engine));
   specs_ = ListParameters(o_.model);
   block_ids_.assign(o_.model.n_layer, std::vector<TensorId>(kBlockTensorCount));
   for (const ParamSpec& s : specs_) {
@@ -156,12 +173,13 @@ Status Run::Setup(TrainReport* report) {
   STRATA_ASSIGN_OR_RETURN(
       model_, GptModel::Create(device_.get(), stream_.get(), o_.model, mo));
   const size_t n = static_cast<size_t>(o_.batch) * o_.seq_len;
-  tokens_.resize(static_cast<size_t>(o_.batch) * (o_.seq_len + 1));
+  tokens_.resize(static_cast<size_t>(sampler_.batch()) * (o_.seq_len + 1));
   inputs_.resize(n);
   targets_.resize(n);
 
   report->params = ParameterCount(o_.model);
-  report->tokens_per_step = int64_t{o_.batch} * o_.seq_len * o_.micro_batches;
+  report->tokens_per_step =
+      int64_t{o_.batch} * o_.seq_len * o_.micro_batches * o_.engine.world_size;
   report->flops_per_token = TrainingFlopsPerToken(o_.model, o_.seq_len);
   report->model_state_bytes = ModelStateBytes(o_.model, o_.dtype);
   report->workspace_bytes = model_->workspace_bytes();
@@ -221,10 +239,12 @@ Status Run::HandOver(TensorId id, DeviceMemory grad) {
 
 Status Run::MicroBatch(int64_t index, bool last, const strata::StepArgs& args,
                        double* loss) {
+  // The global micro-batch; this rank's sequences are its share.
   STRATA_RETURN_IF_ERROR(sampler_.Fill(index, tokens_));
   const int T = o_.seq_len;
+  const size_t first = static_cast<size_t>(o_.engine.rank) * o_.batch;
   for (int b = 0; b < o_.batch; ++b) {
-    const int32_t* row = tokens_.data() + static_cast<size_t>(b) * (T + 1);
+    const int32_t* row = tokens_.data() + (first + b) * (T + 1);
     std::copy(row, row + T, inputs_.begin() + static_cast<size_t>(b) * T);
     std::copy(row + 1, row + T + 1,
               targets_.begin() + static_cast<size_t>(b) * T);
@@ -316,6 +336,17 @@ StatusOr<StepRecord> Run::TrainStep(int64_t s) {
   }
   rec.loss = sum / o_.micro_batches;
   STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine_->Step(args));
+  if (o_.comm != nullptr) {
+    // The mean over ranks of their means over equally many tokens: the
+    // mean over the global batch.
+    float mean = static_cast<float>(rec.loss);
+    STRATA_ASSIGN_OR_RETURN(
+        strata::CommWork w,
+        o_.comm->AllReduce(&mean, &mean, 1, strata::CommType::kFloat32,
+                           strata::ReduceOp::kSum));
+    STRATA_RETURN_IF_ERROR(w.Wait().WithContext("the mean loss over ranks"));
+    rec.loss = static_cast<double>(mean) / o_.engine.world_size;
+  }
   rec.applied = r.applied;
   rec.grad_norm = r.grad_norm;
   rec.seconds = Since(t0);
@@ -330,7 +361,9 @@ int64_t EndStep(const TrainOptions& o) {
 }
 
 nlohmann::json Run::DataConfig() const {
-  return {{"batch", o_.batch},
+  // The sequences of a micro-batch over all ranks (--batch with one): the
+  // data order is the same for any split of them into ranks.
+  return {{"batch", int64_t{o_.batch} * o_.engine.world_size},
           {"seq_len", o_.seq_len},
           {"micro_batches", o_.micro_batches},
           {"seed", o_.seed},
@@ -339,28 +372,61 @@ nlohmann::json Run::DataConfig() const {
           {"n_embd", o_.model.n_embd}};
 }
 
+// A checkpoint of the whole state, whatever the number of ranks: every
+// rank calls the engine's SaveState and CommitState (collective calls with
+// several ranks, each returning the same outcome on every rank), rank 0
+// alone holds the writer and adds the trainer's blob.
 Status Run::Save(int64_t steps, TrainReport* report) {
   const auto t0 = Clock::now();
-  strata::CheckpointWriterOptions wo;
-  wo.dir = o_.checkpoint_dir;
-  wo.step = steps;
-  wo.keep = o_.keep;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::CheckpointWriter> w,
-                          strata::CheckpointWriter::Begin(wo));
-  STRATA_RETURN_IF_ERROR(engine_->SaveState(*w, o_.save_params));
-  nlohmann::json j = {
-      {"step", steps}, {"model", o_.model_name}, {"data", DataConfig()}};
-  STRATA_RETURN_IF_ERROR(w->PutBlob(kTrainerBlob, j.dump()));
-  STRATA_ASSIGN_OR_RETURN(std::string path, w->Commit());
-  report->saves.push_back({steps, path, Since(t0)});
+  const bool writes = o_.engine.rank == 0;
+  std::unique_ptr<strata::CheckpointWriter> w;
+  Status begun = Status::Ok();
+  if (writes) {
+    strata::CheckpointWriterOptions wo;
+    wo.dir = o_.checkpoint_dir;
+    wo.step = steps;
+    wo.keep = o_.keep;
+    StatusOr<std::unique_ptr<strata::CheckpointWriter>> b =
+        strata::CheckpointWriter::Begin(wo);
+    begun = b.status();
+    if (b.ok()) w = std::move(b).value();
+  }
+  STRATA_RETURN_IF_ERROR(engine_->Agree(begun));
+  STRATA_RETURN_IF_ERROR(engine_->SaveState(w.get(), o_.save_params));
+  Status put = Status::Ok();
+  if (writes) {
+    nlohmann::json j = {
+        {"step", steps}, {"model", o_.model_name}, {"data", DataConfig()}};
+    put = w->PutBlob(kTrainerBlob, j.dump());
+  }
+  // A checkpoint without the trainer's blob is never committed.
+  STRATA_RETURN_IF_ERROR(engine_->Agree(put));
+  STRATA_ASSIGN_OR_RETURN(std::string path, engine_->CommitState(w.get()));
+  report->saves.push_back(
+      {steps, path.empty() ? o_.checkpoint_dir : path, Since(t0)});
   return Status::Ok();
 }
 
 StatusOr<int64_t> Run::Resume(TrainReport* report) {
   if (!o_.resume) return 0;
   const auto t0 = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::CheckpointReader> r,
+  // Every rank opens the checkpoint, reads the trainer's state and checks
+  // it; they agree before the engine's LoadState (a collective with several
+  // ranks, with one outcome on every rank).
+  std::unique_ptr<strata::CheckpointReader> r;
+  StatusOr<int64_t> step = ReadTrainerState(&r);
+  STRATA_RETURN_IF_ERROR(engine_->Agree(step.status()));
+  STRATA_RETURN_IF_ERROR(engine_->LoadState(*r));
+  report->resumed_from = *step;
+  report->load_seconds = Since(t0);
+  return *step;
+}
+
+StatusOr<int64_t> Run::ReadTrainerState(
+    std::unique_ptr<strata::CheckpointReader>* reader) {
+  STRATA_ASSIGN_OR_RETURN(*reader,
                           strata::CheckpointReader::Open(o_.checkpoint_dir));
+  strata::CheckpointReader* r = reader->get();
   STRATA_ASSIGN_OR_RETURN(std::string blob, r->Blob(kTrainerBlob));
   const nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
@@ -376,6 +442,10 @@ StatusOr<int64_t> Run::Resume(TrainReport* report) {
           it.key() + " " +
           (j["data"].contains(it.key()) ? j["data"][it.key()].dump() : "?") +
           ", this run has " + it.value().dump() +
+          (it.key() == "batch" && o_.engine.world_size > 1
+               ? " (--batch " + std::to_string(o_.batch) + " x " +
+                     std::to_string(o_.engine.world_size) + " ranks)"
+               : "") +
           " (the data order depends on it)");
     }
   }
@@ -388,15 +458,16 @@ StatusOr<int64_t> Run::Resume(TrainReport* report) {
         ", --stop-after " + std::to_string(o_.stop_after) +
         "): nothing is left to train");
   }
-  STRATA_RETURN_IF_ERROR(engine_->LoadState(*r));
-  report->resumed_from = step;
-  report->load_seconds = Since(t0);
   return step;
 }
 
 Status Run::Export(TrainReport* report) {
   if (o_.export_path.empty()) return Status::Ok();
   const auto t0 = Clock::now();
+  // Every rank reads each master (with several ranks ReadMaster gathers the
+  // shards: a collective call); rank 0 writes the file. A rank whose file
+  // fails still reads the rest, so that the others are not left waiting.
+  const bool writes = o_.engine.rank == 0;
   using strata::finetune::SafetensorsDType;
   SafetensorsDType dt = SafetensorsDType::kF32;
   strata::CpuDType cdt = strata::CpuDType::kFloat32;
@@ -407,32 +478,59 @@ Status Run::Export(TrainReport* report) {
     dt = SafetensorsDType::kF16;
     cdt = strata::CpuDType::kFloat16;
   }
-  std::vector<strata::finetune::SafetensorsTensorSpec> specs;
-  for (const ParamSpec& p : specs_) specs.push_back({p.name, dt, p.shape});
-  STRATA_ASSIGN_OR_RETURN(
-      strata::finetune::SafetensorsWriter w,
-      strata::finetune::SafetensorsWriter::Create(
-          o_.export_path, std::move(specs),
-          {{"format", "pt"}, {"exported_by", "strata-finetune"}}));
+  std::optional<strata::finetune::SafetensorsWriter> w;
+  Status file = Status::Ok();
+  if (writes) {
+    std::vector<strata::finetune::SafetensorsTensorSpec> specs;
+    for (const ParamSpec& p : specs_) specs.push_back({p.name, dt, p.shape});
+    auto created = strata::finetune::SafetensorsWriter::Create(
+        o_.export_path, std::move(specs),
+        {{"format", "pt"}, {"exported_by", "strata-finetune"}});
+    file = created.status();
+    if (created.ok()) w.emplace(std::move(created).value());
+    if (!file.ok() && o_.comm == nullptr) return file;  // nobody waits
+  }
   // One tensor at a time: the model is never whole in RAM.
   std::vector<float> master;
   std::vector<std::byte> out;
   for (size_t i = 0; i < specs_.size(); ++i) {
     master.resize(specs_[i].numel);
     STRATA_RETURN_IF_ERROR(engine_->ReadMaster(ids_[i], master));
+    if (!w || !file.ok()) continue;
     const size_t esize = strata::ElementSize(o_.export_dtype);
     out.resize(master.size() * esize);
-    STRATA_RETURN_IF_ERROR(
-        strata::ConvertCpuArray(master.data(), strata::CpuDType::kFloat32,
-                                out.data(), cdt, master.size()));
-    STRATA_RETURN_IF_ERROR(w.Write(out));
+    file = strata::ConvertCpuArray(master.data(), strata::CpuDType::kFloat32,
+                                   out.data(), cdt, master.size());
+    if (file.ok()) file = w->Write(out);
   }
-  STRATA_RETURN_IF_ERROR(w.Finish());
+  if (w && file.ok()) file = w->Finish();
+  STRATA_RETURN_IF_ERROR(AgreeAcrossRanks(o_.comm.get(), file));
   report->export_seconds = Since(t0);
   return Status::Ok();
 }
 
 }  // namespace
+
+Status AgreeAcrossRanks(strata::Communicator* comm, const Status& local) {
+  if (comm == nullptr) return local;
+  // 0 ok, 1 failed, 2 refused options or files (kInvalidArgument).
+  float code = local.ok()                                             ? 0.0f
+               : local.code() == strata::StatusCode::kInvalidArgument ? 2.0f
+                                                                      : 1.0f;
+  StatusOr<strata::CommWork> w = comm->AllReduce(
+      &code, &code, 1, strata::CommType::kFloat32, strata::ReduceOp::kMax);
+  Status agreed = w.ok() ? w->Wait() : w.status();
+  if (!local.ok()) return local;
+  if (!agreed.ok()) return agreed.WithContext("agreeing with the other ranks");
+  if (code >= 2.0f) {
+    return Status::InvalidArgument(
+        "another rank refused its options or files (its message says why)");
+  }
+  if (code >= 1.0f) {
+    return Status::Aborted("another rank failed (its message says why)");
+  }
+  return Status::Ok();
+}
 
 uint64_t ModelStateBytes(const GptConfig& config, ElementType dtype) {
   // Working copy, fp32 gradient, fp32 master, two fp32 moments.
@@ -460,7 +558,7 @@ StatusOr<TrainReport> Train(const TrainOptions& o,
   }
   TrainReport report;
   Run run(o, sampler);
-  STRATA_RETURN_IF_ERROR(run.Setup(&report));
+  STRATA_RETURN_IF_ERROR(AgreeAcrossRanks(o.comm.get(), run.Setup(&report)));
   STRATA_ASSIGN_OR_RETURN(const int64_t first, run.Resume(&report));
   const auto t0 = Clock::now();
   double after_first = 0;

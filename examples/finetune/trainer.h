@@ -8,17 +8,31 @@
 // clipping is off: Engine::BeginStep). Only strata's public API
 // (include/strata/) is used.
 //
+// Data-parallel ranks (engine.world_size above 1, ZeRO stage 1 or 2): every
+// rank runs Train with the same options but its rank, on a sampler of the
+// global micro-batch (batch x world_size sequences, the same on every rank:
+// same seed); rank r trains on sequences [r x batch, (r+1) x batch) of each,
+// and the engine averages the gradients over ranks, so N ranks of `batch`
+// train as one rank of N x batch. The loss of each step is the mean over
+// ranks; checkpoints and the export are written by rank 0 (every rank makes
+// the engine calls, which are collective: SaveState, CommitState, LoadState,
+// ReadMaster). Errors that one rank meets where
+// the others go on are agreed on through `comm` at the set-up, each save and
+// the export, so that every rank stops with the same code.
+//
 // Thread-compatible: one thread runs Train.
 #ifndef STRATA_EXAMPLES_FINETUNE_TRAINER_H_
 #define STRATA_EXAMPLES_FINETUNE_TRAINER_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "examples/finetune/io/data.h"
 #include "examples/finetune/model/config.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/engine_options.h"
@@ -66,15 +80,23 @@ struct TrainOptions {
   // match `model`; empty: GPT-2's initialization from `seed`.
   std::string weights;
   uint64_t seed = 1;
+  // Where `engine` came from, for the message when the engine refuses it
+  // ("--config ds.json"; default "the engine options").
+  std::string engine_origin = "the engine options";
+  // With engine.world_size above 1: the trainer's own communicator over the
+  // same ranks as engine.comm (which nothing but the engine may use), for
+  // the mean loss and the agreement on errors. Null with one rank.
+  std::shared_ptr<strata::Communicator> comm;
 
   // Checkpoints (docs/checkpoints.md). With a directory, the whole training
   // state (the engine's master, moments and step count; the loss scaler;
   // the data position, which is the step) is saved every `save_every` steps
   // (0: only after the last step) and after the last step, keeping `keep`
   // checkpoints. `resume` continues from the directory's latest checkpoint:
-  // steps runs to the same total, and the batch, sequence length,
-  // micro-batches and seed must be the checkpoint's (the data order
-  // depends on them); budgets and tiers may differ.
+  // steps runs to the same total, and the global batch (batch x
+  // world_size), sequence length, micro-batches and seed must be the
+  // checkpoint's (the data order depends on them); budgets, tiers and the
+  // number of ranks may differ.
   std::string checkpoint_dir;
   int64_t save_every = 0;
   int keep = 2;
@@ -89,7 +111,7 @@ struct TrainOptions {
 
 struct StepRecord {
   int64_t step = 0;  // 1-based
-  double loss = 0;   // mean over the step's tokens
+  double loss = 0;   // mean over the step's tokens (of every rank)
   double lr = 0;
   double grad_norm = 0;
   double loss_scale = 1;
@@ -101,8 +123,8 @@ struct TrainReport {
   std::vector<StepRecord> steps;
   std::string device_name;
   int64_t params = 0;
-  int64_t tokens_per_step = 0;
-  double flops_per_token = 0;  // model FLOPs (no recompute)
+  int64_t tokens_per_step = 0;  // over all ranks
+  double flops_per_token = 0;   // model FLOPs (no recompute)
   // fp16/bf16 working copy, fp32 gradient, master and two moments.
   uint64_t model_state_bytes = 0;
   uint64_t device_budget_bytes = 0;  // the engine's
@@ -125,17 +147,28 @@ struct TrainReport {
   std::vector<Save> saves;
   double load_seconds = 0;
   double export_seconds = 0;
-  strata::EngineStats engine;
+  strata::EngineStats engine;  // this rank's engine
 };
 
 using ProgressFn = std::function<void(const StepRecord& step)>;
 
-// Trains options.steps steps on the batches `sampler` draws (its batch and
-// seq_len must match). Errors name what is wrong: the options, the
-// checkpoint, the device or engine refusing a budget.
+// Trains options.steps steps on the batches `sampler` draws (its batch must
+// be options.batch x engine.world_size, its seq_len options.seq_len).
+// Errors name what is wrong: the options, the checkpoint, the device or
+// engine refusing a budget. With several ranks, an error another rank met
+// is kAborted (kInvalidArgument when that rank's was) saying so.
 strata::StatusOr<TrainReport> Train(
     const TrainOptions& options, const strata::finetune::BatchSampler& sampler,
     const ProgressFn& progress);
+
+// Agrees on an outcome across the ranks of `comm`, which every rank must
+// call at the same point: `local` when it is an error; else OK when every
+// rank is OK; else kInvalidArgument (when a rank's error was one) or
+// kAborted saying that another rank failed. Null `comm`: `local`. When the
+// agreement itself fails (a rank died or stopped calling: the communicator's
+// timeout), `local` if an error, else that failure.
+strata::Status AgreeAcrossRanks(strata::Communicator* comm,
+                                const strata::Status& local);
 
 // Bytes of model state per parameter (see TrainReport::model_state_bytes).
 uint64_t ModelStateBytes(const GptConfig& config, strata::ElementType dtype);

@@ -161,6 +161,8 @@ TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
       {{"--export-dtype", "fp8"}, "--export-dtype"},
       {{"--export", "/nonexistent/dir/m.safetensors"}, "--export"},
       {{"--stop-after", "-1"}, "--stop-after"},
+      {{"--comm", "tcp"}, "--comm"},
+      {{"--comm-timeout", "0"}, "--comm-timeout"},
       {{"--no-such-flag"}, "no-such-flag"}};
   for (const Case& c : cases) {
     std::vector<std::string> args = Tiny();
