@@ -19,24 +19,25 @@ struct MpiRun {
   double seconds = 0;
 };
 
-// `mpiexec` -np N --oversubscribe `worker` `plugin` args..., as root where
-// needed, over shared memory and TCP on loopback only.
+// `mpiexec` -np N --oversubscribe (no binding, shared memory and TCP on
+// loopback only), to be followed by the program and its arguments; allows
+// running as root, as the test machines do.
+inline std::vector<std::string> MpiExecArgv(const std::string& mpiexec,
+                                            int ranks) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  return {mpiexec,           "-np",       std::to_string(ranks),
+          "--oversubscribe", "--bind-to", "none",
+          "--mca",           "btl",       "self,vader,tcp"};
+}
+
+// MpiExecArgv, then `worker` `plugin` args..., its output collected.
 inline MpiRun RunUnderMpi(const std::string& mpiexec, const std::string& worker,
                           const std::string& plugin, int ranks,
                           const std::vector<std::string>& args) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  std::vector<std::string> argv = {mpiexec,
-                                   "-np",
-                                   std::to_string(ranks),
-                                   "--oversubscribe",
-                                   "--bind-to",
-                                   "none",
-                                   "--mca",
-                                   "btl",
-                                   "self,vader,tcp",
-                                   worker,
-                                   plugin};
+  std::vector<std::string> argv = MpiExecArgv(mpiexec, ranks);
+  argv.push_back(worker);
+  argv.push_back(plugin);
   argv.insert(argv.end(), args.begin(), args.end());
   int fds[2];
   if (pipe(fds) != 0) return {};

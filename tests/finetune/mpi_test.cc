@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/comm/mpi_run.h"
 #include "tests/util/scratch_dir.h"
 
 namespace {
@@ -89,8 +90,6 @@ int Lines(const std::string& out, const std::string& a, const std::string& b) {
 class FinetuneMpiTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     setenv("STRATA_COMM_MPI_LIBRARY", STRATA_TEST_MPI_PLUGIN, 1);
 #if defined(__SANITIZE_ADDRESS__)
     // Open MPI leaves allocations of its own at exit, most in plugins it
@@ -123,16 +122,9 @@ class FinetuneMpiTest : public ::testing::Test {
     return Exec(args, cwd_.path(), logs_.path() + "/single.txt");
   }
   Outcome Mpirun(int ranks, const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {STRATA_TEST_MPIEXEC,
-                                     "-np",
-                                     std::to_string(ranks),
-                                     "--oversubscribe",
-                                     "--bind-to",
-                                     "none",
-                                     "--mca",
-                                     "btl",
-                                     "self,vader,tcp",
-                                     STRATA_FINETUNE_PATH};
+    std::vector<std::string> argv =
+        strata::testing::MpiExecArgv(STRATA_TEST_MPIEXEC, ranks);
+    argv.push_back(STRATA_FINETUNE_PATH);
     argv.insert(argv.end(), args.begin(), args.end());
     return Exec(argv, cwd_.path(), logs_.path() + "/mpirun.txt");
   }
