@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/cpu_adam.h"
 #include "strata/device.h"
@@ -57,6 +58,10 @@ struct strata_device_memory {
 struct strata_external_memory {
   strata_device* dev = nullptr;
   strata::ExternalDeviceMemory memory;
+};
+
+struct strata_comm {
+  std::shared_ptr<strata::Communicator> comm;
 };
 
 struct strata_engine_options {
@@ -501,6 +506,70 @@ strata_code_t strata_copy_async(strata_stream_t* stream, void* dst,
   });
 }
 
+// ---- Communicator -----------------------------------------------------------
+
+strata_code_t strata_comm_create(const char* backend, double timeout_s,
+                                 void* mpi_comm, const char* mpi_library,
+                                 strata_comm_t** out, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_comm_create";
+    STRATA_RETURN_IF_ERROR(Require(out, kCall, "out"));
+    *out = nullptr;
+    strata::CommOptions o;
+    const std::string_view b = backend != nullptr ? backend : "single";
+    if (b == "single") {
+      o.backend = strata::CommBackendKind::kSingle;
+    } else if (b == "mpi") {
+      o.backend = strata::CommBackendKind::kMpi;
+      o.mpi_comm = mpi_comm;
+      if (mpi_library != nullptr) o.mpi_library = mpi_library;
+    } else {
+      return Status::InvalidArgument(std::string(kCall) + ": backend \"" +
+                                     std::string(b) +
+                                     "\" is not known; accepted: single, mpi");
+    }
+    if (timeout_s != 0) {
+      if (!(timeout_s > 0 && timeout_s <= 1e6)) {
+        return Status::InvalidArgument(
+            std::string(kCall) + ": timeout_s " + std::to_string(timeout_s) +
+            " is out of range; accepted: (0, 1e6] seconds, or 0 for the "
+            "default (" +
+            std::to_string(static_cast<int>(o.timeout_s)) + ")");
+      }
+      o.timeout_s = timeout_s;
+    }
+    STRATA_ASSIGN_OR_RETURN(strata::Communicator c,
+                            strata::Communicator::Create(o));
+    auto h = std::make_unique<strata_comm>();
+    h->comm = std::make_shared<strata::Communicator>(std::move(c));
+    *out = h.release();
+    return Status::Ok();
+  });
+}
+
+int strata_comm_rank(const strata_comm_t* comm) {
+  return comm != nullptr ? comm->comm->rank() : 0;
+}
+
+int strata_comm_size(const strata_comm_t* comm) {
+  return comm != nullptr ? comm->comm->size() : 0;
+}
+
+const char* strata_comm_backend(const strata_comm_t* comm) {
+  if (comm == nullptr) return nullptr;
+  switch (comm->comm->backend()) {
+    case strata::CommBackendKind::kSingle:
+      return "single";
+    case strata::CommBackendKind::kMpi:
+      return "mpi";
+    case strata::CommBackendKind::kNccl:
+      return "nccl";
+  }
+  return "unknown";
+}
+
+void strata_comm_destroy(strata_comm_t* comm) { delete comm; }
+
 // ---- Engine options ---------------------------------------------------------
 
 strata_code_t strata_engine_options_from_json(const char* json, size_t length,
@@ -543,6 +612,18 @@ const char* strata_engine_options_warning(
 
 void strata_engine_options_destroy(strata_engine_options_t* options) {
   delete options;
+}
+
+strata_code_t strata_engine_options_set_comm(strata_engine_options_t* options,
+                                             strata_comm_t* comm,
+                                             char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        Require(options, "strata_engine_options_set_comm", "options"));
+    options->config.options.comm =
+        comm != nullptr ? comm->comm : std::shared_ptr<strata::Communicator>();
+    return Status::Ok();
+  });
 }
 
 // ---- Engine -----------------------------------------------------------------

@@ -1,9 +1,9 @@
-/* strata's C API: the engine, the device and its streams, and the CPU
- * optimizer on caller memory, for callers that are not C++ (a Python
- * binding, another trainer's runtime). It compiles as C99 and as C++; every
- * call is a thin wrapper of the C++ API (strata/engine.h, strata/device.h,
- * strata/cpu_adam.h) and nothing it does throws. docs/c_api.md has the
- * conventions at length.
+/* strata's C API: the engine, the device and its streams, the communicator
+ * of data-parallel ranks, and the CPU optimizer on caller memory, for callers
+ * that are not C++ (a Python binding, another trainer's runtime). It compiles
+ * as C99 and as C++; every call is a thin wrapper of the C++ API
+ * (strata/engine.h, strata/device.h, strata/cpu_adam.h) and nothing it does
+ * throws. docs/c_api.md has the conventions at length.
  *
  * Errors: every call that can fail returns a strata_code_t (STRATA_OK, 0, on
  * success; the values mirror strata::StatusCode) and takes a last argument
@@ -32,10 +32,10 @@
  * destroys nothing. A handle used after it was destroyed cannot be told
  * apart from a live one: that is undefined behaviour, as free() twice is.
  *
- * Threads: devices, streams and engines are thread-safe (as their C++
- * objects); a pin, an engine options object and a CPU optimizer must not be
- * used by two threads at once. A destroy must not overlap another call on
- * the same object.
+ * Threads: devices, streams, communicators and engines are thread-safe
+ * (as their C++ objects); a pin, an engine options object and a CPU optimizer
+ * must not be used by two threads at once. A destroy must not overlap another
+ * call on the same object.
  */
 #ifndef STRATA_C_H_
 #define STRATA_C_H_
@@ -91,6 +91,7 @@ typedef struct strata_device strata_device_t;
 typedef struct strata_stream strata_stream_t;
 typedef struct strata_device_memory strata_device_memory_t;
 typedef struct strata_external_memory strata_external_memory_t;
+typedef struct strata_comm strata_comm_t;
 typedef struct strata_engine_options strata_engine_options_t;
 typedef struct strata_engine strata_engine_t;
 typedef struct strata_param_pin strata_param_pin_t;
@@ -201,6 +202,34 @@ STRATA_EXPORT strata_code_t strata_copy_async(strata_stream_t* stream,
                                               strata_copy_kind_t kind,
                                               char** errptr);
 
+/* ---- Communicator ----------------------------------------------------- */
+
+/* A data-parallel group of ranks for an engine (docs/c_api.md,
+ * "Communicator"). `backend`: "single" (or NULL: one rank, no dependency)
+ * or "mpi" (STRATA_UNAVAILABLE with the reason where MPI cannot be loaded).
+ * `timeout_s`: seconds a collective may wait for the other ranks before it
+ * fails with STRATA_UNAVAILABLE, in (0, 1e6]; 0 = the default, 300.
+ * MPI only (ignored otherwise): `mpi_comm` NULL = MPI_COMM_WORLD (MPI is
+ * initialized when the process has not done so), or a pointer to the
+ * caller's communicator, an `MPI_Comm*`, read once during the call and
+ * duplicated (the caller may free its own afterwards; MPI initialized by the
+ * caller at MPI_THREAD_SERIALIZED or above); `mpi_library` NULL = strata's
+ * MPI backend (libstrata_comm_mpi.so) beside the library, else its path.
+ * Every rank must make this call. */
+STRATA_EXPORT strata_code_t strata_comm_create(const char* backend,
+                                               double timeout_s, void* mpi_comm,
+                                               const char* mpi_library,
+                                               strata_comm_t** out,
+                                               char** errptr);
+/* This rank (0 .. size - 1) and the number of ranks. */
+STRATA_EXPORT int strata_comm_rank(const strata_comm_t* comm);
+STRATA_EXPORT int strata_comm_size(const strata_comm_t* comm);
+/* "single" or "mpi"; static storage. */
+STRATA_EXPORT const char* strata_comm_backend(const strata_comm_t* comm);
+/* Drops the caller's share: options and engines given the communicator keep
+ * it alive until they are destroyed too. */
+STRATA_EXPORT void strata_comm_destroy(strata_comm_t* comm);
+
 /* ---- Engine options --------------------------------------------------- */
 
 /* Engine options from a JSON config: strata's keys under "strata" and a
@@ -222,6 +251,15 @@ STRATA_EXPORT size_t
 strata_engine_options_num_warnings(const strata_engine_options_t* options);
 STRATA_EXPORT const char* strata_engine_options_warning(
     const strata_engine_options_t* options, size_t index);
+/* Gives engines created from `options` the communicator `comm` (NULL: none,
+ * one rank), sharing its ownership: `comm` may be destroyed right after.
+ * The config's world_size, rank and zero_stage stay as the JSON set them;
+ * strata_engine_create checks them against the communicator (world_size
+ * above 1 needs one whose size and rank are world_size and rank, and
+ * zero_stage 1 or 2). Each engine needs a communicator of its own: nothing
+ * else may run collectives on it while the engine lives. */
+STRATA_EXPORT strata_code_t strata_engine_options_set_comm(
+    strata_engine_options_t* options, strata_comm_t* comm, char** errptr);
 STRATA_EXPORT void strata_engine_options_destroy(
     strata_engine_options_t* options);
 

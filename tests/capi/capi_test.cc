@@ -326,6 +326,146 @@ TEST(CApiOptionsTest, FileAndWarnings) {
   strata_engine_options_destroy(o);
 }
 
+// ---- The communicator
+// --------------------------------------------------------
+
+// A config for `world_size` ranks with this rank and zero_stage 2.
+std::string RanksConfig(int world_size, int rank) {
+  nlohmann::json j = nlohmann::json::parse(HostConfig());
+  j["strata"]["world_size"] = world_size;
+  j["strata"]["rank"] = rank;
+  j["strata"]["zero_stage"] = 2;
+  return j.dump();
+}
+
+TEST(CApiCommTest, SingleRankCommGoesToTheEngine) {
+  CErr e;
+  strata_comm_t* comm = nullptr;
+  ASSERT_EQ(strata_comm_create("single", 5, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  EXPECT_EQ(e.get(), nullptr);
+  EXPECT_EQ(strata_comm_rank(comm), 0);
+  EXPECT_EQ(strata_comm_size(comm), 1);
+  EXPECT_STREQ(strata_comm_backend(comm), "single");
+  strata_comm_t* dflt = nullptr;  // NULL backend and timeout 0: the defaults
+  ASSERT_EQ(strata_comm_create(nullptr, 0, nullptr, nullptr, &dflt, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  EXPECT_STREQ(strata_comm_backend(dflt), "single");
+  strata_comm_destroy(dflt);
+
+  strata_device_t* dev = nullptr;
+  ASSERT_EQ(strata_device_create("host", 16 << 20, &dev, e.ptr()), STRATA_OK);
+  const std::string one = RanksConfig(1, 0);
+  strata_engine_options_t* o = nullptr;
+  ASSERT_EQ(
+      strata_engine_options_from_json(one.data(), one.size(), &o, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  ASSERT_EQ(strata_engine_options_set_comm(o, comm, e.ptr()), STRATA_OK);
+  strata_comm_destroy(comm);  // the options share it
+  strata_engine_t* eng = nullptr;
+  ASSERT_EQ(strata_engine_create(o, dev, &eng, e.ptr()), STRATA_OK) << e.str();
+  strata_engine_options_destroy(o);  // and now the engine
+  const int64_t shape[] = {40};
+  uint32_t id = 9;
+  ASSERT_EQ(
+      strata_engine_register(eng, "t", shape, 1, STRATA_BFLOAT16, &id, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  ASSERT_EQ(strata_engine_start(eng, e.ptr()), STRATA_OK) << e.str();
+  std::vector<float> init(40), back(40);
+  for (size_t i = 0; i < init.size(); ++i)
+    init[i] = 0.125f * static_cast<float>(i) - 2.0f;
+  ASSERT_EQ(strata_engine_set_initial_values(eng, id, init.data(), init.size(),
+                                             e.ptr()),
+            STRATA_OK)
+      << e.str();
+  ASSERT_EQ(
+      strata_engine_read_master(eng, id, back.data(), back.size(), e.ptr()),
+      STRATA_OK)
+      << e.str();
+  EXPECT_EQ(back, init);
+  EXPECT_EQ(strata_engine_destroy(eng, e.ptr()), STRATA_OK) << e.str();
+  EXPECT_EQ(strata_device_destroy(dev, e.ptr()), STRATA_OK) << e.str();
+}
+
+TEST(CApiCommTest, TheEngineChecksTheConfigAgainstTheComm) {
+  CErr e;
+  strata_comm_t* comm = nullptr;
+  ASSERT_EQ(strata_comm_create("single", 0, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  strata_device_t* dev = nullptr;
+  ASSERT_EQ(strata_device_create("host", 16 << 20, &dev, e.ptr()), STRATA_OK);
+  const std::string two = RanksConfig(2, 1);
+  strata_engine_options_t* o = nullptr;
+  ASSERT_EQ(
+      strata_engine_options_from_json(two.data(), two.size(), &o, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  strata_engine_t* eng = nullptr;
+  // world_size 2 without a communicator, then with one of 1 rank.
+  EXPECT_EQ(strata_engine_create(o, dev, &eng, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "world_size 2 needs comm");
+  ASSERT_EQ(strata_engine_options_set_comm(o, comm, e.ptr()), STRATA_OK);
+  EXPECT_EQ(strata_engine_create(o, dev, &eng, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "comm has rank 0 of 1");
+  EXPECT_MESSAGE_HAS(e, "rank 1 of world_size 2");
+  EXPECT_EQ(eng, nullptr);
+  // NULL takes the communicator back off.
+  ASSERT_EQ(strata_engine_options_set_comm(o, nullptr, e.ptr()), STRATA_OK);
+  EXPECT_EQ(strata_engine_create(o, dev, &eng, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "needs comm");
+  strata_engine_options_destroy(o);
+  strata_comm_destroy(comm);
+  EXPECT_EQ(strata_device_destroy(dev, e.ptr()), STRATA_OK) << e.str();
+}
+
+TEST(CApiCommTest, BadArguments) {
+  CErr e;
+  strata_comm_t* comm = reinterpret_cast<strata_comm_t*>(&e);  // overwritten
+  EXPECT_EQ(strata_comm_create("tcp", 0, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_MESSAGE_HAS(e, "strata_comm_create: backend \"tcp\"");
+  EXPECT_MESSAGE_HAS(e, "accepted: single, mpi");
+  EXPECT_EQ(strata_comm_create("", 0, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "backend \"\"");
+  for (double t :
+       {-1.0, 2e6, static_cast<double>(NAN), static_cast<double>(INFINITY)}) {
+    EXPECT_EQ(strata_comm_create("single", t, nullptr, nullptr, &comm, e.ptr()),
+              STRATA_INVALID_ARGUMENT)
+        << t;
+    EXPECT_MESSAGE_HAS(e, "strata_comm_create: timeout_s");
+    EXPECT_MESSAGE_HAS(e, "(0, 1e6]");
+    EXPECT_EQ(comm, nullptr);
+  }
+  EXPECT_EQ(strata_comm_create("single", 0, nullptr, nullptr, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_comm_create: out is NULL");
+  // An MPI backend that cannot be loaded: unavailable, naming the file.
+  ScratchDir dir;
+  const std::string lib = dir.File("no_such_backend.so");
+  EXPECT_EQ(strata_comm_create("mpi", 0, nullptr, lib.c_str(), &comm, e.ptr()),
+            STRATA_UNAVAILABLE);
+  EXPECT_MESSAGE_HAS(e, lib);
+  EXPECT_EQ(comm, nullptr);
+
+  EXPECT_EQ(strata_engine_options_set_comm(nullptr, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_engine_options_set_comm: options is NULL");
+  EXPECT_EQ(strata_comm_rank(nullptr), 0);
+  EXPECT_EQ(strata_comm_size(nullptr), 0);
+  EXPECT_EQ(strata_comm_backend(nullptr), nullptr);
+  strata_comm_destroy(nullptr);
+}
+
 // ---- The engine -------------------------------------------------------------
 
 constexpr int64_t kRows = 64, kCols = 48;  // 3072 elements: one 6 KiB unit
