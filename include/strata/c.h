@@ -363,6 +363,37 @@ STRATA_EXPORT strata_code_t strata_engine_loss_scale(strata_engine_t* engine,
 STRATA_EXPORT strata_code_t strata_engine_stats_json(strata_engine_t* engine,
                                                      char** json,
                                                      char** errptr);
+/* Saves the engine's state, between steps, as checkpoint `step` (>= 0,
+ * named "step-<N>") of the checkpoint directory `dir` (created if missing;
+ * one writer at a time, STRATA_BUSY naming the other's pid): every tensor's
+ * fp32 master and optimizer moments, the step count and loss scale, and
+ * with `save_params` nonzero the working copy too (gradients handed over
+ * since the last step are not saved). Then publishes it as the
+ * directory's latest and prunes to `keep` complete checkpoints (0: 2).
+ * Nothing is published on failure (STRATA_ALREADY_EXISTS when the latest is
+ * already "step-<N>"). Writes the committed checkpoint's path, where `path`
+ * is not NULL, as a string the caller frees with strata_free. With several
+ * ranks a collective: every rank calls it with the same arguments, rank 0
+ * alone writes (`dir` is rank 0's), and every rank gets the same outcome and
+ * path (an error names the rank it came from). */
+STRATA_EXPORT strata_code_t strata_engine_save_checkpoint(
+    strata_engine_t* engine, const char* dir, int64_t step, int keep,
+    int save_params, char** path, char** errptr);
+/* After start, between steps: replaces the engine's state with checkpoint
+ * `path`: a "step-<N>" directory, or a checkpoint directory, whose latest is
+ * loaded: masters, moments, working copy (or the master rounded), step
+ * count and a dynamic loss scale. Every registered tensor must be in it with
+ * the same shape (STRATA_NOT_FOUND or STRATA_INVALID_ARGUMENT naming it);
+ * any partition layout, tier placement or world size loads, except int8
+ * moments, which need the saving layout. No pin held and no gradient handed
+ * over since the last step. The checkpoint is checked as it is opened and
+ * read (STRATA_CORRUPTION or STRATA_NOT_FOUND naming the file); a read that
+ * fails part-way leaves the engine refusing later calls. Writes the loaded
+ * checkpoint's path, where `loaded` is not NULL (strata_free). With several
+ * ranks a collective: every rank opens the same checkpoint and reads its own
+ * shard; a failure on one rank is every rank's. */
+STRATA_EXPORT strata_code_t strata_engine_load_checkpoint(
+    strata_engine_t* engine, const char* path, char** loaded, char** errptr);
 /* STRATA_FAILED_PRECONDITION while pins of it are held. */
 STRATA_EXPORT strata_code_t strata_engine_destroy(strata_engine_t* engine,
                                                   char** errptr);

@@ -675,6 +675,130 @@ TEST_P(CApiEngineTest, OverflowSkipsTheStep) {
   EXPECT_EQ(Master(w_, kW)[3], InitOf(3));
 }
 
+// A checkpoint round trip: the masters loaded are the saved ones bit for
+// bit, and the step after the load is the uninterrupted run's step.
+TEST_P(CApiEngineTest, CheckpointRoundTrip) {
+  RegisterAndStart();
+  auto one_step = [&](int64_t want_step) {
+    MicroBatch(1.0f);
+    int applied = 0;
+    int64_t step = 0;
+    ASSERT_EQ(strata_engine_step(eng_, kLr, 1.0, 0.0, &applied, nullptr, &step,
+                                 e_.ptr()),
+              STRATA_OK)
+        << e_.str();
+    EXPECT_EQ(applied, 1);
+    EXPECT_EQ(step, want_step);
+  };
+  one_step(1);
+  one_step(2);
+  const std::vector<float> w2 = Master(w_, kW), b2 = Master(b_, kB);
+  const std::string ckpt = dir_.File("ckpt");
+  char* saved = nullptr;
+  ASSERT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), 2, 0, 1, &saved,
+                                          e_.ptr()),
+            STRATA_OK)
+      << e_.str();
+  ASSERT_NE(saved, nullptr);
+  const std::string saved_path = saved;
+  strata_free(saved);
+  EXPECT_EQ(saved_path.rfind(ckpt + "/", 0), 0u) << saved_path;
+  EXPECT_NE(saved_path.find("step-"), std::string::npos) << saved_path;
+  // The same step again: the published one stays.
+  EXPECT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), 2, 0, 0, nullptr,
+                                          e_.ptr()),
+            STRATA_ALREADY_EXISTS);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: " + ckpt);
+
+  one_step(3);
+  const std::vector<float> w3 = Master(w_, kW), b3 = Master(b_, kB);
+  ASSERT_NE(w3, w2);
+
+  char* loaded = nullptr;
+  ASSERT_EQ(
+      strata_engine_load_checkpoint(eng_, ckpt.c_str(), &loaded, e_.ptr()),
+      STRATA_OK)
+      << e_.str();
+  ASSERT_NE(loaded, nullptr);
+  EXPECT_EQ(std::string(loaded), saved_path);
+  strata_free(loaded);
+  const std::vector<float> wl = Master(w_, kW), bl = Master(b_, kB);
+  EXPECT_EQ(std::memcmp(wl.data(), w2.data(), kW * 4), 0);
+  EXPECT_EQ(std::memcmp(bl.data(), b2.data(), kB * 4), 0);
+  one_step(3);  // the step count came back with the state
+  const std::vector<float> wr = Master(w_, kW), br = Master(b_, kB);
+  EXPECT_EQ(std::memcmp(wr.data(), w3.data(), kW * 4), 0);
+  EXPECT_EQ(std::memcmp(br.data(), b3.data(), kB * 4), 0);
+
+  // The step-<N> directory itself loads too.
+  ASSERT_EQ(strata_engine_load_checkpoint(eng_, saved_path.c_str(), nullptr,
+                                          e_.ptr()),
+            STRATA_OK)
+      << e_.str();
+  EXPECT_EQ(Master(w_, kW), w2);
+}
+
+TEST_P(CApiEngineTest, CheckpointErrors) {
+  RegisterAndStart();
+  const std::string ckpt = dir_.File("ckpt");
+  char* path = reinterpret_cast<char*>(&e_);  // overwritten with NULL
+  EXPECT_EQ(strata_engine_save_checkpoint(nullptr, ckpt.c_str(), 0, 0, 0, &path,
+                                          e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(path, nullptr);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: engine is NULL");
+  EXPECT_EQ(
+      strata_engine_save_checkpoint(eng_, nullptr, 0, 0, 0, nullptr, e_.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: dir is NULL");
+  EXPECT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), -1, 0, 0, nullptr,
+                                          e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "step -1");
+  EXPECT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), 0, -2, 0, nullptr,
+                                          e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "keep -2");
+  // A directory that cannot be made: its parent is a file.
+  const std::string file = dir_.File("a-file");
+  std::ofstream(file) << "x";
+  const std::string under_file = file + "/ckpt";
+  path = reinterpret_cast<char*>(&e_);
+  EXPECT_NE(strata_engine_save_checkpoint(eng_, under_file.c_str(), 0, 0, 0,
+                                          &path, e_.ptr()),
+            STRATA_OK);
+  EXPECT_EQ(path, nullptr);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: " + under_file);
+
+  // Loading: nothing there, no checkpoint in it, NULLs.
+  const std::string missing = dir_.File("missing");
+  char* loaded = reinterpret_cast<char*>(&e_);
+  EXPECT_EQ(
+      strata_engine_load_checkpoint(eng_, missing.c_str(), &loaded, e_.ptr()),
+      STRATA_NOT_FOUND);
+  EXPECT_EQ(loaded, nullptr);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: " + missing);
+  EXPECT_NE(strata_engine_load_checkpoint(eng_, dir_.path().c_str(), nullptr,
+                                          e_.ptr()),
+            STRATA_OK);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: " + dir_.path());
+  EXPECT_EQ(strata_engine_load_checkpoint(eng_, nullptr, nullptr, e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: path is NULL");
+  EXPECT_EQ(
+      strata_engine_load_checkpoint(nullptr, ckpt.c_str(), nullptr, e_.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: engine is NULL");
+  // The engine is unharmed: it still steps.
+  MicroBatch(1.0f);
+  int applied = 0;
+  ASSERT_EQ(strata_engine_step(eng_, kLr, 1.0, 0.0, &applied, nullptr, nullptr,
+                               e_.ptr()),
+            STRATA_OK)
+      << e_.str();
+  EXPECT_EQ(applied, 1);
+}
+
 TEST_P(CApiEngineTest, Misuse) {
   strata_param_pin_t* pin = nullptr;
   // Before start.
