@@ -16,9 +16,17 @@ static float Alt(size_t i) { return (float)((i % 7) + 1) / 8.0f; }
     }                                                                \
   } while (0)
 
-int strata_capi_mpi_train(strata_comm_t* comm, float* masters, char* why,
-                          size_t why_len) {
-  static float w[kCapiMpiW], g[kCapiMpiW];
+static strata_code_t ReadMasters(strata_engine_t* eng, const uint32_t* ids,
+                                 float* out, char** err) {
+  strata_code_t c = strata_engine_read_master(eng, ids[0], out, kCapiMpiW, err);
+  if (c != STRATA_OK) return c;
+  return strata_engine_read_master(eng, ids[1], out + kCapiMpiW, kCapiMpiB,
+                                   err);
+}
+
+int strata_capi_mpi_train(strata_comm_t* comm, const char* ckpt_dir,
+                          float* masters, char* why, size_t why_len) {
+  static float w[kCapiMpiW], g[kCapiMpiW], loaded[kCapiMpiW + kCapiMpiB];
   const int rank = comm != NULL ? strata_comm_rank(comm) : 0;
   const int size = comm != NULL ? strata_comm_size(comm) : 1;
   const float sign = (float)(2 * rank - (size - 1));
@@ -27,6 +35,8 @@ int strata_capi_mpi_train(strata_comm_t* comm, float* masters, char* why,
   const size_t numel[2] = {kCapiMpiW, kCapiMpiB};
   char json[512];
   char* err = NULL;
+  char* saved_path = NULL;
+  char* loaded_path = NULL;
   int rc = 1, s, t, applied = 0;
   size_t i;
   uint32_t ids[2] = {0, 0};
@@ -58,7 +68,14 @@ int strata_capi_mpi_train(strata_comm_t* comm, float* masters, char* why,
     for (i = 0; i < numel[t]; ++i) w[i] = Init(i + (size_t)t);
     CHECK(strata_engine_set_initial_values(eng, ids[t], w, numel[t], &err));
   }
-  for (s = 0; s < kCapiMpiSteps; ++s) {
+  /* With a checkpoint: saved after kCapiMpiSteps steps, one more step,
+   * then loaded back. */
+  for (s = 0; s < kCapiMpiSteps + (ckpt_dir != NULL ? 1 : 0); ++s) {
+    if (s == kCapiMpiSteps) {
+      CHECK(ReadMasters(eng, ids, masters, &err));
+      CHECK(strata_engine_save_checkpoint(eng, ckpt_dir, s, 0, 0, &saved_path,
+                                          &err));
+    }
     for (t = 0; t < 2; ++t) {
       for (i = 0; i < numel[t]; ++i) g[i] = Base(i + (size_t)s) + sign * Alt(i);
       CHECK(strata_device_memory_alloc(stream, numel[t] * 4, &mem, &err));
@@ -75,11 +92,31 @@ int strata_capi_mpi_train(strata_comm_t* comm, float* masters, char* why,
       goto out;
     }
   }
-  CHECK(strata_engine_read_master(eng, ids[0], masters, kCapiMpiW, &err));
-  CHECK(strata_engine_read_master(eng, ids[1], masters + kCapiMpiW, kCapiMpiB,
-                                  &err));
+  if (ckpt_dir == NULL) {
+    CHECK(ReadMasters(eng, ids, masters, &err));
+  } else {
+    CHECK(ReadMasters(eng, ids, loaded, &err));
+    if (memcmp(loaded, masters, sizeof loaded) == 0) {
+      snprintf(why, why_len, "the step after the save changed nothing");
+      goto out;
+    }
+    CHECK(strata_engine_load_checkpoint(eng, ckpt_dir, &loaded_path, &err));
+    CHECK(ReadMasters(eng, ids, loaded, &err));
+    if (strcmp(saved_path, loaded_path) != 0) {
+      snprintf(why, why_len, "saved %s, loaded %s", saved_path, loaded_path);
+      goto out;
+    }
+    if (memcmp(loaded, masters, sizeof loaded) != 0) {
+      snprintf(why, why_len,
+               "the masters loaded from %s are not the saved ones",
+               loaded_path);
+      goto out;
+    }
+  }
   rc = 0;
 out:
+  strata_free(saved_path);
+  strata_free(loaded_path);
   strata_free(err);
   err = NULL;
   strata_device_memory_free(mem);

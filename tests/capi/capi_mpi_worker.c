@@ -3,8 +3,9 @@
  * makes an MPI communicator (backend "mpi", the MPI backend at <plugin>),
  * checks its rank and size against the environment mpirun sets, checks that
  * an engine whose config names another rank is refused, then trains
- * strata_capi_mpi_train's case over the ranks (zero_stage 2) and writes
- * this rank's masters to <dir>/rank-R.bin. Prints "rank R: ok" or
+ * strata_capi_mpi_train's case over the ranks (zero_stage 2), with its
+ * checkpoint round trip in <dir>/ckpt, and writes this rank's masters to
+ * <dir>/rank-R.bin. Prints "rank R: ok" or
  * "FAIL ..."; exit 0 on success. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   char* err = NULL;
   char why[1024] = "";
   char path[4096];
+  char ckpt[4096];
   char json[256];
   strata_comm_t* comm = NULL;
   strata_engine_options_t* opts = NULL;
@@ -72,7 +74,8 @@ int main(int argc, char** argv) {
   strata_engine_options_destroy(opts);
   strata_device_destroy(dev, NULL);
 
-  if (strata_capi_mpi_train(comm, masters, why, sizeof why) != 0) {
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", argv[2]);
+  if (strata_capi_mpi_train(comm, ckpt, masters, why, sizeof why) != 0) {
     printf("FAIL rank %d: %s\n", rank, why);
     return 1;
   }
