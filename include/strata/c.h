@@ -1,8 +1,9 @@
-/* strata's C API: the engine, the device and its streams, the communicator
- * of data-parallel ranks, and the CPU optimizer on caller memory, for callers
- * that are not C++ (a Python binding, another trainer's runtime). It compiles
- * as C99 and as C++; every call is a thin wrapper of the C++ API
- * (strata/engine.h, strata/device.h, strata/cpu_adam.h) and nothing it does
+/* strata's C API: the engine and its checkpoints, the device and its
+ * streams, the communicator of data-parallel ranks, and the CPU optimizer on
+ * caller memory, for callers that are not C++ (a Python binding, another
+ * trainer's runtime). It compiles as C99 and as C++; every call is a thin
+ * wrapper of the C++ API (strata/engine.h, strata/checkpoint.h,
+ * strata/device.h, strata/comm.h, strata/cpu_adam.h) and nothing it does
  * throws. docs/c_api.md has the conventions at length.
  *
  * Errors: every call that can fail returns a strata_code_t (STRATA_OK, 0, on
