@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "strata/checkpoint.h"
+#include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/cpu_adam.h"
 #include "strata/device.h"
@@ -59,12 +61,17 @@ struct strata_external_memory {
   strata::ExternalDeviceMemory memory;
 };
 
+struct strata_comm {
+  std::shared_ptr<strata::Communicator> comm;
+};
+
 struct strata_engine_options {
   strata::EngineConfig config;
 };
 
 struct strata_engine {
   strata_device* dev = nullptr;
+  int rank = 0;  // EngineOptions::rank: rank 0 writes checkpoints
   std::unique_ptr<strata::Engine> engine;
   std::atomic<int64_t> users{0};  // pins
 };
@@ -501,6 +508,70 @@ strata_code_t strata_copy_async(strata_stream_t* stream, void* dst,
   });
 }
 
+// ---- Communicator -----------------------------------------------------------
+
+strata_code_t strata_comm_create(const char* backend, double timeout_s,
+                                 void* mpi_comm, const char* mpi_library,
+                                 strata_comm_t** out, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_comm_create";
+    STRATA_RETURN_IF_ERROR(Require(out, kCall, "out"));
+    *out = nullptr;
+    strata::CommOptions o;
+    const std::string_view b = backend != nullptr ? backend : "single";
+    if (b == "single") {
+      o.backend = strata::CommBackendKind::kSingle;
+    } else if (b == "mpi") {
+      o.backend = strata::CommBackendKind::kMpi;
+      o.mpi_comm = mpi_comm;
+      if (mpi_library != nullptr) o.mpi_library = mpi_library;
+    } else {
+      return Status::InvalidArgument(std::string(kCall) + ": backend \"" +
+                                     std::string(b) +
+                                     "\" is not known; accepted: single, mpi");
+    }
+    if (timeout_s != 0) {
+      if (!(timeout_s > 0 && timeout_s <= 1e6)) {
+        return Status::InvalidArgument(
+            std::string(kCall) + ": timeout_s " + std::to_string(timeout_s) +
+            " is out of range; accepted: (0, 1e6] seconds, or 0 for the "
+            "default (" +
+            std::to_string(static_cast<int>(o.timeout_s)) + ")");
+      }
+      o.timeout_s = timeout_s;
+    }
+    STRATA_ASSIGN_OR_RETURN(strata::Communicator c,
+                            strata::Communicator::Create(o));
+    auto h = std::make_unique<strata_comm>();
+    h->comm = std::make_shared<strata::Communicator>(std::move(c));
+    *out = h.release();
+    return Status::Ok();
+  });
+}
+
+int strata_comm_rank(const strata_comm_t* comm) {
+  return comm != nullptr ? comm->comm->rank() : 0;
+}
+
+int strata_comm_size(const strata_comm_t* comm) {
+  return comm != nullptr ? comm->comm->size() : 0;
+}
+
+const char* strata_comm_backend(const strata_comm_t* comm) {
+  if (comm == nullptr) return nullptr;
+  switch (comm->comm->backend()) {
+    case strata::CommBackendKind::kSingle:
+      return "single";
+    case strata::CommBackendKind::kMpi:
+      return "mpi";
+    case strata::CommBackendKind::kNccl:
+      return "nccl";
+  }
+  return "unknown";
+}
+
+void strata_comm_destroy(strata_comm_t* comm) { delete comm; }
+
 // ---- Engine options ---------------------------------------------------------
 
 strata_code_t strata_engine_options_from_json(const char* json, size_t length,
@@ -545,6 +616,18 @@ void strata_engine_options_destroy(strata_engine_options_t* options) {
   delete options;
 }
 
+strata_code_t strata_engine_options_set_comm(strata_engine_options_t* options,
+                                             strata_comm_t* comm,
+                                             char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        Require(options, "strata_engine_options_set_comm", "options"));
+    options->config.options.comm =
+        comm != nullptr ? comm->comm : std::shared_ptr<strata::Communicator>();
+    return Status::Ok();
+  });
+}
+
 // ---- Engine -----------------------------------------------------------------
 
 strata_code_t strata_engine_create(const strata_engine_options_t* options,
@@ -561,6 +644,7 @@ strata_code_t strata_engine_create(const strata_engine_options_t* options,
         h->engine,
         strata::Engine::Create(options->config.options, device->device.get()));
     h->dev = device;
+    h->rank = options->config.options.rank;
     device->users.fetch_add(1);
     *out = h.release();
     return Status::Ok();
@@ -790,6 +874,96 @@ strata_code_t strata_engine_stats_json(strata_engine_t* engine, char** json,
       return Status::OutOfMemory(std::string(kCall) + ": " +
                                  std::to_string(s.size() + 1) +
                                  " bytes for the JSON");
+    }
+    return Status::Ok();
+  });
+}
+
+strata_code_t strata_engine_save_checkpoint(strata_engine_t* engine,
+                                            const char* dir, int64_t step,
+                                            int keep, int save_params,
+                                            char** path, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_engine_save_checkpoint";
+    if (path != nullptr) *path = nullptr;
+    STRATA_RETURN_IF_ERROR(Require(engine, kCall, "engine"));
+    // Refusals that every rank makes alike come before any collective.
+    STRATA_RETURN_IF_ERROR(Require(dir, kCall, "dir"));
+    if (step < 0) {
+      return Status::InvalidArgument(std::string(kCall) + ": step " +
+                                     std::to_string(step) +
+                                     " is negative; accepted: >= 0");
+    }
+    if (keep < 0) {
+      return Status::InvalidArgument(
+          std::string(kCall) + ": keep " + std::to_string(keep) +
+          " is negative; accepted: 0 (the default, 2) or >= 1");
+    }
+    // Rank 0 alone writes; every rank agrees on its Begin's outcome, so that
+    // a failure there is every rank's before the collective save.
+    std::unique_ptr<strata::CheckpointWriter> writer;
+    Status begun;
+    if (engine->rank == 0) {
+      strata::CheckpointWriterOptions o;
+      o.dir = dir;
+      o.step = step;
+      if (keep > 0) o.keep = keep;
+      StatusOr<std::unique_ptr<strata::CheckpointWriter>> w =
+          strata::CheckpointWriter::Begin(o);
+      if (w.ok()) {
+        writer = std::move(w).value();
+      } else {
+        begun =
+            std::move(w).status().WithContext(std::string(kCall) + ": " + dir);
+      }
+    }
+    STRATA_RETURN_IF_ERROR(engine->engine->Agree(begun));
+    STRATA_RETURN_IF_ERROR(
+        engine->engine->SaveState(writer.get(), save_params != 0));
+    STRATA_ASSIGN_OR_RETURN(std::string committed,
+                            engine->engine->CommitState(writer.get()));
+    if (path != nullptr) {
+      *path = CopyString(committed);
+      if (*path == nullptr) {
+        return Status::OutOfMemory(std::string(kCall) + ": " +
+                                   std::to_string(committed.size() + 1) +
+                                   " bytes for the path (the checkpoint is "
+                                   "committed)");
+      }
+    }
+    return Status::Ok();
+  });
+}
+
+strata_code_t strata_engine_load_checkpoint(strata_engine_t* engine,
+                                            const char* path, char** loaded,
+                                            char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_engine_load_checkpoint";
+    if (loaded != nullptr) *loaded = nullptr;
+    STRATA_RETURN_IF_ERROR(Require(engine, kCall, "engine"));
+    STRATA_RETURN_IF_ERROR(Require(path, kCall, "path"));
+    // Every rank opens it; one that cannot makes the load fail on all.
+    std::unique_ptr<strata::CheckpointReader> reader;
+    StatusOr<std::unique_ptr<strata::CheckpointReader>> r =
+        strata::CheckpointReader::Open(path);
+    Status opened;
+    if (r.ok()) {
+      reader = std::move(r).value();
+    } else {
+      opened =
+          std::move(r).status().WithContext(std::string(kCall) + ": " + path);
+    }
+    STRATA_RETURN_IF_ERROR(engine->engine->Agree(opened));
+    STRATA_RETURN_IF_ERROR(engine->engine->LoadState(*reader));
+    if (loaded != nullptr) {
+      *loaded = CopyString(reader->path());
+      if (*loaded == nullptr) {
+        return Status::OutOfMemory(std::string(kCall) + ": " +
+                                   std::to_string(reader->path().size() + 1) +
+                                   " bytes for the path (the checkpoint is "
+                                   "loaded)");
+      }
     }
     return Status::Ok();
   });

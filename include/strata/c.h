@@ -1,9 +1,10 @@
-/* strata's C API: the engine, the device and its streams, and the CPU
- * optimizer on caller memory, for callers that are not C++ (a Python
- * binding, another trainer's runtime). It compiles as C99 and as C++; every
- * call is a thin wrapper of the C++ API (strata/engine.h, strata/device.h,
- * strata/cpu_adam.h) and nothing it does throws. docs/c_api.md has the
- * conventions at length.
+/* strata's C API: the engine and its checkpoints, the device and its
+ * streams, the communicator of data-parallel ranks, and the CPU optimizer on
+ * caller memory, for callers that are not C++ (a Python binding, another
+ * trainer's runtime). It compiles as C99 and as C++; every call is a thin
+ * wrapper of the C++ API (strata/engine.h, strata/checkpoint.h,
+ * strata/device.h, strata/comm.h, strata/cpu_adam.h) and nothing it does
+ * throws. docs/c_api.md has the conventions at length.
  *
  * Errors: every call that can fail returns a strata_code_t (STRATA_OK, 0, on
  * success; the values mirror strata::StatusCode) and takes a last argument
@@ -32,10 +33,10 @@
  * destroys nothing. A handle used after it was destroyed cannot be told
  * apart from a live one: that is undefined behaviour, as free() twice is.
  *
- * Threads: devices, streams and engines are thread-safe (as their C++
- * objects); a pin, an engine options object and a CPU optimizer must not be
- * used by two threads at once. A destroy must not overlap another call on
- * the same object.
+ * Threads: devices, streams, communicators and engines are thread-safe
+ * (as their C++ objects); a pin, an engine options object and a CPU optimizer
+ * must not be used by two threads at once. A destroy must not overlap another
+ * call on the same object.
  */
 #ifndef STRATA_C_H_
 #define STRATA_C_H_
@@ -91,6 +92,7 @@ typedef struct strata_device strata_device_t;
 typedef struct strata_stream strata_stream_t;
 typedef struct strata_device_memory strata_device_memory_t;
 typedef struct strata_external_memory strata_external_memory_t;
+typedef struct strata_comm strata_comm_t;
 typedef struct strata_engine_options strata_engine_options_t;
 typedef struct strata_engine strata_engine_t;
 typedef struct strata_param_pin strata_param_pin_t;
@@ -201,6 +203,34 @@ STRATA_EXPORT strata_code_t strata_copy_async(strata_stream_t* stream,
                                               strata_copy_kind_t kind,
                                               char** errptr);
 
+/* ---- Communicator ----------------------------------------------------- */
+
+/* A data-parallel group of ranks for an engine (docs/c_api.md,
+ * "Communicator"). `backend`: "single" (or NULL: one rank, no dependency)
+ * or "mpi" (STRATA_UNAVAILABLE with the reason where MPI cannot be loaded).
+ * `timeout_s`: seconds a collective may wait for the other ranks before it
+ * fails with STRATA_UNAVAILABLE, in (0, 1e6]; 0 = the default, 300.
+ * MPI only (ignored otherwise): `mpi_comm` NULL = MPI_COMM_WORLD (MPI is
+ * initialized when the process has not done so), or a pointer to the
+ * caller's communicator, an `MPI_Comm*`, read once during the call and
+ * duplicated (the caller may free its own afterwards; MPI initialized by the
+ * caller at MPI_THREAD_SERIALIZED or above); `mpi_library` NULL = strata's
+ * MPI backend (libstrata_comm_mpi.so) beside the library, else its path.
+ * Every rank must make this call. */
+STRATA_EXPORT strata_code_t strata_comm_create(const char* backend,
+                                               double timeout_s, void* mpi_comm,
+                                               const char* mpi_library,
+                                               strata_comm_t** out,
+                                               char** errptr);
+/* This rank (0 .. size - 1) and the number of ranks. */
+STRATA_EXPORT int strata_comm_rank(const strata_comm_t* comm);
+STRATA_EXPORT int strata_comm_size(const strata_comm_t* comm);
+/* "single" or "mpi"; static storage. */
+STRATA_EXPORT const char* strata_comm_backend(const strata_comm_t* comm);
+/* Drops the caller's share: options and engines given the communicator keep
+ * it alive until they are destroyed too. */
+STRATA_EXPORT void strata_comm_destroy(strata_comm_t* comm);
+
 /* ---- Engine options --------------------------------------------------- */
 
 /* Engine options from a JSON config: strata's keys under "strata" and a
@@ -222,6 +252,15 @@ STRATA_EXPORT size_t
 strata_engine_options_num_warnings(const strata_engine_options_t* options);
 STRATA_EXPORT const char* strata_engine_options_warning(
     const strata_engine_options_t* options, size_t index);
+/* Gives engines created from `options` the communicator `comm` (NULL: none,
+ * one rank), sharing its ownership: `comm` may be destroyed right after.
+ * The config's world_size, rank and zero_stage stay as the JSON set them;
+ * strata_engine_create checks them against the communicator (world_size
+ * above 1 needs one whose size and rank are world_size and rank, and
+ * zero_stage 1 or 2). Each engine needs a communicator of its own: nothing
+ * else may run collectives on it while the engine lives. */
+STRATA_EXPORT strata_code_t strata_engine_options_set_comm(
+    strata_engine_options_t* options, strata_comm_t* comm, char** errptr);
 STRATA_EXPORT void strata_engine_options_destroy(
     strata_engine_options_t* options);
 
@@ -325,6 +364,37 @@ STRATA_EXPORT strata_code_t strata_engine_loss_scale(strata_engine_t* engine,
 STRATA_EXPORT strata_code_t strata_engine_stats_json(strata_engine_t* engine,
                                                      char** json,
                                                      char** errptr);
+/* Saves the engine's state, between steps, as checkpoint `step` (>= 0,
+ * named "step-<N>") of the checkpoint directory `dir` (created if missing;
+ * one writer at a time, STRATA_BUSY naming the other's pid): every tensor's
+ * fp32 master and optimizer moments, the step count and loss scale, and
+ * with `save_params` nonzero the working copy too (gradients handed over
+ * since the last step are not saved). Then publishes it as the
+ * directory's latest and prunes to `keep` complete checkpoints (0: 2).
+ * Nothing is published on failure (STRATA_ALREADY_EXISTS when the latest is
+ * already "step-<N>"). Writes the committed checkpoint's path, where `path`
+ * is not NULL, as a string the caller frees with strata_free. With several
+ * ranks a collective: every rank calls it with the same arguments, rank 0
+ * alone writes (`dir` is rank 0's), and every rank gets the same outcome and
+ * path (an error names the rank it came from). */
+STRATA_EXPORT strata_code_t strata_engine_save_checkpoint(
+    strata_engine_t* engine, const char* dir, int64_t step, int keep,
+    int save_params, char** path, char** errptr);
+/* After start, between steps: replaces the engine's state with checkpoint
+ * `path`: a "step-<N>" directory, or a checkpoint directory, whose latest is
+ * loaded: masters, moments, working copy (or the master rounded), step
+ * count and a dynamic loss scale. Every registered tensor must be in it with
+ * the same shape (STRATA_NOT_FOUND or STRATA_INVALID_ARGUMENT naming it);
+ * any partition layout, tier placement or world size loads, except int8
+ * moments, which need the saving layout. No pin held and no gradient handed
+ * over since the last step. The checkpoint is checked as it is opened and
+ * read (STRATA_CORRUPTION or STRATA_NOT_FOUND naming the file); a read that
+ * fails part-way leaves the engine refusing later calls. Writes the loaded
+ * checkpoint's path, where `loaded` is not NULL (strata_free). With several
+ * ranks a collective: every rank opens the same checkpoint and reads its own
+ * shard; a failure on one rank is every rank's. */
+STRATA_EXPORT strata_code_t strata_engine_load_checkpoint(
+    strata_engine_t* engine, const char* path, char** loaded, char** errptr);
 /* STRATA_FAILED_PRECONDITION while pins of it are held. */
 STRATA_EXPORT strata_code_t strata_engine_destroy(strata_engine_t* engine,
                                                   char** errptr);

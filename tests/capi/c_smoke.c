@@ -13,6 +13,7 @@ int strata_c_smoke(char* why, size_t why_len) {
   strata_device_t* dev = NULL;
   strata_stream_t* stream = NULL;
   strata_cpu_optimizer_t* opt = NULL;
+  strata_comm_t* comm = NULL;
   strata_cpu_tensors_t t;
   float master[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   float grad[4] = {1.0f, -1.0f, 1.0f, -1.0f};
@@ -32,6 +33,14 @@ int strata_c_smoke(char* why, size_t why_len) {
     strata_free(err);
     return 1;
   }
+  if (strata_comm_create("single", 0.0, NULL, NULL, &comm, &err) != STRATA_OK ||
+      strata_comm_size(comm) != 1 || strata_comm_rank(comm) != 0) {
+    snprintf(why, why_len, "comm: %s", err ? err : "not 1 rank");
+    strata_free(err);
+    strata_comm_destroy(comm);
+    return 1;
+  }
+  strata_comm_destroy(comm);
   if (strata_cpu_optimizer_create(NULL, &opt, &err) != STRATA_OK) {
     snprintf(why, why_len, "optimizer: %s", err ? err : "?");
     strata_free(err);

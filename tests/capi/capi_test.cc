@@ -326,6 +326,146 @@ TEST(CApiOptionsTest, FileAndWarnings) {
   strata_engine_options_destroy(o);
 }
 
+// ---- The communicator
+// --------------------------------------------------------
+
+// A config for `world_size` ranks with this rank and zero_stage 2.
+std::string RanksConfig(int world_size, int rank) {
+  nlohmann::json j = nlohmann::json::parse(HostConfig());
+  j["strata"]["world_size"] = world_size;
+  j["strata"]["rank"] = rank;
+  j["strata"]["zero_stage"] = 2;
+  return j.dump();
+}
+
+TEST(CApiCommTest, SingleRankCommGoesToTheEngine) {
+  CErr e;
+  strata_comm_t* comm = nullptr;
+  ASSERT_EQ(strata_comm_create("single", 5, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  EXPECT_EQ(e.get(), nullptr);
+  EXPECT_EQ(strata_comm_rank(comm), 0);
+  EXPECT_EQ(strata_comm_size(comm), 1);
+  EXPECT_STREQ(strata_comm_backend(comm), "single");
+  strata_comm_t* dflt = nullptr;  // NULL backend and timeout 0: the defaults
+  ASSERT_EQ(strata_comm_create(nullptr, 0, nullptr, nullptr, &dflt, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  EXPECT_STREQ(strata_comm_backend(dflt), "single");
+  strata_comm_destroy(dflt);
+
+  strata_device_t* dev = nullptr;
+  ASSERT_EQ(strata_device_create("host", 16 << 20, &dev, e.ptr()), STRATA_OK);
+  const std::string one = RanksConfig(1, 0);
+  strata_engine_options_t* o = nullptr;
+  ASSERT_EQ(
+      strata_engine_options_from_json(one.data(), one.size(), &o, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  ASSERT_EQ(strata_engine_options_set_comm(o, comm, e.ptr()), STRATA_OK);
+  strata_comm_destroy(comm);  // the options share it
+  strata_engine_t* eng = nullptr;
+  ASSERT_EQ(strata_engine_create(o, dev, &eng, e.ptr()), STRATA_OK) << e.str();
+  strata_engine_options_destroy(o);  // and now the engine
+  const int64_t shape[] = {40};
+  uint32_t id = 9;
+  ASSERT_EQ(
+      strata_engine_register(eng, "t", shape, 1, STRATA_BFLOAT16, &id, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  ASSERT_EQ(strata_engine_start(eng, e.ptr()), STRATA_OK) << e.str();
+  std::vector<float> init(40), back(40);
+  for (size_t i = 0; i < init.size(); ++i)
+    init[i] = 0.125f * static_cast<float>(i) - 2.0f;
+  ASSERT_EQ(strata_engine_set_initial_values(eng, id, init.data(), init.size(),
+                                             e.ptr()),
+            STRATA_OK)
+      << e.str();
+  ASSERT_EQ(
+      strata_engine_read_master(eng, id, back.data(), back.size(), e.ptr()),
+      STRATA_OK)
+      << e.str();
+  EXPECT_EQ(back, init);
+  EXPECT_EQ(strata_engine_destroy(eng, e.ptr()), STRATA_OK) << e.str();
+  EXPECT_EQ(strata_device_destroy(dev, e.ptr()), STRATA_OK) << e.str();
+}
+
+TEST(CApiCommTest, TheEngineChecksTheConfigAgainstTheComm) {
+  CErr e;
+  strata_comm_t* comm = nullptr;
+  ASSERT_EQ(strata_comm_create("single", 0, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  strata_device_t* dev = nullptr;
+  ASSERT_EQ(strata_device_create("host", 16 << 20, &dev, e.ptr()), STRATA_OK);
+  const std::string two = RanksConfig(2, 1);
+  strata_engine_options_t* o = nullptr;
+  ASSERT_EQ(
+      strata_engine_options_from_json(two.data(), two.size(), &o, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  strata_engine_t* eng = nullptr;
+  // world_size 2 without a communicator, then with one of 1 rank.
+  EXPECT_EQ(strata_engine_create(o, dev, &eng, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "world_size 2 needs comm");
+  ASSERT_EQ(strata_engine_options_set_comm(o, comm, e.ptr()), STRATA_OK);
+  EXPECT_EQ(strata_engine_create(o, dev, &eng, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "comm has rank 0 of 1");
+  EXPECT_MESSAGE_HAS(e, "rank 1 of world_size 2");
+  EXPECT_EQ(eng, nullptr);
+  // NULL takes the communicator back off.
+  ASSERT_EQ(strata_engine_options_set_comm(o, nullptr, e.ptr()), STRATA_OK);
+  EXPECT_EQ(strata_engine_create(o, dev, &eng, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "needs comm");
+  strata_engine_options_destroy(o);
+  strata_comm_destroy(comm);
+  EXPECT_EQ(strata_device_destroy(dev, e.ptr()), STRATA_OK) << e.str();
+}
+
+TEST(CApiCommTest, BadArguments) {
+  CErr e;
+  strata_comm_t* comm = reinterpret_cast<strata_comm_t*>(&e);  // overwritten
+  EXPECT_EQ(strata_comm_create("tcp", 0, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_MESSAGE_HAS(e, "strata_comm_create: backend \"tcp\"");
+  EXPECT_MESSAGE_HAS(e, "accepted: single, mpi");
+  EXPECT_EQ(strata_comm_create("", 0, nullptr, nullptr, &comm, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "backend \"\"");
+  for (double t :
+       {-1.0, 2e6, static_cast<double>(NAN), static_cast<double>(INFINITY)}) {
+    EXPECT_EQ(strata_comm_create("single", t, nullptr, nullptr, &comm, e.ptr()),
+              STRATA_INVALID_ARGUMENT)
+        << t;
+    EXPECT_MESSAGE_HAS(e, "strata_comm_create: timeout_s");
+    EXPECT_MESSAGE_HAS(e, "(0, 1e6]");
+    EXPECT_EQ(comm, nullptr);
+  }
+  EXPECT_EQ(strata_comm_create("single", 0, nullptr, nullptr, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_comm_create: out is NULL");
+  // An MPI backend that cannot be loaded: unavailable, naming the file.
+  ScratchDir dir;
+  const std::string lib = dir.File("no_such_backend.so");
+  EXPECT_EQ(strata_comm_create("mpi", 0, nullptr, lib.c_str(), &comm, e.ptr()),
+            STRATA_UNAVAILABLE);
+  EXPECT_MESSAGE_HAS(e, lib);
+  EXPECT_EQ(comm, nullptr);
+
+  EXPECT_EQ(strata_engine_options_set_comm(nullptr, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_engine_options_set_comm: options is NULL");
+  EXPECT_EQ(strata_comm_rank(nullptr), 0);
+  EXPECT_EQ(strata_comm_size(nullptr), 0);
+  EXPECT_EQ(strata_comm_backend(nullptr), nullptr);
+  strata_comm_destroy(nullptr);
+}
+
 // ---- The engine -------------------------------------------------------------
 
 constexpr int64_t kRows = 64, kCols = 48;  // 3072 elements: one 6 KiB unit
@@ -533,6 +673,130 @@ TEST_P(CApiEngineTest, OverflowSkipsTheStep) {
   EXPECT_EQ(applied, 0);
   EXPECT_EQ(step, 0);
   EXPECT_EQ(Master(w_, kW)[3], InitOf(3));
+}
+
+// A checkpoint round trip: the masters loaded are the saved ones bit for
+// bit, and the step after the load is the uninterrupted run's step.
+TEST_P(CApiEngineTest, CheckpointRoundTrip) {
+  RegisterAndStart();
+  auto one_step = [&](int64_t want_step) {
+    MicroBatch(1.0f);
+    int applied = 0;
+    int64_t step = 0;
+    ASSERT_EQ(strata_engine_step(eng_, kLr, 1.0, 0.0, &applied, nullptr, &step,
+                                 e_.ptr()),
+              STRATA_OK)
+        << e_.str();
+    EXPECT_EQ(applied, 1);
+    EXPECT_EQ(step, want_step);
+  };
+  one_step(1);
+  one_step(2);
+  const std::vector<float> w2 = Master(w_, kW), b2 = Master(b_, kB);
+  const std::string ckpt = dir_.File("ckpt");
+  char* saved = nullptr;
+  ASSERT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), 2, 0, 1, &saved,
+                                          e_.ptr()),
+            STRATA_OK)
+      << e_.str();
+  ASSERT_NE(saved, nullptr);
+  const std::string saved_path = saved;
+  strata_free(saved);
+  EXPECT_EQ(saved_path.rfind(ckpt + "/", 0), 0u) << saved_path;
+  EXPECT_NE(saved_path.find("step-"), std::string::npos) << saved_path;
+  // The same step again: the published one stays.
+  EXPECT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), 2, 0, 0, nullptr,
+                                          e_.ptr()),
+            STRATA_ALREADY_EXISTS);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: " + ckpt);
+
+  one_step(3);
+  const std::vector<float> w3 = Master(w_, kW), b3 = Master(b_, kB);
+  ASSERT_NE(w3, w2);
+
+  char* loaded = nullptr;
+  ASSERT_EQ(
+      strata_engine_load_checkpoint(eng_, ckpt.c_str(), &loaded, e_.ptr()),
+      STRATA_OK)
+      << e_.str();
+  ASSERT_NE(loaded, nullptr);
+  EXPECT_EQ(std::string(loaded), saved_path);
+  strata_free(loaded);
+  const std::vector<float> wl = Master(w_, kW), bl = Master(b_, kB);
+  EXPECT_EQ(std::memcmp(wl.data(), w2.data(), kW * 4), 0);
+  EXPECT_EQ(std::memcmp(bl.data(), b2.data(), kB * 4), 0);
+  one_step(3);  // the step count came back with the state
+  const std::vector<float> wr = Master(w_, kW), br = Master(b_, kB);
+  EXPECT_EQ(std::memcmp(wr.data(), w3.data(), kW * 4), 0);
+  EXPECT_EQ(std::memcmp(br.data(), b3.data(), kB * 4), 0);
+
+  // The step-<N> directory itself loads too.
+  ASSERT_EQ(strata_engine_load_checkpoint(eng_, saved_path.c_str(), nullptr,
+                                          e_.ptr()),
+            STRATA_OK)
+      << e_.str();
+  EXPECT_EQ(Master(w_, kW), w2);
+}
+
+TEST_P(CApiEngineTest, CheckpointErrors) {
+  RegisterAndStart();
+  const std::string ckpt = dir_.File("ckpt");
+  char* path = reinterpret_cast<char*>(&e_);  // overwritten with NULL
+  EXPECT_EQ(strata_engine_save_checkpoint(nullptr, ckpt.c_str(), 0, 0, 0, &path,
+                                          e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(path, nullptr);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: engine is NULL");
+  EXPECT_EQ(
+      strata_engine_save_checkpoint(eng_, nullptr, 0, 0, 0, nullptr, e_.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: dir is NULL");
+  EXPECT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), -1, 0, 0, nullptr,
+                                          e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "step -1");
+  EXPECT_EQ(strata_engine_save_checkpoint(eng_, ckpt.c_str(), 0, -2, 0, nullptr,
+                                          e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "keep -2");
+  // A directory that cannot be made: its parent is a file.
+  const std::string file = dir_.File("a-file");
+  std::ofstream(file) << "x";
+  const std::string under_file = file + "/ckpt";
+  path = reinterpret_cast<char*>(&e_);
+  EXPECT_NE(strata_engine_save_checkpoint(eng_, under_file.c_str(), 0, 0, 0,
+                                          &path, e_.ptr()),
+            STRATA_OK);
+  EXPECT_EQ(path, nullptr);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_save_checkpoint: " + under_file);
+
+  // Loading: nothing there, no checkpoint in it, NULLs.
+  const std::string missing = dir_.File("missing");
+  char* loaded = reinterpret_cast<char*>(&e_);
+  EXPECT_EQ(
+      strata_engine_load_checkpoint(eng_, missing.c_str(), &loaded, e_.ptr()),
+      STRATA_NOT_FOUND);
+  EXPECT_EQ(loaded, nullptr);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: " + missing);
+  EXPECT_NE(strata_engine_load_checkpoint(eng_, dir_.path().c_str(), nullptr,
+                                          e_.ptr()),
+            STRATA_OK);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: " + dir_.path());
+  EXPECT_EQ(strata_engine_load_checkpoint(eng_, nullptr, nullptr, e_.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: path is NULL");
+  EXPECT_EQ(
+      strata_engine_load_checkpoint(nullptr, ckpt.c_str(), nullptr, e_.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e_, "strata_engine_load_checkpoint: engine is NULL");
+  // The engine is unharmed: it still steps.
+  MicroBatch(1.0f);
+  int applied = 0;
+  ASSERT_EQ(strata_engine_step(eng_, kLr, 1.0, 0.0, &applied, nullptr, nullptr,
+                               e_.ptr()),
+            STRATA_OK)
+      << e_.str();
+  EXPECT_EQ(applied, 1);
 }
 
 TEST_P(CApiEngineTest, Misuse) {
