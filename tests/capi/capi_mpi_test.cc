@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -31,6 +32,15 @@ std::vector<float> ReadFloats(const std::string& path) {
 }
 
 TEST(CApiMpiTest, TwoRanksZeroStage2AgreeWithOneEngine) {
+#if defined(__SANITIZE_ADDRESS__)
+  // Open MPI leaves allocations of its own at exit, most in plugins it has
+  // unloaded, which LeakSanitizer cannot name to suppress: the ranks (not
+  // this process, which read its options at start) skip the leak check. The
+  // single-rank tests in capi_test leak-check the C API.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  setenv("ASAN_OPTIONS",
+         (std::string(asan ? asan : "") + ":detect_leaks=0").c_str(), 1);
+#endif
   strata::testing::ScratchDir dir;
   const strata::testing::MpiRun r =
       strata::testing::RunUnderMpi(STRATA_TEST_MPIEXEC, STRATA_TEST_MPI_WORKER,
