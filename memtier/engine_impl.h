@@ -428,6 +428,28 @@ class EngineImpl final : public Engine {
     return (units_[unit].elems + piece_elems_ - 1) / piece_elems_;
   }
   Status SaveRole(CheckpointWriter& writer, int role, Inflight& writes);
+  // Every registered tensor declared to `writer`, numbered as the engine
+  // numbers them.
+  Status DeclareTensors(CheckpointWriter& writer);
+  // Role r's `bytes` from element `begin` of unit u where they rest (the
+  // host or the device; not NVMe) into `buf`.
+  Status CopyOut(int role, uint32_t unit, uint64_t begin, size_t bytes,
+                 std::byte* buf);
+  // Note [Moment formats in checkpoints]: role r's n elements in `buf`, as
+  // the role holds them (`raw` bytes), converted in place into an extent's
+  // payload (moments as fp32 slots; int8 ones' scales appended to
+  // `scales`); returns the payload's bytes.
+  size_t ToExtentPayload(int role, std::byte* buf, uint64_t n, size_t raw,
+                         std::vector<float>* scales) const;
+  // `bytes` of payload in `lease`, zero-padded and handed to the writer as
+  // one extent; the lease goes back when the write is done.
+  Status WriteStaged(CheckpointWriter& writer, StateRole state,
+                     std::shared_ptr<StagingLease> lease, size_t bytes,
+                     std::vector<StatePlacement> places, Inflight& writes);
+  // int8 moments: role r's block scales, in the blob the load reads them
+  // from; nothing for other roles and formats.
+  Status PutScales(CheckpointWriter& writer, int role,
+                   const std::vector<float>& scales);
   // The placements of tensors in elements [lo, lo + n) of unit u (unit
   // coordinates, not the shard's).
   std::vector<StatePlacement> PlacementsInUnit(

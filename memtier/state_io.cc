@@ -227,17 +227,85 @@ std::vector<StatePlacement> EngineImpl::PlacementsInUnit(
 
 // ---- Save ------------------------------------------------------------------
 
+Status EngineImpl::DeclareTensors(CheckpointWriter& writer) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    CheckpointTensor t;
+    t.name = specs_[i].name;
+    t.shape = specs_[i].shape;
+    t.dtype = specs_[i].dtype;
+    STRATA_ASSIGN_OR_RETURN(uint32_t index, writer.AddTensor(t));
+    if (index != i) {
+      return Status::Internal("engine: the checkpoint writer numbered tensor " +
+                              t.name + " " + std::to_string(index) + ", not " +
+                              std::to_string(i) +
+                              " (was it given tensors before SaveState?)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::CopyOut(int r, uint32_t u, uint64_t begin, size_t bytes,
+                           std::byte* buf) {
+  if (RoleResidence(r) == Residence::kHost) {
+    std::memcpy(buf, HostAt(r, u, begin), bytes);
+    return Status::Ok();
+  }
+  UnitState& s = units_[u];
+  STRATA_RETURN_IF_ERROR(device_->CopyAsync(*copy_stream_, buf,
+                                            DevAt(s, RoleOffset(r, s, begin)),
+                                            bytes, CopyKind::kDeviceToHost));
+  return device_->SynchronizeStream(*copy_stream_);
+}
+
+size_t EngineImpl::ToExtentPayload(int r, std::byte* buf, uint64_t n,
+                                   size_t raw,
+                                   std::vector<float>* scales) const {
+  if (!IsMoment(r)) return raw;
+  if (MomentDType() == CpuDType::kBFloat16) {
+    WidenBf16InPlace(buf, n);
+  } else if (MomentDType() == CpuDType::kBlock8) {
+    Block8ToSlots(buf, n, scales);
+  }
+  return n * 4;
+}
+
+Status EngineImpl::WriteStaged(CheckpointWriter& writer, StateRole state,
+                               std::shared_ptr<StagingLease> lease,
+                               size_t bytes, std::vector<StatePlacement> places,
+                               Inflight& writes) {
+  std::byte* buf = lease->data();
+  const size_t padded = RoundUp(bytes, kCheckpointAlign);
+  std::memset(buf + bytes, 0, padded - bytes);
+  writes.Add();
+  Status st =
+      writer.WriteExtent(state, {buf, padded}, std::move(places),
+                         [&writes, lease](Status done) mutable {
+                           lease.reset();  // back before the count drops
+                           writes.Finish(done);
+                         });
+  if (!st.ok()) writes.Finish(st);
+  return st;
+}
+
+Status EngineImpl::PutScales(CheckpointWriter& writer, int r,
+                             const std::vector<float>& scales) {
+  if (!IsMoment(r) || MomentDType() != CpuDType::kBlock8) return Status::Ok();
+  return writer.PutBlob(
+      ScalesBlob(r),
+      {reinterpret_cast<const char*>(scales.data()), scales.size() * 4});
+}
+
 Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   const StateRole state = StateOf(r);
   const Residence where = RoleResidence(r);
   // A piece whose bytes are in, or arriving in (`arrived`: NVMe reads), a
   // staging buffer.
-  // Note [Moment formats in checkpoints]: a moment's extent holds n fp32
-  // slots; `raw` is what the role holds, `bytes` the extent's payload.
+  // `raw` is what the role holds of it (Note [Moment formats in
+  // checkpoints]: a moment's extent holds n fp32 slots instead).
   struct Ready {
     std::shared_ptr<StagingLease> lease;
     uint64_t n = 0;
-    size_t raw = 0, bytes = 0, padded = 0;
+    size_t raw = 0;
     std::vector<StatePlacement> places;
     std::future<Status> arrived;
   };
@@ -248,27 +316,15 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
   // order (pieces are emitted in order, on this thread).
   std::vector<float> scales;
   auto emit = [&](Ready& p, Status st) -> Status {
-    writes.Add();
-    if (st.ok()) {
-      size_t filled = p.raw;
-      if (IsMoment(r) && MomentDType() == CpuDType::kBFloat16) {
-        WidenBf16InPlace(p.lease->data(), p.n);
-        filled = p.bytes;
-      } else if (IsMoment(r) && MomentDType() == CpuDType::kBlock8) {
-        Block8ToSlots(p.lease->data(), p.n, &scales);
-        filled = p.bytes;
-      }
-      std::memset(p.lease->data() + filled, 0, p.padded - filled);
-      st = writer.WriteExtent(state, {p.lease->data(), p.padded},
-                              std::move(p.places),
-                              [&writes, lease = p.lease](Status wst) mutable {
-                                lease.reset();  // back before the count drops
-                                writes.Finish(wst);
-                              });
-      if (st.ok()) return st;
+    if (!st.ok()) {
+      writes.Add();
+      writes.Finish(st);
+      return st;
     }
-    writes.Finish(st);
-    return st;
+    const size_t bytes =
+        ToExtentPayload(r, p.lease->data(), p.n, p.raw, &scales);
+    return WriteStaged(writer, state, p.lease, bytes, std::move(p.places),
+                       writes);
   };
   // NVMe reads in flight, at most half the buffers: the rest carry writes.
   const size_t depth = std::max<size_t>(1, staging_->count() / 2);
@@ -284,19 +340,19 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
       Ready piece;
       piece.n = n;
       piece.raw = RoleBytes(r, s, n);
-      piece.bytes = IsMoment(r) ? n * 4 : piece.raw;
-      piece.padded = RoundUp(piece.bytes, kCheckpointAlign);
       piece.places = PlacementsOf(u, begin, n, {});
       if (where == Residence::kHost && as_is) {
+        // As it rests, the payload is the role's bytes.
         std::byte* src = HostAt(r, u, begin);
+        const size_t padded = RoundUp(piece.raw, kCheckpointAlign);
         const bool aligned =
             reinterpret_cast<uintptr_t>(src) % kCheckpointAlign == 0 &&
-            RoleOffset(r, s, begin) + piece.padded <= HostBlockBytes(r, s);
+            RoleOffset(r, s, begin) + padded <= HostBlockBytes(r, s);
         if (aligned) {  // straight from the host array
           writes.Add();
-          st = writer.WriteExtent(
-              state, {src, piece.padded}, std::move(piece.places),
-              [&writes](Status wst) { writes.Finish(wst); });
+          st =
+              writer.WriteExtent(state, {src, padded}, std::move(piece.places),
+                                 [&writes](Status wst) { writes.Finish(wst); });
           if (!st.ok()) writes.Finish(st);
           continue;
         }
@@ -321,16 +377,7 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
         reading.push_back(std::move(piece));
         continue;
       }
-      Status copied;
-      if (where == Residence::kHost) {
-        std::memcpy(buf, HostAt(r, u, begin), piece.raw);
-      } else {
-        copied = device_->CopyAsync(*copy_stream_, buf,
-                                    DevAt(s, RoleOffset(r, s, begin)),
-                                    piece.raw, CopyKind::kDeviceToHost);
-        if (copied.ok()) copied = device_->SynchronizeStream(*copy_stream_);
-      }
-      st = emit(piece, copied);
+      st = emit(piece, CopyOut(r, u, begin, piece.raw, buf));
     }
   }
   // The reads still in flight end before their buffers go back.
@@ -341,33 +388,14 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
       p.arrived.wait();
     }
   }
-  if (st.ok() && IsMoment(r) && MomentDType() == CpuDType::kBlock8) {
-    st = writer.PutBlob(
-        ScalesBlob(r),
-        {reinterpret_cast<const char*>(scales.data()), scales.size() * 4});
-  }
+  if (st.ok()) st = PutScales(writer, r, scales);
   return st;
 }
 
 Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {
   if (MultiRank()) return SaveStateRanked(&writer, params);
   STRATA_RETURN_IF_ERROR(BeginExclusive("SaveState", /*load=*/false));
-  Status st;
-  for (size_t i = 0; i < specs_.size() && st.ok(); ++i) {
-    CheckpointTensor t;
-    t.name = specs_[i].name;
-    t.shape = specs_[i].shape;
-    t.dtype = specs_[i].dtype;
-    StatusOr<uint32_t> index = writer.AddTensor(t);
-    if (!index.ok()) {
-      st = index.status();
-    } else if (*index != i) {
-      st = Status::Internal("engine: the checkpoint writer numbered tensor " +
-                            t.name + " " + std::to_string(*index) + ", not " +
-                            std::to_string(i) +
-                            " (was it given tensors before SaveState?)");
-    }
-  }
+  Status st = DeclareTensors(writer);
   Inflight writes;
   for (const SavedRole& role : kSaved) {
     if (!st.ok()) break;
@@ -597,21 +625,7 @@ Status EngineImpl::SaveStateRanked(CheckpointWriter* writer, bool params) {
     if (began) EndExclusive();
     return st.WithContext("engine: SaveState");
   }
-  for (size_t i = 0; writes && i < specs_.size() && local.ok(); ++i) {
-    CheckpointTensor t;
-    t.name = specs_[i].name;
-    t.shape = specs_[i].shape;
-    t.dtype = specs_[i].dtype;
-    StatusOr<uint32_t> index = writer->AddTensor(t);
-    if (!index.ok()) {
-      local = index.status();
-    } else if (*index != i) {
-      local = Status::Internal(
-          "engine: the checkpoint writer numbered tensor " + t.name + " " +
-          std::to_string(*index) + ", not " + std::to_string(i) +
-          " (was it given tensors before SaveState?)");
-    }
-  }
+  if (writes && local.ok()) local = DeclareTensors(*writer);
   Inflight written;
   for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
     st = SaveRoleRanked(writer, r, written, local);
@@ -649,22 +663,8 @@ Status EngineImpl::SaveRoleRanked(CheckpointWriter* writer, int r,
         auto lease = std::make_shared<StagingLease>(std::move(acquired));
         std::byte* buf = lease->data();
         if (q == me && local.ok()) {
-          switch (where) {
-            case Residence::kHost:
-              std::memcpy(buf, HostAt(r, u, begin), raw);
-              break;
-            case Residence::kNvme:
-              local = ReadPiece(u, r, p, lease->span());
-              break;
-            case Residence::kDevice:
-              local = device_->CopyAsync(*copy_stream_, buf,
-                                         DevAt(s, RoleOffset(r, s, begin)), raw,
-                                         CopyKind::kDeviceToHost);
-              if (local.ok()) {
-                local = device_->SynchronizeStream(*copy_stream_);
-              }
-              break;
-          }
+          local = where == Residence::kNvme ? ReadPiece(u, r, p, lease->span())
+                                            : CopyOut(r, u, begin, raw, buf);
         }
         if (q != 0) {
           STRATA_ASSIGN_OR_RETURN(
@@ -676,40 +676,18 @@ Status EngineImpl::SaveRoleRanked(CheckpointWriter* writer, int r,
               "'s piece " + std::to_string(p) + ") to rank 0"));
         }
         if (me != 0 || !local.ok()) continue;
-        size_t filled = raw;
-        const size_t bytes = IsMoment(r) ? n * 4 : raw;
-        if (IsMoment(r) && MomentDType() == CpuDType::kBFloat16) {
-          WidenBf16InPlace(buf, n);
-          filled = bytes;
-        } else if (IsMoment(r) && MomentDType() == CpuDType::kBlock8) {
-          Block8ToSlots(buf, n, &scales);
-          filled = bytes;
-        }
+        // Converted even when it is padding only: int8 scales are kept for
+        // every piece of every shard.
+        const size_t bytes = ToExtentPayload(r, buf, n, raw, &scales);
         std::vector<StatePlacement> places = PlacementsInUnit(
             u, static_cast<uint64_t>(q) * s.elems + begin, n, {});
         if (places.empty()) continue;  // padding only
-        const size_t padded = RoundUp(bytes, kCheckpointAlign);
-        std::memset(buf + filled, 0, padded - filled);
-        writes.Add();
-        Status wst =
-            writer->WriteExtent(state, {buf, padded}, std::move(places),
-                                [&writes, lease](Status done) mutable {
-                                  lease.reset();  // back before the count drops
-                                  writes.Finish(done);
-                                });
-        if (!wst.ok()) {
-          writes.Finish(wst);
-          local = wst;
-        }
+        local = WriteStaged(*writer, state, std::move(lease), bytes,
+                            std::move(places), writes);
       }
     }
   }
-  if (me == 0 && local.ok() && IsMoment(r) &&
-      MomentDType() == CpuDType::kBlock8) {
-    local = writer->PutBlob(
-        ScalesBlob(r),
-        {reinterpret_cast<const char*>(scales.data()), scales.size() * 4});
-  }
+  if (me == 0 && local.ok()) local = PutScales(*writer, r, scales);
   return Status::Ok();
 }
 
@@ -724,30 +702,12 @@ Status EngineImpl::SaveWholeParams(CheckpointWriter& writer, Inflight& writes) {
       const size_t raw = RoleBytes(kParam, s, n);
       STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
       auto lease = std::make_shared<StagingLease>(std::move(acquired));
-      std::byte* buf = lease->data();
-      if (RoleResidence(kParam) == Residence::kDevice) {
-        STRATA_RETURN_IF_ERROR(device_->CopyAsync(
-            *copy_stream_, buf, DevAt(s, RoleOffset(kParam, s, begin)), raw,
-            CopyKind::kDeviceToHost));
-        STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
-      } else {
-        // Not with several ranks today (stages 1 and 2 keep parameters on
-        // the device), but the host array is the whole unit's as well.
-        std::memcpy(buf, HostAt(kParam, u, begin), raw);
-      }
-      const size_t padded = RoundUp(raw, kCheckpointAlign);
-      std::memset(buf + raw, 0, padded - raw);
-      writes.Add();
-      Status st = writer.WriteExtent(StateRole::kParam, {buf, padded},
-                                     std::move(places),
-                                     [&writes, lease](Status done) mutable {
-                                       lease.reset();
-                                       writes.Finish(done);
-                                     });
-      if (!st.ok()) {
-        writes.Finish(st);
-        return st;
-      }
+      // On the device with several ranks today (stages 1 and 2), but a host
+      // array is the whole unit's as well.
+      STRATA_RETURN_IF_ERROR(CopyOut(kParam, u, begin, raw, lease->data()));
+      STRATA_RETURN_IF_ERROR(WriteStaged(writer, StateRole::kParam,
+                                         std::move(lease), raw,
+                                         std::move(places), writes));
     }
   }
   return Status::Ok();
