@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -217,8 +218,8 @@ uint64_t SampleParams(const StepConfig& c, CpuDType moments, double share) {
 // alone: a plain two-thread read of a fresh 16 GiB allocation ran at 34 GB/s
 // over its first 4 GiB and 57 GB/s over the rest, and at 32-34 GB/s over all
 // of it minutes later, and one sample of 1 Gi parameters took 0.36-1.02 s
-// from one pass to the next. A bound is the fastest rate seen, so such
-// swings show as a low efficiency, never as one above 1.
+// from one pass to the next. Such swings move the efficiency either way:
+// the sample's pages can be slower than the engine's as well as faster.
 // The sample is allocated once per case and measured again in place:
 // allocating and freeing gigabytes between steps set the kernel's page
 // zeroing and reclaim on the steps that followed (one host step in three
@@ -234,8 +235,16 @@ uint64_t SampleParams(const StepConfig& c, CpuDType moments, double share) {
 constexpr int kSettlePasses = 8;
 constexpr double kSettled = 0.05;
 
-bool Settled(double last, double now) {
-  return last > 0 && std::abs(now - last) <= kSettled * last;
+// Runs `pass` (seconds per pass) until two passes in a row agree within
+// kSettled, at most kSettlePasses times.
+Status Settle(const std::function<StatusOr<double>()>& pass) {
+  double last = 0;
+  for (int r = 0; r < kSettlePasses; ++r) {
+    STRATA_ASSIGN_OR_RETURN(double s, pass());
+    if (last > 0 && std::abs(s - last) <= kSettled * last) break;
+    last = s;
+  }
+  return Status::Ok();
 }
 
 class UpdateSample {
@@ -266,16 +275,9 @@ class UpdateSample {
     return s;
   }
 
-  // Passes until two in a row agree within kSettled (at most kSettlePasses):
-  // see Note [Settling].
+  // Note [Settling].
   Status Settle() {
-    double last = 0;
-    for (int r = 0; r < kSettlePasses; ++r) {
-      STRATA_ASSIGN_OR_RETURN(double s, Pass());
-      if (Settled(last, s)) break;
-      last = s;
-    }
-    return Status::Ok();
+    return strata::bench::Settle([this] { return Pass(); });
   }
 
   // The best of five passes, in params/s.
@@ -338,7 +340,7 @@ struct CaseResult {
   std::string name;
   CpuDType moments = CpuDType::kFloat32;
   double step_s = 0, io_s = 0, update_s = 0;
-  double update_rate = 0;      // params/s, measured beside this case's engine
+  double update_rate = 0;      // params/s: Note [The update sample]
   uint64_t sample_params = 0;  // the update-rate sample's size
   bool sample_beside = true;   // sampled beside the engine, after each step
   std::vector<RepSample> reps;
@@ -401,11 +403,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   r.name = nvme ? "nvme" : "host";
   r.moments = moments;
   r.step_s = 1e30;
-  // Note [The update sample]: beside the engine when one of the step's
-  // size fits beside it, else once after the engine is gone. Decided after
-  // the warm-up steps, so that SampleParams sees the memory the engine holds.
   std::optional<UpdateSample> update_sample;
-  bool beside = false;
   // One step with every gradient handed over first (outside the timing), in
   // seconds; the pinned peak is taken over it.
   auto one_step = [&]() -> StatusOr<double> {
@@ -427,14 +425,12 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   };
   // Note [Settling]: warm-up steps (the first one's pinned peak covers
   // Start), then the sample's first passes.
-  double last = 0;
-  for (int w = 0; w < kSettlePasses; ++w) {
-    STRATA_ASSIGN_OR_RETURN(double s, one_step());
-    if (Settled(last, s)) break;
-    last = s;
-  }
+  STRATA_RETURN_IF_ERROR(Settle(one_step));
+  // Note [The update sample]: beside the engine when one of the step's
+  // size fits beside it, else once after the engine is gone. Decided after
+  // the warm-up steps, so that SampleParams sees the memory the engine holds.
   const uint64_t beside_params = SampleParams(c, moments, 0.5);
-  beside = beside_params == c.params;
+  const bool beside = beside_params == c.params;
   if (beside) {
     STRATA_ASSIGN_OR_RETURN(UpdateSample u,
                             UpdateSample::Create(c, moments, beside_params));
@@ -445,12 +441,11 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     HostBuffer::ResetPeakPinnedBytes();
     RepSample sample;
     STRATA_ASSIGN_OR_RETURN(sample.step_s, one_step());
-    const double s = sample.step_s;
     if (beside) {
       STRATA_ASSIGN_OR_RETURN(sample.update_rate, update_sample->Measure());
       r.update_rate = std::max(r.update_rate, sample.update_rate);
     }
-    r.step_s = std::min(r.step_s, s);
+    r.step_s = std::min(r.step_s, sample.step_s);
     if (nvme) {
       STRATA_ASSIGN_OR_RETURN(
           sample.io_rate,
