@@ -47,6 +47,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -346,11 +347,15 @@ class Slots {
 };
 
 // One timed row: the bytes and seconds of its best (fastest) pass.
+double Gbps(uint64_t bytes, double seconds) {
+  return seconds > 0 ? bytes / seconds / 1e9 : 0;
+}
+
 struct Row {
   std::string hop;
   uint64_t bytes = 0;
   double seconds = 0;
-  double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  double gbps() const { return Gbps(bytes, seconds); }
   // Keeps this pass if it is the fastest so far; says whether it was.
   bool Keep(uint64_t b, double s) {
     if (s <= 0 || (seconds > 0 && b / s <= bytes / seconds)) return false;
@@ -620,11 +625,8 @@ struct E2eRow {
   std::vector<std::string> crosses;  // the hops it crosses
 };
 
-// The GB/s of every pass of one repetition.
-struct RepRates {
-  double nvme_write = 0, nvme_read = 0, h2d = 0, d2h = 0;
-  double fetch = 0, writeback = 0;
-};
+// The GB/s of every pass of one repetition, by its row's name.
+using RepRates = std::map<std::string, double>;
 
 struct TiersOutcome {
   Row nvme_write{"nvme_write"}, nvme_read{"nvme_read"}, h2d{"h2d"}, d2h{"d2h"};
@@ -635,8 +637,8 @@ struct TiersOutcome {
   std::string io_engine;
 };
 
-// One timed pass of a hop, kept if it is the fastest; returns its GB/s.
-StatusOr<double> MeasureHop(HopRig& rig, Row& row, Progress& progress) {
+// One timed pass of a hop, kept if it is the fastest, its rate in `rep`.
+Status MeasureHop(HopRig& rig, Row& row, Progress& progress, RepRates& rep) {
   progress.Step(row.hop);
   StatusOr<double> s =
       row.hop == "nvme_write" ? NvmePass(rig, true)
@@ -646,27 +648,30 @@ StatusOr<double> MeasureHop(HopRig& rig, Row& row, Progress& progress) {
                                            : CopyKind::kDeviceToHost);
   STRATA_RETURN_IF_ERROR(s.status());
   row.Keep(rig.shape->size, *s);
-  return *s > 0 ? rig.shape->size / *s / 1e9 : 0.0;
+  rep[row.hop] = Gbps(rig.shape->size, *s);
+  return Status::Ok();
 }
 
-StatusOr<double> MeasureFetch(EngineRig& rig, TiersOutcome& out,
-                              Progress& progress) {
+Status MeasureFetch(EngineRig& rig, TiersOutcome& out, Progress& progress,
+                    RepRates& rep) {
   progress.Step("e2e_fetch");
   STRATA_ASSIGN_OR_RETURN(PassStats p, FetchPass(rig));
   STRATA_RETURN_IF_ERROR(EndStep(rig));
   // Bytes that came from NVMe: a tensor found on the device counts nothing.
   if (out.fetch.row.Keep(p.nvme_read_bytes, p.seconds)) out.fetch.pass = p;
-  return p.seconds > 0 ? p.nvme_read_bytes / p.seconds / 1e9 : 0.0;
+  rep[out.fetch.row.hop] = Gbps(p.nvme_read_bytes, p.seconds);
+  return Status::Ok();
 }
 
-StatusOr<double> MeasureWriteback(EngineRig& rig, TiersOutcome& out,
-                                  Progress& progress) {
+Status MeasureWriteback(EngineRig& rig, TiersOutcome& out, Progress& progress,
+                        RepRates& rep) {
   progress.Step("e2e_writeback");
   STRATA_ASSIGN_OR_RETURN(PassStats p, WritebackPass(rig));
   if (out.writeback.row.Keep(p.nvme_write_bytes, p.seconds)) {
     out.writeback.pass = p;
   }
-  return p.seconds > 0 ? p.nvme_write_bytes / p.seconds / 1e9 : 0.0;
+  rep[out.writeback.row.hop] = Gbps(p.nvme_write_bytes, p.seconds);
+  return Status::Ok();
 }
 
 // One repetition: the writes (the hop's and the engine's write-back), the
@@ -679,28 +684,24 @@ StatusOr<double> MeasureWriteback(EngineRig& rig, TiersOutcome& out,
 Status MeasureRep(int rep, HopRig& hops, EngineRig& engine, TiersOutcome& out,
                   Progress& progress) {
   const bool hop_first = rep % 2 == 1;
-  RepRates r;
+  RepRates& r = out.reps.emplace_back();
   if (hop_first) {
-    STRATA_ASSIGN_OR_RETURN(r.nvme_write,
-                            MeasureHop(hops, out.nvme_write, progress));
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_write, progress, r));
   }
-  STRATA_ASSIGN_OR_RETURN(r.writeback, MeasureWriteback(engine, out, progress));
+  STRATA_RETURN_IF_ERROR(MeasureWriteback(engine, out, progress, r));
   if (!hop_first) {
-    STRATA_ASSIGN_OR_RETURN(r.nvme_write,
-                            MeasureHop(hops, out.nvme_write, progress));
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_write, progress, r));
   }
-  STRATA_ASSIGN_OR_RETURN(r.h2d, MeasureHop(hops, out.h2d, progress));
-  STRATA_ASSIGN_OR_RETURN(r.d2h, MeasureHop(hops, out.d2h, progress));
+  for (Row* row : {&out.h2d, &out.d2h}) {
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, *row, progress, r));
+  }
   if (hop_first) {
-    STRATA_ASSIGN_OR_RETURN(r.nvme_read,
-                            MeasureHop(hops, out.nvme_read, progress));
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_read, progress, r));
   }
-  STRATA_ASSIGN_OR_RETURN(r.fetch, MeasureFetch(engine, out, progress));
+  STRATA_RETURN_IF_ERROR(MeasureFetch(engine, out, progress, r));
   if (!hop_first) {
-    STRATA_ASSIGN_OR_RETURN(r.nvme_read,
-                            MeasureHop(hops, out.nvme_read, progress));
+    STRATA_RETURN_IF_ERROR(MeasureHop(hops, out.nvme_read, progress, r));
   }
-  out.reps.push_back(r);
   return Status::Ok();
 }
 
@@ -766,13 +767,14 @@ double Efficiency(const TiersOutcome& out, const E2eRow& e) {
 // Each repetition's engine pass over the slowest hop it crosses in that
 // repetition.
 std::vector<double> PairedRatios(const TiersOutcome& out, const E2eRow& e) {
-  const bool fetch = &e == &out.fetch;
   std::vector<double> ratios;
   for (const RepRates& r : out.reps) {
-    const double slowest =
-        fetch ? std::min(r.nvme_read, r.h2d) : std::min(r.nvme_write, r.d2h);
-    ratios.push_back(slowest > 0 ? (fetch ? r.fetch : r.writeback) / slowest
-                                 : 0.0);
+    double slowest = 0;
+    for (const std::string& hop : e.crosses) {
+      const double g = r.at(hop);
+      if (slowest == 0 || g < slowest) slowest = g;
+    }
+    ratios.push_back(slowest > 0 ? r.at(e.row.hop) / slowest : 0.0);
   }
   return ratios;
 }
@@ -876,12 +878,9 @@ Status ReportTiers(const TiersConfig& c, TiersPrepared& p,
   results.push_back(E2eJson(out, out.writeback));
   nlohmann::json reps = nlohmann::json::array();
   for (const RepRates& r : out.reps) {
-    reps.push_back({{"nvme_write_gbps", r.nvme_write},
-                    {"nvme_read_gbps", r.nvme_read},
-                    {"h2d_gbps", r.h2d},
-                    {"d2h_gbps", r.d2h},
-                    {"e2e_fetch_gbps", r.fetch},
-                    {"e2e_writeback_gbps", r.writeback}});
+    nlohmann::json one = nlohmann::json::object();
+    for (const auto& [hop, gbps] : r) one[hop + "_gbps"] = gbps;
+    reps.push_back(one);
   }
   nlohmann::json j = {{"command", kCommand},
                       {"machine", MachineInfo()},
