@@ -300,8 +300,9 @@ Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
         " but the job runs " + std::to_string(ranks.size) + " ranks");
   }
   if (f.config.empty() || !ConfigNamesStage(f.config)) e.zero_stage = 2;
-  if (f.config.empty()) e.params = strata::Residence::kDevice;
-  if (!f.nvme.empty()) e.params = strata::Residence::kDevice;
+  if (f.config.empty() || !f.nvme.empty()) {
+    e.params = strata::Residence::kDevice;
+  }
   for (std::string& p : e.nvme_paths) {
     p += "/rank-" + std::to_string(ranks.rank);
     s->made_dirs.push_back(p);
