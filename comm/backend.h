@@ -76,11 +76,16 @@ class CommBackend {
   virtual StatusOr<std::unique_ptr<BackendRequest>> Enqueue(
       const CollectiveArgs& args, Stream& stream);
   virtual bool native_streams() const { return false; }
+  // Starts making a new backend over the same ranks, independent of this
+  // one (its collectives never match this one's): a collective. The new
+  // backend may be used once `*request` completes. Default: kNotSupported.
+  virtual StatusOr<std::unique_ptr<CommBackend>> StartDuplicate(
+      std::unique_ptr<BackendRequest>* request);
 };
 
 // The ABI between libstrata and libstrata_comm_mpi.so: both are built from
 // one tree, and the version guards against a stale plugin.
-inline constexpr int kCommMpiPluginAbi = 1;
+inline constexpr int kCommMpiPluginAbi = 2;
 using CommMpiAbiFn = int (*)();
 // `mpi_comm`: as CommOptions::mpi_comm. On failure returns null and sets
 // *error.

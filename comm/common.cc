@@ -108,6 +108,13 @@ StatusOr<std::unique_ptr<BackendRequest>> CommBackend::Enqueue(
                               " on a native stream");
 }
 
+StatusOr<std::unique_ptr<CommBackend>> CommBackend::StartDuplicate(
+    std::unique_ptr<BackendRequest>*) {
+  return Status::NotSupported(
+      "the " + std::string(CommBackendName(kind())) +
+      " backend cannot duplicate its communicator (make a second one)");
+}
+
 namespace {
 
 float FromBf16(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }

@@ -207,6 +207,12 @@ class SingleBackend final : public CommBackend {
     return std::unique_ptr<BackendRequest>(new Complete);
   }
 
+  StatusOr<std::unique_ptr<CommBackend>> StartDuplicate(
+      std::unique_ptr<BackendRequest>* request) override {
+    *request = std::make_unique<Complete>();
+    return std::unique_ptr<CommBackend>(std::make_unique<SingleBackend>());
+  }
+
   // The bytes a single rank copies from send to recv (0 for broadcast and
   // barrier, whose buffers already hold the result).
   static size_t CopyBytes(const CollectiveArgs& args) {
@@ -598,6 +604,34 @@ StatusOr<CommWork> Communicator::Broadcast(void* buffer, size_t count,
   STRATA_RETURN_IF_ERROR(
       CheckBuffer(what, "buffer", buffer, count * CommTypeSize(type)));
   return state_->Run(a, place);
+}
+
+StatusOr<Communicator> Communicator::Duplicate() {
+  State::Core& core = *state_->core;
+  STRATA_RETURN_IF_ERROR(core.health->Check());
+  const std::string label = "duplicate on rank " + std::to_string(rank()) +
+                            " of " + std::to_string(size()) + " (" +
+                            std::string(CommBackendName(backend())) + ")";
+  std::unique_ptr<internal::BackendRequest> started;
+  StatusOr<std::unique_ptr<internal::CommBackend>> dup = Status::Ok();
+  {
+    MutexLock lock(&core.mu);
+    dup = core.backend->StartDuplicate(&started);
+  }
+  if (!dup.ok()) {
+    // Nothing was started: this communicator is still whole.
+    if (dup.status().code() == StatusCode::kNotSupported) return dup.status();
+    const Status s = dup.status().WithContext(label);
+    core.health->Fail(s);
+    return s;
+  }
+  internal::PolledRequest request(std::move(started), label, core.timeout_s,
+                                  core.health);
+  STRATA_RETURN_IF_ERROR(request.Wait());
+  auto state = std::make_unique<State>();
+  state->core->timeout_s = core.timeout_s;
+  state->core->backend = std::move(dup).value();
+  return Communicator(std::move(state));
 }
 
 Status Communicator::Barrier() {

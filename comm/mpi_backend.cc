@@ -137,6 +137,33 @@ class MpiRequest final : public BackendRequest {
   bool abandoned = false;
 };
 
+// MPI_Comm_idup in flight: once complete, the new communicator returns
+// errors instead of aborting, like every communicator strata makes.
+class MpiDupRequest final : public BackendRequest {
+ public:
+  explicit MpiDupRequest(MPI_Comm* comm) : comm_(comm) {}
+  StatusOr<bool> Test() override {
+    MutexLock lock(&MpiMutex());
+    if (request == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    int rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && flag != 0) {
+      rc = MPI_Comm_set_errhandler(*comm_, MPI_ERRORS_RETURN);
+    }
+    if (rc != MPI_SUCCESS) {
+      g_broken = true;
+      return MpiError("MPI_Comm_idup", rc);
+    }
+    return flag != 0;
+  }
+  void Abandon() override { g_broken = true; }
+
+  MPI_Request request = MPI_REQUEST_NULL;
+
+ private:
+  MPI_Comm* comm_;  // the new backend's, written by MPI on completion
+};
+
 class MpiBackend final : public CommBackend {
  public:
   MpiBackend(MPI_Comm comm, int rank, int size)
@@ -146,7 +173,7 @@ class MpiBackend final : public CommBackend {
     MutexLock lock(&MpiMutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   CommBackendKind kind() const override { return CommBackendKind::kMpi; }
@@ -201,6 +228,20 @@ class MpiBackend final : public CommBackend {
       return MpiError("starting the MPI collective", rc);
     }
     return std::unique_ptr<BackendRequest>(std::move(r));
+  }
+
+  StatusOr<std::unique_ptr<CommBackend>> StartDuplicate(
+      std::unique_ptr<BackendRequest>* request) override {
+    auto dup = std::make_unique<MpiBackend>(MPI_COMM_NULL, rank_, size_);
+    auto r = std::make_unique<MpiDupRequest>(&dup->comm_);
+    MutexLock lock(&MpiMutex());
+    const int rc = MPI_Comm_idup(comm_, &dup->comm_, &r->request);
+    if (rc != MPI_SUCCESS) {
+      g_broken = true;
+      return MpiError("MPI_Comm_idup", rc);
+    }
+    *request = std::move(r);
+    return std::unique_ptr<CommBackend>(std::move(dup));
   }
 
  private:

@@ -207,6 +207,12 @@ class STRATA_EXPORT Communicator {
                                int root, CommPlace place = {});
   // Returns once every rank has called it, or fails after the timeout.
   Status Barrier();
+  // A new communicator over the same ranks with the same timeout, whose
+  // collectives never match this one's (MPI_Comm_idup): two threads may
+  // then each keep their own order of calls. A collective (bounded by the
+  // timeout; a failure breaks this communicator). kNotSupported on NCCL,
+  // whose communicators the caller makes.
+  StatusOr<Communicator> Duplicate();
 
  private:
   struct State;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "util/half.h"
@@ -375,6 +376,54 @@ CheckReport CheckArgumentErrors(Communicator& comm) {
   if (!comm.status().ok()) {
     report.failures.push_back("argument errors broke the communicator: " +
                               comm.status().ToString());
+  }
+  return report;
+}
+
+CheckReport CheckDuplicate(Communicator& comm) {
+  CheckReport report;
+  const std::string me = "rank " + std::to_string(comm.rank()) + ": ";
+  StatusOr<Communicator> dup = comm.Duplicate();
+  ++report.checks;
+  if (!dup.ok()) {
+    report.failures.push_back(me + "Duplicate: " + dup.status().ToString());
+    return report;
+  }
+  ++report.checks;
+  if (dup->rank() != comm.rank() || dup->size() != comm.size() ||
+      dup->timeout_s() != comm.timeout_s() ||
+      dup->backend() != comm.backend()) {
+    report.failures.push_back(me + "the duplicate is another group");
+  }
+  // Thread k sums k + 1 + rank + i over the ranks, on its own communicator.
+  constexpr int kRounds = 40;
+  auto run = [&](Communicator& c, int k, std::vector<std::string>* bad) {
+    for (int i = 0; i < kRounds; ++i) {
+      if ((i + comm.rank() + k) % 3 == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      float x = static_cast<float>(k + 1 + comm.rank() + i), y = 0;
+      auto w = c.AllReduce(&x, &y, 1, CommType::kFloat32, ReduceOp::kSum);
+      const Status st = w.ok() ? w->Wait() : w.status();
+      const int n = c.size();
+      const float want = static_cast<float>(n * (k + 1 + i) + n * (n - 1) / 2);
+      if (!st.ok() || y != want) {
+        bad->push_back("thread " + std::to_string(k) + " round " +
+                       std::to_string(i) + ": " +
+                       (st.ok()
+                            ? std::to_string(y) + " != " + std::to_string(want)
+                            : st.ToString()));
+        return;
+      }
+    }
+  };
+  std::vector<std::string> bad0, bad1;
+  std::thread other([&] { run(*dup, 1, &bad1); });
+  run(comm, 0, &bad0);
+  other.join();
+  report.checks += 2 * kRounds;
+  for (const auto* v : {&bad0, &bad1}) {
+    for (const std::string& f : *v) report.failures.push_back(me + f);
   }
   return report;
 }

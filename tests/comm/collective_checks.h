@@ -29,6 +29,12 @@ CheckReport CheckCollectives(Communicator& comm, bool host, Device* device);
 // communication, and leave the communicator usable.
 CheckReport CheckArgumentErrors(Communicator& comm);
 
+// Duplicate: the copy has the same rank, size and timeout, and two threads
+// running all-reduces on the original and the copy, with their calls
+// interleaved differently on each rank (rank-dependent pauses), each get
+// their own sums.
+CheckReport CheckDuplicate(Communicator& comm);
+
 }  // namespace strata::testing
 
 #endif  // STRATA_TESTS_COMM_COLLECTIVE_CHECKS_H_

@@ -25,9 +25,11 @@ TEST_P(MpiCollectivesTest, EveryCollectiveMatchesTheReference) {
   const MpiRun r = Mpirun(ranks, {"collectives"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (int i = 0; i < ranks; ++i) {
-    EXPECT_NE(r.out.find("rank " + std::to_string(i) + ": collectives: "),
-              std::string::npos)
-        << r.out;
+    for (const char* what : {": collectives: ", ": duplicate: "}) {
+      EXPECT_NE(r.out.find("rank " + std::to_string(i) + what),
+                std::string::npos)
+          << r.out;
+    }
   }
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
 }

@@ -56,6 +56,14 @@ TEST(SingleRankTest, EveryCollectiveOnHostAndEmulatedDevice) {
   EXPECT_TRUE(r.failures.empty()) << Failures(r);
 }
 
+TEST(SingleRankTest, DuplicateIsAnotherCommunicatorOfOneRank) {
+  auto comm = Communicator::Create();
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  const auto r = testing::CheckDuplicate(*comm);
+  EXPECT_GT(r.checks, 50);
+  EXPECT_TRUE(r.failures.empty()) << Failures(r);
+}
+
 TEST(SingleRankTest, ArgumentErrors) {
   auto comm = Communicator::Create();
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();

@@ -1,7 +1,8 @@
 // Runs under mpirun (tests/comm/comm_mpi_test.cc starts it):
 //   comm_mpi_worker <plugin> collectives
 //       every collective on host memory and on the host-emulated device,
-//       checked against the reference, and the argument errors; exit 0 when
+//       checked against the reference, the argument errors, and a
+//       duplicate used beside the original from two threads; exit 0 when
 //       all pass, 1 otherwise.
 //   comm_mpi_worker <plugin> dead-rank <exit|kill|hang> <timeout_s>
 //       one all-reduce on all ranks, then the last rank exits, is killed or
@@ -46,6 +47,7 @@ int Collectives(Communicator& comm) {
   rc |=
       Report(comm.rank(), testing::CheckCollectives(comm, true, device->get()),
              "collectives");
+  rc |= Report(comm.rank(), testing::CheckDuplicate(comm), "duplicate");
   return rc;
 }
 
