@@ -72,19 +72,32 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
           " needs comm, the trainer's data-parallel communicator (the "
           "engine never makes one)");
     }
-    if (o.zero_stage != 1 && o.zero_stage != 2) {
+    if (o.zero_stage == 0) {
       return Status::NotSupported(
-          ws + " with zero_stage " + std::to_string(o.zero_stage) +
-          ": several ranks run zero_stage 1 (optimizer states partitioned) "
-          "or 2 (gradients too); " +
-          (o.zero_stage == 3 ? "stage 3 (parameters partitioned, gathered by "
-                               "Fetch) is not built yet"
-                             : "stage 0 (every rank updating everything) is "
-                               "not offered") +
-          "; set zero_stage 1 or 2");
+          ws +
+          " with zero_stage 0: several ranks run zero_stage 1 (optimizer "
+          "states partitioned), 2 (gradients too) or 3 (parameters too); "
+          "stage 0 (every rank updating everything) is not offered");
     }
     // Stages 1 and 2 keep the parameters on the device
-    // (ValidateEngineOptions), where the step gathers them.
+    // (ValidateEngineOptions), where the step gathers them; stage 3 keeps
+    // each rank's shard on the host or NVMe (Note [Stage 3 over ranks]).
+    if (o.zero_stage == 3 && o.params == Residence::kDevice) {
+      return Status::NotSupported(
+          ws +
+          " with zero_stage 3 and params on the device: each rank keeps its "
+          "shard of the parameters on host or nvme and Fetch gathers the "
+          "shards in host memory (the engine's collectives are on host "
+          "memory); rest params on host or nvme, or use zero_stage 2 to keep "
+          "whole parameters on every device");
+    }
+    if (o.zero_stage == 3 && o.step_overlap_bytes > 0) {
+      return Status::NotSupported(
+          ws + ": step_overlap_bytes " + std::to_string(o.step_overlap_bytes) +
+          " with zero_stage 3: updates during backward would make a rank's "
+          "prefetches depend on its timing, and the ranks' gathers must "
+          "match; set it to 0");
+    }
     if (o.grads == Residence::kNvme && o.zero_stage == 1) {
       return Status::NotSupported(
           ws +
@@ -150,6 +163,8 @@ EngineImpl::~EngineImpl() {
     early_armed_ = false;
   }
   cv_.SignalAll();
+  // Its queued gathers run: every rank has queued the same ones.
+  gatherer_.reset();
   mover_.reset();
   accumulator_.reset();
   stepper_.reset();
@@ -322,7 +337,7 @@ Status EngineImpl::Start() {
           std::to_string(kCpuBlock8Elems * 4) + " bytes");
     }
   }
-  if (MultiRank() && options_.params == Residence::kDevice &&
+  if (MultiRank() &&
       staging_bytes < 2 * static_cast<uint64_t>(options_.world_size)) {
     // Note [Data-parallel ranks]: a gather round holds an element of every
     // rank.
@@ -514,6 +529,12 @@ Status EngineImpl::Start() {
     }
   }
 
+  if (ShardedParams()) {
+    // Note [Stage 3 over ranks]: a collective, like the rest of Start.
+    STRATA_ASSIGN_OR_RETURN(Communicator dup, comm_->Duplicate());
+    gather_comm_ = std::make_unique<Communicator>(std::move(dup));
+    gatherer_ = std::make_unique<Worker>();
+  }
   mover_ = std::make_unique<Worker>();
   accumulator_ = std::make_unique<Worker>();
   stepper_ = std::make_unique<Worker>();
@@ -753,12 +774,12 @@ Status EngineImpl::ForEachPieceOfTensor(
   assert(!IsMoment(role));  // elements of a tensor, not of a piece
   const size_t esize = RoleBytes(role, s, 1);
   // The part of the tensor this rank holds of the role, in the role's
-  // elements of the unit (the whole tensor for the working copy, the part in
-  // this rank's shard for the others), and where that part starts in the
-  // tensor.
+  // elements of the unit (the whole tensor for a working copy that is not
+  // sharded, the part in this rank's shard otherwise), and where that part
+  // starts in the tensor.
   TensorPlace t = tensor;
   uint64_t skip = 0;
-  if (role != kParam) {
+  if (role != kParam || ShardedParams()) {
     const uint64_t lo = std::max(tensor.offset, s.shard_begin);
     const uint64_t hi =
         std::min(tensor.offset + tensor.elems, s.shard_begin + s.elems);
@@ -906,9 +927,7 @@ Status EngineImpl::CheckTensor(TensorId id, const char* what) const {
 Status EngineImpl::FailedLocked(const char* what) const {
   if (failed_.ok()) return Status::Ok();
   return Status::FailedPrecondition(
-      std::string("engine: ") + what +
-      " refused: a Step failed part-way and left the training state partly "
-      "updated (" +
+      std::string("engine: ") + what + " refused: " + failed_reason_ + " (" +
       failed_.ToString() + "); restore it from a checkpoint in a new engine");
 }
 
@@ -1027,12 +1046,17 @@ std::vector<uint32_t> EngineImpl::PrefetchCandidatesLocked() {
 
 // The unpinned, settled device copy whose next use is furthest away (ties:
 // least recently used), and only one used later than `than`; -1 if none.
+// With sharded parameters a copy still arriving is a candidate too (the
+// caller waits for it to land before it drops it): which copies have landed
+// depends on timing, and every rank must pick the same victims (Note
+// [Stage 3 over ranks]).
 int64_t EngineImpl::PickVictimLocked(uint64_t than) {
   int64_t best = -1;
   uint64_t best_next = 0, best_last = 0;
   for (uint32_t v = 0; v < units_.size(); ++v) {
     const UnitState& s = units_[v];
-    if (!s.resident || s.pins > 0 || s.arriving || s.allocating) continue;
+    if (!s.resident || s.pins > 0 || s.allocating) continue;
+    if (s.arriving && !ShardedParams()) continue;
     // Small units persist once fetched (stage3_param_persistence_threshold).
     if (s.param_bytes < options_.persistence_threshold_bytes) continue;
     const uint64_t next = trace_->NextUse(v);
@@ -1080,7 +1104,9 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
       }
       if (device_used_ + need <= device_budget_) break;
       const int64_t v = PickVictimLocked(than);
-      if (v >= 0) {
+      if (v >= 0 && units_[v].arriving) {
+        cv_.Wait(&mu_);  // sharded: lands, then is dropped (rechecked)
+      } else if (v >= 0) {
         EvictLocked(static_cast<uint32_t>(v), &victims);
       } else if (prefetch) {
         return Status::Ok();  // nothing colder to make room
@@ -1170,6 +1196,19 @@ StatusOr<ArenaBlock> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
     std::vector<ArenaBlock> victims;
     {
       MutexLock l(&mu_);
+      // Sharded: every copy lands first, so that every unpinned block can
+      // move and the ranks evict only what pins leave no room for.
+      if (ShardedParams()) {
+        bool waited = false;
+        for (const UnitState& s : units_) {
+          if (s.arriving && !s.allocating && s.pins == 0) {
+            cv_.Wait(&mu_);
+            waited = true;
+            break;
+          }
+        }
+        if (waited) continue;
+      }
       const int64_t v = PickVictimLocked(FetchTrace::kNever);
       if (v < 0 && WaitForArrivalLocked()) continue;
       if (v < 0) {
@@ -1240,6 +1279,11 @@ Status EngineImpl::OutOfDeviceMemoryLocked(uint32_t u) {
 // recorded after it on the copy stream.
 Status EngineImpl::StartArrival(uint32_t u, Priority pr) {
   UnitState& s = units_[u];
+  if (ShardedParams()) {
+    // Note [Stage 3 over ranks]: in the order decided, whatever the priority.
+    gatherer_->Post(Priority::kUrgent, [this, u] { GatherArrival(u); });
+    return Status::Ok();
+  }
   if (options_.params == Residence::kHost) {
     Status st =
         device_->CopyAsync(*copy_stream_, DevAt(s, 0), HostAt(kParam, u, 0),
@@ -1546,11 +1590,11 @@ void EngineImpl::WaitGradsQuiet() {
 
 // Note [Data-parallel ranks]
 // With world_size N above 1 (EngineOptions::comm, zero_stage 1 or 2) every
-// rank keeps the whole working copy of every unit, and its shard of the
-// rest: the layout pads each unit to N equal, aligned shards (the last ones
-// holding the padding), and rank r's gradient accumulator, fp32 master and
-// moments cover shard r only, on the host or on NVMe, so the optimizer
-// state per rank is 1/N.
+// rank keeps the whole working copy of every unit (zero_stage 3: its shard,
+// Note [Stage 3 over ranks]), and its shard of the rest: the layout pads each
+// unit to N equal, aligned shards (the last ones holding the padding), and rank
+// r's gradient accumulator, fp32 master and moments cover shard r only, on the
+// host or on NVMe, so the optimizer state per rank is 1/N.
 // - Gradients are averaged over ranks (DeepSpeed's convention): each rank
 //   hands over the gradient of its own micro-batches, the shards receive
 //   the sum over ranks (a reduce-scatter of fp32), and the step divides by
@@ -1586,10 +1630,10 @@ void EngineImpl::WaitGradsQuiet() {
 // - ReadMaster gathers a tensor's master from the shards: a collective.
 // - Gradients on NVMe (zero_stage 2): the reduced window is added into the
 //   spill's pieces of the shard (Note [Gradients on NVMe]).
-// - Not yet with several ranks (refused by CheckOptions or the call):
-//   grads on NVMe and updates during backward with zero_stage 1 (which
-//   reduces at the step), zero_stage 0 and 3 (stage 3 would shard the
-//   working copy and gather it in Fetch), checkpoints.
+// - Gradients with zero_stage 3 are reduced as with zero_stage 2.
+// - Not with several ranks (refused by CheckOptions): grads on NVMe and
+//   updates during backward with zero_stage 1 (which reduces at the step),
+//   updates during backward with zero_stage 3, zero_stage 0.
 
 Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
   // zero_stage 1: every unit once per step, straight into its shard.
@@ -2002,7 +2046,7 @@ StatusOr<StepResult> EngineImpl::StepRest(
   sa.check_overflow = false;  // checked above over the same gradient
   Status st = AfterConsumers();
   if (st.ok()) st = UpdateAll(*reads, sa);
-  if (st.ok() && MultiRank()) st = GatherParams();
+  if (st.ok() && WholeParams()) st = GatherParams();
   if (!st.ok()) {
     MutexLock l(&mu_);
     failed_ = st;  // Note [Engine failures]
@@ -2248,6 +2292,125 @@ Status EngineImpl::GatherParams() {
   return device_->SynchronizeStream(*copy_stream_);
 }
 
+// Note [Stage 3 over ranks]
+// With zero_stage 3 and world_size N above 1, each rank keeps its shard of
+// every unit's working copy too, on the host or on NVMe, so the model
+// states per rank are 1/N; the device arena holds full units as a cache,
+// as with one rank and parameters off the device.
+// - A Fetch that finds its unit off the device (or a prefetch) gathers it:
+//   every rank sends its shard, piece by piece, in rounds of as many
+//   elements per rank as a staging buffer holds for all ranks, and copies
+//   every rank's part of each round to the unit's device block (its own
+//   too) while the next round is gathered. The pieces of a shard on NVMe
+//   are read first, on the gatherer.
+// - Collectives must match across ranks, so what is gathered, and in which
+//   order, may depend only on the calls every rank makes (the same
+//   Fetches, pins dropped in the same order), never on timing: the
+//   gatherer, one thread with its own communicator (a duplicate of comm,
+//   so that gradient reductions on the accumulator interleave freely), runs
+//   the gathers in the order the fetches decided them, first in first out;
+//   a victim still arriving is waited for instead of skipped; a device
+//   allocation refused for fragmentation waits for every arrival (so that
+//   every unpinned block can move) before it evicts; and updates during
+//   backward (which make prefetches depend on when gradients land) are
+//   refused. The trainer must fetch from one thread.
+// - Each gather begins with an all-reduce (max) of (u, -u): ranks that
+//   would gather different units find out there, before any data moves,
+//   instead of mixing two units' shards. With the shard on NVMe, one more
+//   all-reduce after the data says whether every rank read its pieces.
+//   Either failure, or a collective's, fails the engine on every rank
+//   (Note [Engine failures]): a retry on one rank would break the match.
+// - The step updates the shard where it rests, as one rank does, and drops
+//   the cached copies; checkpoints save and load the working copy's shard
+//   like the master's (Note [Checkpoints over ranks]).
+void EngineImpl::GatherArrival(uint32_t u) {
+  Status local;
+  Status st = GatherUnit(u, &local);
+  if (st.ok()) st = device_->RecordEvent(*units_[u].ready, *copy_stream_);
+  if (!st.ok()) {
+    MutexLock l(&mu_);
+    if (failed_.ok()) {
+      failed_ = st;
+      failed_reason_ =
+          "a gather of parameter shards over the ranks failed, and the "
+          "ranks' fetches would no longer match";
+    }
+  }
+  FinishArrival(u, st, units_[u].param_bytes);
+}
+
+Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
+  const UnitState& s = units_[u];
+  const std::string what = "engine: gathering the parameters of " +
+                           UnitNames(u) + " (unit " + std::to_string(u) +
+                           ") from the ranks' shards";
+  {
+    float head[2] = {static_cast<float>(u), -static_cast<float>(u)};
+    STRATA_ASSIGN_OR_RETURN(
+        CommWork w, gather_comm_->AllReduce(head, head, 2, CommType::kFloat32,
+                                            ReduceOp::kMax));
+    STRATA_RETURN_IF_ERROR(w.Wait().WithContext(what));
+    if (head[0] != static_cast<float>(u) || -head[1] != static_cast<float>(u)) {
+      return Status::Internal(
+          what + ": the ranks fetch different units (units " +
+          std::to_string(static_cast<int64_t>(-head[1])) + " to " +
+          std::to_string(static_cast<int64_t>(head[0])) +
+          " at once): every rank must make the same Fetch calls, from one "
+          "thread, and drop its pins in the same order");
+    }
+  }
+  const bool nvme = options_.params == Residence::kNvme;
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  const size_t es = ElementSize(s.dtype);
+  StagingLease mine;
+  if (nvme) {
+    STRATA_ASSIGN_OR_RETURN(mine, staging_->Acquire());
+  }
+  const uint64_t round =
+      std::min<uint64_t>(piece_elems_, staging_->buffer_bytes() / (ranks * es));
+  for (size_t p = 0; p * piece_elems_ < s.elems; ++p) {
+    const uint64_t begin = p * piece_elems_;
+    const uint64_t n = std::min(piece_elems_, s.elems - begin);
+    const std::byte* src = nvme ? mine.data() : HostAt(kParam, u, begin);
+    if (nvme) {
+      // A rank whose read failed still sends (its bytes are dropped by
+      // every rank below), so that no rank waits for it.
+      if (local->ok()) *local = ReadPiece(u, kParam, p, mine.span());
+    }
+    for (uint64_t c = 0; c < n; c += round) {
+      const uint64_t k = std::min(round, n - c);
+      // A buffer per round: the last round's copies to the device go on
+      // while this one gathers.
+      STRATA_ASSIGN_OR_RETURN(StagingLease all, staging_->Acquire());
+      const std::vector<size_t> counts(ranks, k * es);
+      STRATA_ASSIGN_OR_RETURN(
+          CommWork w, gather_comm_->AllGather(src + c * es, all.data(), counts,
+                                              CommType::kByte));
+      STRATA_RETURN_IF_ERROR(w.Wait().WithContext(what));
+      for (size_t r = 0; r < ranks; ++r) {
+        STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+            *copy_stream_, DevAt(s, (r * s.elems + begin + c) * es),
+            all.data() + r * k * es, k * es, CopyKind::kHostToDevice));
+      }
+      STRATA_RETURN_IF_ERROR(all.RecordDone(*copy_stream_));
+    }
+  }
+  if (!nvme) return Status::Ok();
+  // Every rank learns whether every rank read its shard.
+  float bad = local->ok() ? 0.0f : static_cast<float>(options_.rank + 1);
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork w, gather_comm_->AllReduce(&bad, &bad, 1, CommType::kFloat32,
+                                          ReduceOp::kMax));
+  STRATA_RETURN_IF_ERROR(w.Wait().WithContext(what));
+  if (!local->ok()) return local->WithContext(what);
+  if (bad != 0.0f) {
+    return Status::Unavailable(
+        what + ": rank " + std::to_string(static_cast<int>(bad) - 1) +
+        " could not read its shard from nvme (its error says why)");
+  }
+  return Status::Ok();
+}
+
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
                                std::vector<std::future<Status>>* writes,
                                std::vector<EarlyPiece>* undo) {
@@ -2270,9 +2433,9 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
     t.exp_avg = HostAt(kExpAvg, u, piece.begin);
     t.exp_avg_sq = HostAt(kExpAvgSq, u, piece.begin);
   }
-  // The working copy covers the whole unit: this shard's piece starts at
-  // shard_begin (0 with one rank).
-  const uint64_t wbegin = s.shard_begin + piece.begin;
+  // Where this shard's piece starts in this rank's working copy: at
+  // shard_begin when it covers the whole unit (0 with one rank).
+  const uint64_t wbegin = WorkingBegin(s) + piece.begin;
   t.working = options_.params == Residence::kHost
                   ? static_cast<void*>(HostAt(kParam, u, wbegin))
                   : static_cast<void*>(piece.working.data());
@@ -2524,8 +2687,8 @@ Status EngineImpl::UndoEarly() {
     const size_t esize = ElementSize(s.dtype);
     if (options_.params == Residence::kHost) {
       st = ConvertCpuArray(saved, CpuDType::kFloat32,
-                           HostAt(kParam, e.unit, s.shard_begin + e.begin), wt,
-                           e.n);
+                           HostAt(kParam, e.unit, WorkingBegin(s) + e.begin),
+                           wt, e.n);
     } else {
       StatusOr<StagingLease> lease = staging_->Acquire();
       st = lease.status();
@@ -2536,7 +2699,7 @@ Status EngineImpl::UndoEarly() {
         st = WritePiece(e.unit, kParam, e.index, lease->span());
       } else if (st.ok()) {
         st = device_->CopyAsync(
-            *copy_stream_, DevAt(s, (s.shard_begin + e.begin) * esize),
+            *copy_stream_, DevAt(s, (WorkingBegin(s) + e.begin) * esize),
             lease->data(), e.n * esize, CopyKind::kHostToDevice);
         if (st.ok()) st = lease->RecordDone(*copy_stream_);
       }

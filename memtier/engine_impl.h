@@ -212,13 +212,25 @@ class EngineImpl final : public Engine {
   };
 
   Residence RoleResidence(int role) const;
-  // Elements of role `role` this rank holds of a unit: the working copy
-  // covers the whole unit, the other roles this rank's shard.
-  static uint64_t RoleElems(int role, const UnitState& s) {
-    return role == kParam ? s.full_elems : s.elems;
-  }
   // Note [Data-parallel ranks] (engine.cc).
   bool MultiRank() const { return options_.world_size > 1; }
+  // zero_stage 3 over several ranks: each rank keeps its shard of the
+  // working copy, and a fetch gathers the shards (Note [Stage 3 over
+  // ranks]).
+  bool ShardedParams() const { return MultiRank() && options_.zero_stage == 3; }
+  // zero_stage 1 and 2 over several ranks: every rank keeps the whole
+  // working copy on the device, and the step gathers it (GatherParams).
+  bool WholeParams() const { return MultiRank() && !ShardedParams(); }
+  // Elements of role `role` this rank holds of a unit: the working copy
+  // covers the whole unit unless it is sharded, the other roles this rank's
+  // shard.
+  uint64_t RoleElems(int role, const UnitState& s) const {
+    return role == kParam && !ShardedParams() ? s.full_elems : s.elems;
+  }
+  // Where this rank's shard starts in its copy of the working copy.
+  uint64_t WorkingBegin(const UnitState& s) const {
+    return ShardedParams() ? 0 : s.shard_begin;
+  }
   // The accumulator of zero_stage 1 with several ranks: the unit's full
   // local gradient.
   float* FullGradAt(uint32_t unit, uint64_t elem) {
@@ -266,6 +278,10 @@ class EngineImpl final : public Engine {
   // Every rank's updated shard of the working copy into every rank's
   // device block.
   Status GatherParams();
+  // Note [Stage 3 over ranks] (engine.cc): unit u's shards gathered from
+  // every rank into its device block, on the gatherer; ends its arrival.
+  void GatherArrival(uint32_t u);
+  Status GatherUnit(uint32_t u, Status* local);
   // Waits until every hand-over so far is accumulated, keeping its error.
   void WaitGradsQuiet() STRATA_EXCLUDES(mu_);
   // Note [Moment formats] (engine.cc).
@@ -513,6 +529,9 @@ class EngineImpl final : public Engine {
   // the reduce-scatter's output. The buckets and the windows' written flags
   // are the accumulator's (and Step's, once the accumulator is idle).
   std::shared_ptr<Communicator> comm_;
+  // Note [Stage 3 over ranks]: the gathers' own communicator (a duplicate
+  // of comm_), used by the gatherer alone.
+  std::unique_ptr<Communicator> gather_comm_;
   HostBuffer full_grads_;
   struct GradBucket {
     int64_t unit = -1;              // -1: free
@@ -569,6 +588,9 @@ class EngineImpl final : public Engine {
   std::atomic<uint64_t> nvme_write_bytes_{0};
   // A Step that failed part-way (Note [Engine failures]); OK otherwise.
   Status failed_ STRATA_GUARDED_BY(mu_);
+  // What failed_ means, for FailedLocked's message.
+  std::string failed_reason_ STRATA_GUARDED_BY(mu_) =
+      "a Step failed part-way and left the training state partly updated";
 
   // Note [Updates during backward] (engine.cc).
   bool early_armed_ STRATA_GUARDED_BY(mu_) = false;
@@ -603,6 +625,9 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Worker> accumulator_;  // gradient accumulation
   // Updates during backward; posted to by the accumulator.
   std::unique_ptr<Worker> stepper_;
+  // Note [Stage 3 over ranks]: the fetches' gathers, in the order fetches
+  // decided them (one priority: first in, first out).
+  std::unique_ptr<Worker> gatherer_;
 };
 
 }  // namespace strata::memtier

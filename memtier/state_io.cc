@@ -445,7 +445,8 @@ std::string EngineImpl::EngineBlobJson() const {
 //   those of that rank's shard; pieces that hold only a unit's padding (a
 //   last shard) are not written. So rank 0 holds a few staging buffers of
 //   the state at a time, never the whole state. The working copy (with
-//   `params`) is whole on every rank: rank 0 writes its own.
+//   `params`) is whole on every rank with zero_stage 1 and 2: rank 0 writes
+//   its own; with zero_stage 3 it is sharded and moves like the master.
 // - Errors: a rank that fails (a read, a write, a refused call) keeps its
 //   first error and goes on with the collectives, doing nothing else, so
 //   that no rank waits for another forever; at the end the ranks agree on
@@ -459,8 +460,9 @@ std::string EngineImpl::EngineBlobJson() const {
 //   a load, that every rank opened the same checkpoint (its step and blob).
 // - Load: every rank reads, by placements, only its shard's elements of
 //   master and moments (another world size cuts other ranges from the same
-//   extents), and the whole working copy (the stored one, or the master
-//   rounded). No collective moves data.
+//   extents), and the working copy, whole (zero_stage 1 and 2) or its
+//   shard (3): the stored one, or the master rounded. No collective moves
+//   data.
 // - int8 moments: their blocks are the saving ranks' shards' pieces, the
 //   scales in the blob unit by unit, shard by shard, piece by piece; they
 //   load only at the same world_size (and layout), else kInvalidArgument
@@ -618,8 +620,10 @@ Status EngineImpl::SaveStateRanked(CheckpointWriter* writer, bool params) {
   }
   Status st = AgreeNow(local);
   if (st.ok()) {
-    st = AgreeSame("the step count, loss scale or optimizer settings",
-                   EngineBlobJson());
+    // With sharded parameters `params` adds a role of collectives.
+    st = AgreeSame(
+        "the step count, loss scale, optimizer settings or params argument",
+        EngineBlobJson() + (params && ShardedParams() ? "+params" : ""));
   }
   if (!st.ok()) {
     if (began) EndExclusive();
@@ -627,11 +631,12 @@ Status EngineImpl::SaveStateRanked(CheckpointWriter* writer, bool params) {
   }
   if (writes && local.ok()) local = DeclareTensors(*writer);
   Inflight written;
-  for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
+  for (int r : {kMaster, kExpAvg, kExpAvgSq, kParam}) {
+    if (r == kParam && !(params && ShardedParams())) continue;
     st = SaveRoleRanked(writer, r, written, local);
     if (!st.ok()) break;
   }
-  if (st.ok() && writes && params && local.ok()) {
+  if (st.ok() && writes && params && WholeParams() && local.ok()) {
     local = SaveWholeParams(*writer, written);
   }
   const Status w = written.Wait();
@@ -830,9 +835,9 @@ Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
                                              CpuDType::kBFloat16, n));
       lease = std::move(narrow);
     }
-    // With several ranks the working copy is the whole unit's
-    // (LoadWholeParamPiece), not the shard's.
-    if (r == kMaster && !ckpt_params && !MultiRank()) {
+    // With whole parameters on several ranks the working copy is the whole
+    // unit's (LoadWholeParamPiece), not the shard's.
+    if (r == kMaster && !ckpt_params && !WholeParams()) {
       // The working copy: the master rounded to the working dtype.
       STRATA_ASSIGN_OR_RETURN(StagingLease acquired, staging_->Acquire());
       auto working = std::make_shared<StagingLease>(std::move(acquired));
@@ -845,7 +850,7 @@ Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
     }
     StorePiece(u, r, p, std::move(lease), writes);
   }
-  if (ckpt_params && !MultiRank()) {
+  if (ckpt_params && !WholeParams()) {
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StagingLease> lease, fill(kParam));
     StorePiece(u, kParam, p, std::move(lease), writes);
   }
@@ -1040,7 +1045,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   std::vector<LoadItem> pieces;
   for (uint32_t u = 0; u < units_.size(); ++u) {
     for (size_t p = 0; p < NumPieces(u); ++p) pieces.push_back({u, p, false});
-    if (MultiRank()) {
+    if (WholeParams()) {
       for (size_t p = 0; p < NumWholePieces(u); ++p) {
         pieces.push_back({u, p, true});
       }

@@ -187,6 +187,11 @@ class STRATA_EXPORT Engine {
   // fill the device budget. A failed read is reported by the pin's Wait and
   // WaitOn (and by a Fetch of the same tensor while a pin holds it); the
   // copy is dropped with the last pin and the next Fetch reads again.
+  // With zero_stage 3 and world_size above 1, a Fetch or prefetch that
+  // misses gathers the unit from the ranks' shards (a collective): every
+  // rank fetches the same tensors in the same order from one thread and
+  // drops its pins in the same order; a failed gather fails the engine on
+  // every rank (docs/memtier.md, "Data-parallel ranks").
   virtual StatusOr<ParamPin> Fetch(TensorId id) = 0;
 
   // Hands over a gradient of `id` in device memory (numel elements of

@@ -98,8 +98,9 @@ struct EngineOptions {
   // states, 2 also gradients, 3 also parameters. With world_size 1 every
   // stage keeps the same data on the one rank; only stage 3 lets parameters
   // rest off the device (as in DeepSpeed). 0 .. 3, default 3. With
-  // world_size above 1 the engine runs stages 1 and 2 (3 and 0 are refused
-  // for now, kNotSupported).
+  // world_size above 1 the engine runs stages 1, 2 and 3 (0 is refused,
+  // kNotSupported); stage 3 then keeps each rank's shard of the parameters
+  // on host or nvme (params), and Fetch gathers the shards.
   int zero_stage = 3;
   // The data-parallel group the engine reduces gradients and gathers
   // parameters over, made by the trainer (a Communicator over its own
@@ -107,9 +108,10 @@ struct EngineOptions {
   // creates one). Required when world_size is above 1; its size and rank
   // must equal world_size and rank. Host-memory collectives: the single-rank
   // or MPI backend (NCCL is refused). Every rank must make the engine calls
-  // that issue collectives (AddGrad with zero_stage 2, Step, ReadMaster) in
-  // the same order, and nothing else may use this communicator meanwhile:
-  // give the engine one of its own. Kept alive by the engine; not part of a
+  // that issue collectives (AddGrad with zero_stage 2 and 3, Step,
+  // ReadMaster, and with zero_stage 3 Start and Fetch) in the same order,
+  // and nothing else may use this communicator meanwhile: give the engine
+  // one of its own. Kept alive by the engine; not part of a
   // JSON config. Null (the default): one rank, no collectives.
   std::shared_ptr<Communicator> comm;
 

@@ -1,4 +1,4 @@
-// The engine over data-parallel ranks (zero_stage 1 and 2): each case runs
+// The engine over data-parallel ranks (zero_stage 1, 2 and 3): each case runs
 // engine_mpi_worker under mpirun (paths from CMake) on 2 and 3 ranks (3
 // gives shards that end in padding) and reads its output.
 #include <gtest/gtest.h>
@@ -36,16 +36,17 @@ int Count(const std::string& out, int rank, const std::string& what) {
 
 class EngineRanksTest : public ::testing::TestWithParam<int> {};
 
-// Stages 1 and 2, optimizer states on host and NVMe, stage 2's gradients on
-// NVMe and its updates during backward: the same masters as one engine on
-// the whole batch.
+// Stages 1, 2 and 3, optimizer states on host and NVMe, gradients on NVMe,
+// stage 2's updates during backward, stage 3's parameters on host and NVMe
+// under a device budget that evicts: the same masters as one engine on the
+// whole batch.
 TEST_P(EngineRanksTest, TrainsAsOneRankOnTheWholeBatch) {
   const int ranks = GetParam();
   const MpiRun r = Mpirun(ranks, {"train"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
   for (int i = 0; i < ranks; ++i)
-    EXPECT_EQ(Count(r.out, i, ": ok"), 6) << r.out;
+    EXPECT_EQ(Count(r.out, i, ": ok"), 9) << r.out;
   std::printf("%s(%d ranks, %.1f s)\n", r.out.c_str(), ranks, r.seconds);
 }
 
@@ -56,21 +57,22 @@ TEST(EngineRanksErrorsTest, RefusedCombinationsSayWhy) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
   for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(Count(r.out, i, ": refused: "), 7) << r.out;
+    EXPECT_EQ(Count(r.out, i, ": refused: "), 8) << r.out;
   }
 }
 
-// Checkpoints over ranks (Note [Checkpoints over ranks]): saved on 2 ranks,
-// resumed on 2 bit for bit, loaded on 1 and 3; saved on 1, loaded on 2.
+// Checkpoints over ranks (Note [Checkpoints over ranks]), stages 1 to 3:
+// saved on 2 ranks, resumed on 2 bit for bit, loaded on 1 and 3; saved on
+// 1, loaded on 2.
 TEST(EngineRanksCheckpointTest, SavesOnNLoadsOnM) {
   strata::testing::ScratchDir dir;
   const MpiRun s2 = Mpirun(2, {"ckpt-save", dir.path()});
   ASSERT_EQ(s2.exit_code, 0) << s2.out;
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(Count(s2.out, i, ": ok"), 4) << s2.out;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Count(s2.out, i, ": ok"), 6) << s2.out;
   std::printf("%s", s2.out.c_str());
   const MpiRun s1 = Mpirun(1, {"ckpt-save", dir.path()});
   ASSERT_EQ(s1.exit_code, 0) << s1.out;
-  EXPECT_EQ(Count(s1.out, 0, ": ok"), 4) << s1.out;
+  EXPECT_EQ(Count(s1.out, 0, ": ok"), 6) << s1.out;
   // Loads: {ranks, saved on}; int8 moments only at the saving world size.
   for (const auto& [ranks, saved] :
        std::vector<std::pair<int, int>>{{1, 2}, {3, 2}, {2, 1}}) {
@@ -79,7 +81,7 @@ TEST(EngineRanksCheckpointTest, SavesOnNLoadsOnM) {
     EXPECT_EQ(l.exit_code, 0) << l.out;
     EXPECT_EQ(l.out.find("FAIL"), std::string::npos) << l.out;
     for (int i = 0; i < ranks; ++i) {
-      EXPECT_EQ(Count(l.out, i, ": ok"), 3) << l.out;
+      EXPECT_EQ(Count(l.out, i, ": ok"), 5) << l.out;
       EXPECT_EQ(Count(l.out, i, ": refused: "), 1) << l.out;
     }
     std::printf("%s", l.out.c_str());

@@ -1,13 +1,15 @@
 // Runs under mpirun (tests/memtier/engine_mpi_test.cc starts it):
 //   engine_mpi_worker <plugin> train
-//       for zero_stage 1 and 2 (parameters on the device), optimizer
-//       states on host and on NVMe, and stage 2's gradients on NVMe: a
-//       model trained over the ranks (each rank
-//       handing over the gradients of its own data) ends with the masters of
-//       one engine trained alone on the whole batch, within rounding; the
-//       working copy is the master's rounding on every rank; a gradient
-//       overflow on one rank skips the step on all; and each rank's optimizer
-//       state is 1/N of the single engine's.
+//       for zero_stage 1 and 2 (parameters on the device) and 3 (each
+//       rank's shard of the parameters on host or NVMe, gathered by Fetch,
+//       with a device budget that forces evictions), optimizer states on
+//       host and on NVMe, and gradients on NVMe: a model trained over the
+//       ranks (each rank handing over the gradients of its own data) ends
+//       with the masters of one engine trained alone on the whole batch,
+//       within rounding; the working copy is the master's rounding on every
+//       rank; a gradient overflow on one rank skips the step on all; each
+//       rank's optimizer state is 1/N of the single engine's, and with
+//       stage 3 its host memory too.
 //   engine_mpi_worker <plugin> errors
 //       the option combinations refused with several ranks.
 //   engine_mpi_worker <plugin> ckpt-save DIR
@@ -154,7 +156,8 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world,
   dopt.host_compute_threads = 1;
   ASSIGN_OK(dev, NewHostEmulatedDevice(dopt));
   ScratchDir dir;
-  if (o.optimizer_states == Residence::kNvme || o.grads == Residence::kNvme) {
+  if (o.optimizer_states == Residence::kNvme || o.grads == Residence::kNvme ||
+      o.params == Residence::kNvme) {
     o.nvme_paths = {dir.path()};
   }
   ASSIGN_OK(eng, Engine::Create(o, dev.get()));
@@ -289,14 +292,25 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
     int stage;
     Residence states, grads;
     bool early = false;  // updates during backward
+    Residence params = Residence::kDevice;
+    uint64_t device_budget = 0;  // 0: automatic
   };
+  // Stage 3 with a budget below the model's 180 KiB of parameters: fetches
+  // evict, and prefetches land while others are fetched.
+  constexpr uint64_t kTight = 160 << 10;
   for (const Placement& p :
        {Placement{1, Residence::kHost, Residence::kHost},
         Placement{1, Residence::kNvme, Residence::kHost},
         Placement{2, Residence::kHost, Residence::kHost},
         Placement{2, Residence::kNvme, Residence::kHost},
         Placement{2, Residence::kHost, Residence::kNvme},
-        Placement{2, Residence::kNvme, Residence::kHost, true}}) {
+        Placement{2, Residence::kNvme, Residence::kHost, true},
+        Placement{3, Residence::kHost, Residence::kHost, false,
+                  Residence::kHost},
+        Placement{3, Residence::kHost, Residence::kHost, false,
+                  Residence::kHost, kTight},
+        Placement{3, Residence::kNvme, Residence::kNvme, false,
+                  Residence::kNvme, kTight}}) {
     const int stage = p.stage;
     {
       {
@@ -304,12 +318,17 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
             "stage " + std::to_string(stage) + ", states " +
             std::string(ResidenceName(p.states)) + ", grads " +
             std::string(ResidenceName(p.grads)) +
-            (p.early ? ", updates during backward" : "");
+            (p.early ? ", updates during backward" : "") +
+            (p.stage == 3 ? ", params " + std::string(ResidenceName(p.params))
+                          : "") +
+            (p.device_budget > 0 ? ", tight device budget" : "");
         EngineOptions o = Base();
         o.zero_stage = stage;
         o.optimizer_states = p.states;
         o.grads = p.grads;
         if (p.early) o.step_overlap_bytes = 1 << 20;
+        o.params = p.params;
+        o.device_budget_bytes = p.device_budget;
         const Trained one = Train(o, all, world);
         o.rank = rank;
         o.world_size = world;
@@ -373,12 +392,26 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
                  " bytes x " + std::to_string(world) + " ranks vs " +
                  std::to_string(one.stats.optimizer_state_bytes) + ";";
         }
+        // Stage 3: every role on the host is this rank's shard (on NVMe
+        // the pieces round up to whole I/O blocks).
+        const double host = double(many.stats.host.peak_bytes) * world /
+                            double(one.stats.host.peak_bytes);
+        if (stage == 3 && one.stats.host.peak_bytes > 0 &&
+            !(host >= 1.0 && host <= 1.1)) {
+          why += " host memory " + std::to_string(many.stats.host.peak_bytes) +
+                 " bytes x " + std::to_string(world) + " ranks vs " +
+                 std::to_string(one.stats.host.peak_bytes) + ";";
+        }
+        if (p.device_budget > 0 &&
+            (many.stats.evictions == 0 || many.stats.prefetches == 0)) {
+          why += " no eviction or no prefetch under the tight budget;";
+        }
         // Stage 2: the gradient shard (a third of fp32 master and moments)
         // plus two bucket windows and the reduction's output, each at most
         // a packed unit (partition_bytes, rounded to whole shard blocks),
         // however large a tensor is ("big" spans four windows).
         const uint64_t window = (64 << 10) + 128 * 4 * world;
-        if (stage == 2 &&
+        if (stage >= 2 &&
             many.stats.grad_bytes >
                 many.stats.optimizer_state_bytes / 3 + 3 * window) {
           why +=
@@ -391,12 +424,17 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         std::printf(
             "rank %d: %s: ok (max master difference %.3g; optimizer state "
             "%llu bytes, one rank %llu; gradients %llu bytes, one rank "
-            "%llu)\n",
+            "%llu; host %llu bytes, one rank %llu; %llu evictions, %llu "
+            "prefetches)\n",
             rank, name.c_str(), max_diff,
             static_cast<unsigned long long>(many.stats.optimizer_state_bytes),
             static_cast<unsigned long long>(one.stats.optimizer_state_bytes),
             static_cast<unsigned long long>(many.stats.grad_bytes),
-            static_cast<unsigned long long>(one.stats.grad_bytes));
+            static_cast<unsigned long long>(one.stats.grad_bytes),
+            static_cast<unsigned long long>(many.stats.host.peak_bytes),
+            static_cast<unsigned long long>(one.stats.host.peak_bytes),
+            static_cast<unsigned long long>(many.stats.evictions),
+            static_cast<unsigned long long>(many.stats.prefetches));
         std::fflush(stdout);
       }
     }
@@ -430,8 +468,16 @@ int ErrorCases(const std::shared_ptr<Communicator>& comm) {
          o.rank = 0;
        },
        StatusCode::kInvalidArgument, "must agree"},
-      {"zero_stage 3", [](EngineOptions& o) { o.zero_stage = 3; },
-       StatusCode::kNotSupported, "zero_stage 3"},
+      {"zero_stage 3 with params on the device",
+       [](EngineOptions& o) { o.zero_stage = 3; }, StatusCode::kNotSupported,
+       "zero_stage 3 and params on the device"},
+      {"updates during backward with zero_stage 3",
+       [](EngineOptions& o) {
+         o.zero_stage = 3;
+         o.params = Residence::kHost;
+         o.step_overlap_bytes = 1 << 20;
+       },
+       StatusCode::kNotSupported, "with zero_stage 3: updates during"},
       {"zero_stage 0", [](EngineOptions& o) { o.zero_stage = 0; },
        StatusCode::kNotSupported, "zero_stage 0"},
       {"grads on nvme with zero_stage 1",
@@ -479,13 +525,18 @@ struct CkptCase {
   int stage;
   Residence states;
   CpuDType moments;
-  bool params;  // the working copy saved too
+  bool params;                          // the working copy saved too
+  Residence rest = Residence::kDevice;  // where parameters rest
 };
 const CkptCase kCkptCases[] = {
     {"s2-host-fp32", 2, Residence::kHost, CpuDType::kFloat32, false},
     {"s1-nvme-bf16", 1, Residence::kNvme, CpuDType::kBFloat16, false},
     {"s2-nvme-fp32-params", 2, Residence::kNvme, CpuDType::kFloat32, true},
     {"s2-host-int8", 2, Residence::kHost, CpuDType::kBlock8, false},
+    {"s3-nvme-fp32-params", 3, Residence::kNvme, CpuDType::kFloat32, true,
+     Residence::kNvme},
+    {"s3-host-bf16", 3, Residence::kHost, CpuDType::kBFloat16, false,
+     Residence::kHost},
 };
 
 EngineOptions CkptOptions(const CkptCase& c,
@@ -493,6 +544,7 @@ EngineOptions CkptOptions(const CkptCase& c,
   EngineOptions o = Base();
   o.optimizer_states = c.states;
   o.optimizer.moment_dtype = c.moments;
+  o.params = c.rest;
   if (comm->size() > 1) {
     o.zero_stage = c.stage;
     o.rank = comm->rank();
