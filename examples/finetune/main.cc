@@ -289,8 +289,10 @@ bool ConfigNamesStage(const std::string& path) {
 }
 
 // With several ranks: the ranks, the ZeRO stage (the config's, else 2),
-// parameters on the device (stages 1 and 2 keep them there) and a swap
-// directory per rank, since an engine locks the directories it swaps in.
+// parameters on the device with stages 1 and 2 (which keep whole
+// parameters there; stage 3 keeps each rank's shard where the config or
+// --nvme puts it) and a swap directory per rank, since an engine locks the
+// directories it swaps in.
 Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
   strata::EngineOptions& e = s->options.engine;
   if (ranks.size == 1) return Status::Ok();
@@ -300,7 +302,7 @@ Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
         " but the job runs " + std::to_string(ranks.size) + " ranks");
   }
   if (f.config.empty() || !ConfigNamesStage(f.config)) e.zero_stage = 2;
-  if (f.config.empty() || !f.nvme.empty()) {
+  if (e.zero_stage != 3 && (f.config.empty() || !f.nvme.empty())) {
     e.params = strata::Residence::kDevice;
   }
   for (std::string& p : e.nvme_paths) {

@@ -16,6 +16,37 @@ static float Alt(size_t i) { return (float)((i % 7) + 1) / 8.0f; }
     }                                                                \
   } while (0)
 
+/* Fetches both tensors and checks that each rank's device copy is the
+ * master rounded to bf16 (with zero_stage 3 a gather of the ranks'
+ * shards). */
+static strata_code_t CheckWorking(strata_engine_t* eng, strata_stream_t* st,
+                                  const uint32_t* ids, const float* masters,
+                                  int* same, char** err) {
+  static uint16_t want[kCapiMpiW], got[kCapiMpiW];
+  const size_t numel[2] = {kCapiMpiW, kCapiMpiB};
+  strata_param_pin_t* pin = NULL;
+  strata_code_t c = STRATA_OK;
+  int t;
+  *same = 1;
+  for (t = 0; t < 2 && c == STRATA_OK; ++t) {
+    c = strata_engine_fetch(eng, ids[t], &pin, err);
+    if (c == STRATA_OK) c = strata_param_pin_wait(pin, err);
+    if (c == STRATA_OK) {
+      c = strata_copy_async(st, got, strata_param_pin_data(pin), numel[t] * 2,
+                            STRATA_DEVICE_TO_HOST, err);
+    }
+    if (c == STRATA_OK) c = strata_stream_synchronize(st, err);
+    strata_param_pin_release(pin);
+    pin = NULL;
+    if (c == STRATA_OK) {
+      c = strata_convert(masters + (t == 0 ? 0 : kCapiMpiW), STRATA_FLOAT32,
+                         want, STRATA_BFLOAT16, numel[t], err);
+    }
+    if (c == STRATA_OK && memcmp(want, got, numel[t] * 2) != 0) *same = 0;
+  }
+  return c;
+}
+
 static strata_code_t ReadMasters(strata_engine_t* eng, const uint32_t* ids,
                                  float* out, char** err) {
   strata_code_t c = strata_engine_read_master(eng, ids[0], out, kCapiMpiW, err);
@@ -24,7 +55,7 @@ static strata_code_t ReadMasters(strata_engine_t* eng, const uint32_t* ids,
                                    err);
 }
 
-int strata_capi_mpi_train(strata_comm_t* comm, const char* ckpt_dir,
+int strata_capi_mpi_train(strata_comm_t* comm, int stage, const char* ckpt_dir,
                           float* masters, char* why, size_t why_len) {
   static float w[kCapiMpiW], g[kCapiMpiW], loaded[kCapiMpiW + kCapiMpiB];
   const int rank = comm != NULL ? strata_comm_rank(comm) : 0;
@@ -37,7 +68,7 @@ int strata_capi_mpi_train(strata_comm_t* comm, const char* ckpt_dir,
   char* err = NULL;
   char* saved_path = NULL;
   char* loaded_path = NULL;
-  int rc = 1, s, t, applied = 0;
+  int rc = 1, s, t, applied = 0, same = 1;
   size_t i;
   uint32_t ids[2] = {0, 0};
   strata_device_t* dev = NULL;
@@ -48,12 +79,13 @@ int strata_capi_mpi_train(strata_comm_t* comm, const char* ckpt_dir,
 
   snprintf(json, sizeof json,
            "{\"strata\": {\"world_size\": %d, \"rank\": %d, "
-           "\"zero_stage\": %d, \"partition_bytes\": 65536, "
+           "\"zero_stage\": %d, \"params\": \"%s\", "
+           "\"partition_bytes\": 65536, "
            "\"staging_buffer_bytes\": 65536, \"io_block_bytes\": 65536, "
            "\"device_budget_bytes\": 8388608, "
            "\"persistence_threshold_bytes\": 0, \"optimizer\": "
            "{\"threads\": 1}}}",
-           size, rank, size > 1 ? 2 : 3);
+           size, rank, size > 1 ? stage : 3, stage == 3 ? "host" : "device");
   CHECK(strata_device_create("host", 64u << 20, &dev, &err));
   CHECK(strata_stream_create(dev, &stream, &err));
   CHECK(strata_engine_options_from_json(json, strlen(json), &opts, &err));
@@ -89,6 +121,15 @@ int strata_capi_mpi_train(strata_comm_t* comm, const char* ckpt_dir,
     CHECK(strata_engine_step(eng, 1e-2, 0.0, 0.0, &applied, NULL, NULL, &err));
     if (!applied) {
       snprintf(why, why_len, "step %d was skipped", s);
+      goto out;
+    }
+    CHECK(ReadMasters(eng, ids, loaded, &err));
+    CHECK(CheckWorking(eng, stream, ids, loaded, &same, &err));
+    if (!same) {
+      snprintf(why, why_len,
+               "after step %d the fetched working copy is not the master "
+               "rounded to bf16",
+               s);
       goto out;
     }
   }

@@ -16,15 +16,17 @@ enum { kCapiMpiW = 3000, kCapiMpiB = 100, kCapiMpiSteps = 3 };
 
 /* Trains tensors "w" (kCapiMpiW elements) and "b" (kCapiMpiB) for
  * kCapiMpiSteps steps on the host-emulated device with `comm` (NULL: one
- * engine alone, world_size 1) and zero_stage 2 when the communicator has
- * several ranks. Rank r of n hands over Base(i) + (2r - (n - 1)) * Alt(i),
- * whose mean over the ranks is Base(i), exactly in fp32. Writes the fp32
- * masters, w's then b's, to `masters` (kCapiMpiW + kCapiMpiB floats).
- * With `ckpt_dir` not NULL, then saves a checkpoint there (every rank, rank
- * 0 writing), steps once more and loads it back: the masters loaded must be
- * those saved bit for bit, and the paths saved and loaded the same.
- * Returns 0, or 1 with the reason in `why`. */
-int strata_capi_mpi_train(strata_comm_t* comm, const char* ckpt_dir,
+ * engine alone, world_size 1) and zero_stage `stage` (2 or 3; 3 keeps the
+ * parameters in host memory) when the communicator has several ranks.
+ * After each step every rank fetches both tensors: their device copies
+ * must be the masters rounded to bf16. Rank r of n hands over Base(i) + (2r -
+ * (n - 1)) * Alt(i), whose mean over the ranks is Base(i), exactly in fp32.
+ * Writes the fp32 masters, w's then b's, to `masters` (kCapiMpiW + kCapiMpiB
+ * floats). With `ckpt_dir` not NULL, then saves a checkpoint there (every rank,
+ * rank 0 writing), steps once more and loads it back: the masters loaded must
+ * be those saved bit for bit, and the paths saved and loaded the same. Returns
+ * 0, or 1 with the reason in `why`. */
+int strata_capi_mpi_train(strata_comm_t* comm, int stage, const char* ckpt_dir,
                           float* masters, char* why, size_t why_len);
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 // The communicator through the C API over 2 MPI ranks: capi_mpi_worker (C,
-// the C API only) runs under mpirun (paths from CMake) with zero_stage 2;
+// the C API only) runs under mpirun (paths from CMake) with zero_stage 2 and
+// 3 (parameters sharded in host memory, gathered by each fetch);
 // both ranks must end with the same masters bit for bit, those of one engine
 // trained alone on the mean gradient (the same C code with no communicator),
 // and different from the initial values. The worker also saves a checkpoint
@@ -31,7 +32,10 @@ std::vector<float> ReadFloats(const std::string& path) {
   return v;
 }
 
-TEST(CApiMpiTest, TwoRanksZeroStage2AgreeWithOneEngine) {
+class CApiMpiTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CApiMpiTest, TwoRanksAgreeWithOneEngine) {
+  const int stage = GetParam();
 #if defined(__SANITIZE_ADDRESS__)
   // Open MPI leaves allocations of its own at exit, most in plugins it has
   // unloaded, which LeakSanitizer cannot name to suppress: the ranks (not
@@ -42,9 +46,9 @@ TEST(CApiMpiTest, TwoRanksZeroStage2AgreeWithOneEngine) {
          (std::string(asan ? asan : "") + ":detect_leaks=0").c_str(), 1);
 #endif
   strata::testing::ScratchDir dir;
-  const strata::testing::MpiRun r =
-      strata::testing::RunUnderMpi(STRATA_TEST_MPIEXEC, STRATA_TEST_MPI_WORKER,
-                                   STRATA_TEST_MPI_PLUGIN, 2, {dir.path()});
+  const strata::testing::MpiRun r = strata::testing::RunUnderMpi(
+      STRATA_TEST_MPIEXEC, STRATA_TEST_MPI_WORKER, STRATA_TEST_MPI_PLUGIN, 2,
+      {dir.path(), std::to_string(stage)});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("rank 0: ok"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1: ok"), std::string::npos) << r.out;
@@ -60,8 +64,9 @@ TEST(CApiMpiTest, TwoRanksZeroStage2AgreeWithOneEngine) {
 
   std::vector<float> ref(kN);
   char why[1024] = "";
-  ASSERT_EQ(
-      strata_capi_mpi_train(nullptr, nullptr, ref.data(), why, sizeof why), 0)
+  ASSERT_EQ(strata_capi_mpi_train(nullptr, stage, nullptr, ref.data(), why,
+                                  sizeof why),
+            0)
       << why;
   size_t moved = 0;
   for (size_t i = 0; i < kN; ++i) {
@@ -73,5 +78,7 @@ TEST(CApiMpiTest, TwoRanksZeroStage2AgreeWithOneEngine) {
   }
   EXPECT_GT(moved, kN / 2) << "the masters barely moved";
 }
+
+INSTANTIATE_TEST_SUITE_P(ZeroStage, CApiMpiTest, ::testing::Values(2, 3));
 
 }  // namespace

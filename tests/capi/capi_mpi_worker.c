@@ -1,9 +1,9 @@
 /* Runs under mpirun (capi_mpi_test.cc starts it), through the C API only:
- *   capi_mpi_worker <plugin> <dir>
+ *   capi_mpi_worker <plugin> <dir> <stage>
  * makes an MPI communicator (backend "mpi", the MPI backend at <plugin>),
  * checks its rank and size against the environment mpirun sets, checks that
  * an engine whose config names another rank is refused, then trains
- * strata_capi_mpi_train's case over the ranks (zero_stage 2), with its
+ * strata_capi_mpi_train's case over the ranks (zero_stage <stage>), with its
  * checkpoint round trip in <dir>/ckpt, and writes this rank's masters to
  * <dir>/rank-R.bin. Prints "rank R: ok" or
  * "FAIL ..."; exit 0 on success. */
@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   int rank, size, code;
   FILE* f;
 
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s <plugin> <dir>\n", argv[0]);
+  if (argc != 4 || (strcmp(argv[3], "2") != 0 && strcmp(argv[3], "3") != 0)) {
+    fprintf(stderr, "usage: %s <plugin> <dir> 2|3\n", argv[0]);
     return 2;
   }
   if (strata_comm_create("mpi", 60, NULL, argv[1], &comm, &err) != STRATA_OK) {
@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   strata_device_destroy(dev, NULL);
 
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", argv[2]);
-  if (strata_capi_mpi_train(comm, ckpt, masters, why, sizeof why) != 0) {
+  if (strata_capi_mpi_train(comm, atoi(argv[3]), ckpt, masters, why,
+                            sizeof why) != 0) {
     printf("FAIL rank %d: %s\n", rank, why);
     return 1;
   }

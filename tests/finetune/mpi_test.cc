@@ -1,6 +1,7 @@
 // strata-finetune under mpirun: 2 data-parallel ranks of --batch B train as
-// one rank of --batch 2B (the same loss curve, optimizer states on host and
-// on NVMe), a ZeRO stage the engine refuses with several ranks exits 2 on
+// one rank of --batch 2B (the same loss curve, stages 1 to 3, states and
+// stage 3's parameters on host and on NVMe), a ZeRO stage the engine
+// refuses with several ranks exits 2 on
 // every rank naming it, an error on one rank stops both, and checkpoints
 // saved on 2 ranks resume on 2 (bit for bit) and on 1.
 #include <fcntl.h>
@@ -198,6 +199,31 @@ TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage1TrainAsOneRank) {
   ExpectSameCurve({"--config", config}, 1);
 }
 
+// Stage 3: each rank keeps its shard of the parameters (in host memory,
+// then on NVMe) and the engine gathers them at each fetch.
+TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3TrainAsOneRank) {
+  const std::string config = logs_.path() + "/stage3.json";
+  std::ofstream(config) << R"({"zero_optimization": {"stage": 3,
+              "offload_param": {"device": "cpu"},
+              "offload_optimizer": {"device": "cpu"}},
+            "strata": {"partition_bytes": 65536}})";
+  ExpectSameCurve({"--config", config}, 3);
+  std::ifstream in(cwd_.path() + "/two.json");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_EQ(j["config"]["engine"]["params"], "host");
+}
+
+TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3OnNvmeTrainAsOneRank) {
+  const std::string config = logs_.path() + "/stage3.json";
+  std::ofstream(config) << R"({"zero_optimization": {"stage": 3},
+            "strata": {"partition_bytes": 65536}})";
+  ExpectSameCurve({"--config", config, "--nvme", nvme_.path()}, 3);
+  std::ifstream in(cwd_.path() + "/two.json");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_EQ(j["config"]["engine"]["params"], "nvme");
+  EXPECT_TRUE(Entries(nvme_.path()).empty());
+}
+
 // An error on one rank only (its swap directory cannot be made) stops
 // both ranks with the same status, the other saying so, without waiting
 // for the communicator's timeout.
@@ -228,7 +254,7 @@ TEST_F(FinetuneMpiTest, StagesTheEngineRefusesExit2OnEveryRankNamingThem) {
   const std::vector<Case> cases = {
       {R"({"zero_optimization": {"stage": 3},
            "strata": {"partition_bytes": 65536}})",
-       "zero_stage 3"},
+       "zero_stage 3 and params on the device"},
       {R"({"strata": {"zero_stage": 0, "partition_bytes": 65536}})",
        "zero_stage 0"}};
   for (const Case& c : cases) {
