@@ -513,8 +513,27 @@ Status DeviceArena::CompactLocked(uint64_t bytes, Stream& stream) {
   return Status::Ok();
 }
 
+Status DeviceArena::SettleFrees() {
+  for (;;) {
+    std::shared_ptr<PendingFree> oldest;
+    {
+      MutexLock lock(&mu_);
+      ReclaimLocked();
+      if (pending_.empty()) return Status::Ok();
+      oldest = pending_.front();
+      ++counters_.reuse_waits;
+    }
+    // Outside mu_: blocks until the streams reach the free.
+    for (auto& e : oldest->events) {
+      STRATA_RETURN_IF_ERROR(device_->SynchronizeEvent(*e).WithContext(
+          options_.name + ": waiting for freed memory to become reusable"));
+    }
+  }
+}
+
 StatusOr<ArenaBlock> DeviceArena::Allocate(size_t bytes, Stream& stream,
-                                           bool movable, bool wait_for_frees) {
+                                           bool movable, bool wait_for_frees,
+                                           bool compact) {
   if (bytes == 0) {
     return Status::InvalidArgument(options_.name + ": allocation of 0 bytes");
   }
@@ -526,7 +545,7 @@ StatusOr<ArenaBlock> DeviceArena::Allocate(size_t bytes, Stream& stream,
       const uint64_t id = next_id_;
       StatusOr<uint64_t> offset = planner_.Allocate(bytes, id, movable);
       Status compaction;
-      if (!offset.ok() &&
+      if (!offset.ok() && compact &&
           planner_.stats().free_bytes >= planner_.Round(bytes)) {
         compaction = CompactLocked(bytes, stream);
         if (compaction.ok()) {

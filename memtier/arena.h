@@ -295,10 +295,15 @@ class DeviceArena {
   // needed, runs on `stream`. An unmovable block never moves. kOutOfMemory
   // with what was asked, what is free and how, and why compaction could not
   // help. With wait_for_frees false, never blocks the host: kOutOfMemory
-  // instead of waiting for pending frees.
+  // instead of waiting for pending frees. With compact false, kOutOfMemory
+  // instead of compacting.
   StatusOr<ArenaBlock> Allocate(size_t bytes, Stream& stream,
-                                bool movable = true, bool wait_for_frees = true)
-      STRATA_EXCLUDES(mu_);
+                                bool movable = true, bool wait_for_frees = true,
+                                bool compact = true) STRATA_EXCLUDES(mu_);
+  // Blocks the host until every pending free is reusable, so that what the
+  // next Allocate places where depends only on the calls made so far, not
+  // on how far the streams have come.
+  Status SettleFrees() STRATA_EXCLUDES(mu_);
 
   DeviceArenaStats stats() const STRATA_EXCLUDES(mu_);
   const std::string& name() const { return options_.name; }

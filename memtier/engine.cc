@@ -845,6 +845,8 @@ Status EngineImpl::SetInitialValues(TensorId id, std::span<const float> v) {
       return Status::FailedPrecondition(
           "engine: SetInitialValues after the first Step");
     }
+    // A gather in flight may be reading the shard rewritten below.
+    if (ShardedParams()) WaitArrivalsLocked();
   }
   STRATA_RETURN_IF_ERROR(ForEachPieceOfTensor(
       id, kMaster, true, [&](std::byte* p, uint64_t b, uint64_t n) {
@@ -944,11 +946,25 @@ std::string EngineImpl::UnitNames(uint32_t u) const {
   return out;
 }
 
+void EngineImpl::WaitArrivalsLocked() {
+  for (;;) {
+    bool arriving = false;
+    for (const UnitState& s : units_) {
+      arriving = arriving || (s.arriving && !s.allocating);
+    }
+    if (!arriving) return;
+    cv_.Wait(&mu_);
+  }
+}
+
 void EngineImpl::InvalidateCaches() {
   std::vector<ArenaBlock> freed;
   {
     MutexLock l(&mu_);
     if (options_.params == Residence::kDevice) return;
+    // Note [Stage 3 over ranks]: which copies are dropped may not depend on
+    // which have landed.
+    if (ShardedParams()) WaitArrivalsLocked();
     for (uint32_t u = 0; u < units_.size(); ++u) {
       const UnitState& s = units_[u];
       if (s.resident && s.pins == 0 && !s.arriving && !s.allocating) {
@@ -1188,27 +1204,34 @@ void EngineImpl::EvictLocked(uint32_t v, std::vector<ArenaBlock>* freed) {
 // free space is split; evict colder copies until it succeeds or none is left.
 StatusOr<ArenaBlock> EngineImpl::AllocateEvicting(uint32_t u, uint64_t need) {
   for (;;) {
-    StatusOr<ArenaBlock> mem =
-        arena_->Allocate(units_[u].param_bytes, *copy_stream_);
+    StatusOr<ArenaBlock> mem = Status::Ok();
+    if (ShardedParams()) {
+      // Note [Stage 3 over ranks]: a placement every rank makes alike. The
+      // frees become reusable first; then a free range is taken as it is,
+      // and only when none holds the unit does it compact, once every
+      // arrival has landed (an arriving block is pinned, and how many are
+      // is timing).
+      STRATA_RETURN_IF_ERROR(arena_->SettleFrees());
+      mem = arena_->Allocate(units_[u].param_bytes, *copy_stream_,
+                             /*movable=*/true, /*wait_for_frees=*/false,
+                             /*compact=*/false);
+      if (!mem.ok() && mem.status().code() == StatusCode::kOutOfMemory) {
+        {
+          MutexLock l(&mu_);
+          WaitArrivalsLocked();
+        }
+        STRATA_RETURN_IF_ERROR(arena_->SettleFrees());
+        mem = arena_->Allocate(units_[u].param_bytes, *copy_stream_);
+      }
+    } else {
+      mem = arena_->Allocate(units_[u].param_bytes, *copy_stream_);
+    }
     if (mem.ok() || mem.status().code() != StatusCode::kOutOfMemory) {
       return mem;
     }
     std::vector<ArenaBlock> victims;
     {
       MutexLock l(&mu_);
-      // Sharded: every copy lands first, so that every unpinned block can
-      // move and the ranks evict only what pins leave no room for.
-      if (ShardedParams()) {
-        bool waited = false;
-        for (const UnitState& s : units_) {
-          if (s.arriving && !s.allocating && s.pins == 0) {
-            cv_.Wait(&mu_);
-            waited = true;
-            break;
-          }
-        }
-        if (waited) continue;
-      }
       const int64_t v = PickVictimLocked(FetchTrace::kNever);
       if (v < 0 && WaitForArrivalLocked()) continue;
       if (v < 0) {
@@ -2309,11 +2332,14 @@ Status EngineImpl::GatherParams() {
 //   gatherer, one thread with its own communicator (a duplicate of comm,
 //   so that gradient reductions on the accumulator interleave freely), runs
 //   the gathers in the order the fetches decided them, first in first out;
-//   a victim still arriving is waited for instead of skipped; a device
-//   allocation refused for fragmentation waits for every arrival (so that
-//   every unpinned block can move) before it evicts; and updates during
-//   backward (which make prefetches depend on when gradients land) are
-//   refused. The trainer must fetch from one thread.
+//   a victim still arriving is waited for instead of skipped; the device
+//   arena places a unit only after the frees before it are reusable (so
+//   where a block goes never depends on how far the streams have come),
+//   takes a free range as it is, and compacts (then evicts) only once every
+//   arrival has landed (an arriving block is pinned); the cached copies
+//   dropped at a step or a load are dropped after every arrival; and
+//   updates during backward (which make prefetches depend on when
+//   gradients land) are refused. The trainer must fetch from one thread.
 // - Each gather begins with an all-reduce (max) of (u, -u): ranks that
 //   would gather different units find out there, before any data moves,
 //   instead of mixing two units' shards. With the shard on NVMe, one more
@@ -2325,7 +2351,14 @@ Status EngineImpl::GatherParams() {
 //   like the master's (Note [Checkpoints over ranks]).
 void EngineImpl::GatherArrival(uint32_t u) {
   Status local;
-  Status st = GatherUnit(u, &local);
+  Status st;
+  {
+    // Every rank failed at the same gather (its outcome was agreed), so
+    // every rank skips the rest alike.
+    MutexLock l(&mu_);
+    st = FailedLocked("Fetch");
+  }
+  if (st.ok()) st = GatherUnit(u, &local);
   if (st.ok()) st = device_->RecordEvent(*units_[u].ready, *copy_stream_);
   if (!st.ok()) {
     MutexLock l(&mu_);
@@ -2362,20 +2395,44 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
   const bool nvme = options_.params == Residence::kNvme;
   const size_t ranks = static_cast<size_t>(options_.world_size);
   const size_t es = ElementSize(s.dtype);
-  StagingLease mine;
+  const size_t pieces = (s.elems + piece_elems_ - 1) / piece_elems_;
+  // On NVMe the next piece is read while this one is gathered, into the
+  // other of two buffers; reads in flight end before the buffers go back,
+  // on every way out.
+  std::array<StagingLease, 2> bufs;
+  std::array<std::future<Status>, 2> reads;
+  struct Drain {
+    std::array<std::future<Status>, 2>& reads;
+    ~Drain() {
+      for (std::future<Status>& f : reads) {
+        if (f.valid()) f.wait();
+      }
+    }
+  } drain{reads};
+  auto read = [&](size_t p) {
+    auto done = std::make_shared<std::promise<Status>>();
+    reads[p % 2] = done->get_future();
+    ReadPieceAsync(u, kParam, p, bufs[p % 2].span(), IoPriority::kUrgent,
+                   [done](Status st) { done->set_value(std::move(st)); });
+  };
   if (nvme) {
-    STRATA_ASSIGN_OR_RETURN(mine, staging_->Acquire());
+    for (StagingLease& b : bufs) {
+      STRATA_ASSIGN_OR_RETURN(b, staging_->Acquire());
+    }
+    read(0);
   }
   const uint64_t round =
       std::min<uint64_t>(piece_elems_, staging_->buffer_bytes() / (ranks * es));
-  for (size_t p = 0; p * piece_elems_ < s.elems; ++p) {
+  for (size_t p = 0; p < pieces; ++p) {
     const uint64_t begin = p * piece_elems_;
     const uint64_t n = std::min(piece_elems_, s.elems - begin);
-    const std::byte* src = nvme ? mine.data() : HostAt(kParam, u, begin);
+    const std::byte* src = nvme ? bufs[p % 2].data() : HostAt(kParam, u, begin);
     if (nvme) {
       // A rank whose read failed still sends (its bytes are dropped by
       // every rank below), so that no rank waits for it.
-      if (local->ok()) *local = ReadPiece(u, kParam, p, mine.span());
+      const Status st = reads[p % 2].get();
+      if (local->ok()) *local = st;
+      if (p + 1 < pieces) read(p + 1);
     }
     for (uint64_t c = 0; c < n; c += round) {
       const uint64_t k = std::min(round, n - c);

@@ -368,6 +368,8 @@ class EngineImpl final : public Engine {
   void EvictLocked(uint32_t unit, std::vector<ArenaBlock>* freed)
       STRATA_REQUIRES(mu_);
   bool WaitForArrivalLocked() STRATA_REQUIRES(mu_);
+  // Waits until no unit is arriving but those being allocated.
+  void WaitArrivalsLocked() STRATA_REQUIRES(mu_);
   Status OutOfDeviceMemoryLocked(uint32_t unit) STRATA_REQUIRES(mu_);
   void InvalidateCaches() STRATA_EXCLUDES(mu_);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <future>
@@ -691,6 +692,59 @@ TEST_F(DeviceArenaTest, FreedRangeWaitsForItsStreams) {
   releaser.join();
   ASSERT_TRUE(later.ok()) << later.status().ToString();
   EXPECT_EQ(arena->stats().pending_free_bytes, 0u);
+}
+
+// SettleFrees makes every pending free reusable (waiting for its stream), so
+// the placement that follows is the one an idle device would get: the freed
+// range itself.
+TEST_F(DeviceArenaTest, SettleFreesWaitsForEveryPendingFree) {
+  auto arena = MakeArena(4 * kU);
+  ASSERT_NE(arena, nullptr);
+  Gate gate;
+  ArenaBlock a = Alloc(*arena, kU);
+  ArenaBlock b = Alloc(*arena, kU);
+  const void* a_at = a.data();
+  {
+    auto pin = a.Pin(*other_);
+    ASSERT_TRUE(pin.ok());
+    ASSERT_TRUE(gate.Hold(*device_, *other_).ok());
+  }
+  a.Reset();
+  EXPECT_EQ(arena->stats().pending_free_bytes, kU);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.Open();
+  });
+  ASSERT_TRUE(arena->SettleFrees().ok());
+  releaser.join();
+  EXPECT_EQ(arena->stats().pending_free_bytes, 0u);
+  EXPECT_GE(arena->stats().reuse_waits, 1u);
+  auto c = arena->Allocate(kU, *stream_, true, /*wait_for_frees=*/false);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->data(), a_at);              // best fit: the range freed first
+  EXPECT_TRUE(arena->SettleFrees().ok());  // nothing pending: returns at once
+}
+
+// With compact false a request that only compaction could place is refused,
+// and nothing moves; with compact true it succeeds.
+TEST_F(DeviceArenaTest, AllocateWithoutCompactionRefusesInsteadOfMoving) {
+  auto arena = MakeArena(4 * kU);
+  ASSERT_NE(arena, nullptr);
+  std::vector<ArenaBlock> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(Alloc(*arena, kU));
+  blocks[0].Reset();
+  blocks[2].Reset();
+  ASSERT_TRUE(arena->SettleFrees().ok());
+  const void* at = blocks[1].data();
+  auto no = arena->Allocate(2 * kU, *stream_, true, /*wait_for_frees=*/false,
+                            /*compact=*/false);
+  ASSERT_FALSE(no.ok());
+  EXPECT_EQ(no.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(blocks[1].data(), at);
+  EXPECT_EQ(arena->stats().planner.compactions, 0u);
+  auto yes = arena->Allocate(2 * kU, *stream_);
+  ASSERT_TRUE(yes.ok()) << yes.status().ToString();
+  EXPECT_EQ(arena->stats().planner.compactions, 1u);
 }
 
 // Threads allocate, write, verify and free on their own streams while others
