@@ -1651,6 +1651,12 @@ void EngineImpl::WaitGradsQuiet() {
 //   gather waits for Step), and Step's agreed overflow verdict undoes every
 //   rank's early updates together.
 // - ReadMaster gathers a tensor's master from the shards: a collective.
+// - Step agrees on its outcome at three points (before the reduction, before
+//   the norm, after the update: AgreeNow), so that a rank whose hand-overs,
+//   reads or write-backs failed fails the step on every rank at once, each
+//   naming the rank, instead of leaving the others in a collective until
+//   the communicator's timeout; a failure after the update began fails the
+//   engine on every rank (Note [Engine failures]).
 // - Gradients on NVMe (zero_stage 2): the reduced window is added into the
 //   spill's pieces of the shard (Note [Gradients on NVMe]).
 // - Gradients with zero_stage 3 are reduced as with zero_stage 2.
@@ -1973,6 +1979,9 @@ StatusOr<StepResult> EngineImpl::RunStep(const StepArgs& args) {
     if (grads.ok()) grads = early_error_;
     early = early_state_;
   }
+  // Note [Data-parallel ranks]: a rank that cannot step tells the others
+  // now, instead of leaving them in the reduction until the timeout.
+  if (MultiRank()) grads = AgreeNow(grads);
   StatusOr<StepResult> r = grads.ok() ? StepRest(args, early) : grads;
   // The units updated early are undone unless the rest was updated too: on
   // an overflow, and on an error before the rest's update began (one after
@@ -2032,13 +2041,24 @@ StatusOr<StepResult> EngineImpl::StepRest(
     }
   }
   // Note [Step pipeline]: the first pieces' reads go out now.
-  if (grad_spill_) STRATA_RETURN_IF_ERROR(FlushGrads());
+  Status pre = grad_spill_ ? FlushGrads() : Status::Ok();
   std::unique_ptr<StepReads> reads = NewStepReads(rest, SIZE_MAX);
-  STRATA_RETURN_IF_ERROR(StartReads(*reads, /*wait=*/false));
+  if (pre.ok()) pre = StartReads(*reads, /*wait=*/false);
   // Global norm and overflow, over the unscaled gradient.
-  STRATA_ASSIGN_OR_RETURN(GradStats g, GradientStats(early_state));
-  // Several ranks: the same sums on every rank, and the shards' sum over
-  // ranks averaged (Note [Data-parallel ranks]).
+  GradStats g;
+  if (pre.ok()) {
+    StatusOr<GradStats> local = GradientStats(early_state);
+    if (local.ok()) {
+      g = *local;
+    } else {
+      pre = local.status();
+    }
+  }
+  // Several ranks: every rank learns of another's failure, then the same
+  // sums on every rank, and the shards' sum over ranks averaged (Note
+  // [Data-parallel ranks]).
+  if (MultiRank()) pre = AgreeNow(pre);
+  STRATA_RETURN_IF_ERROR(pre);
   if (MultiRank()) {
     STRATA_ASSIGN_OR_RETURN(g, AgreeGradStats(g));
   }
@@ -2069,6 +2089,8 @@ StatusOr<StepResult> EngineImpl::StepRest(
   sa.check_overflow = false;  // checked above over the same gradient
   Status st = AfterConsumers();
   if (st.ok()) st = UpdateAll(*reads, sa);
+  // Several ranks: a rank whose update failed fails the step everywhere.
+  if (MultiRank()) st = AgreeNow(st);
   if (st.ok() && WholeParams()) st = GatherParams();
   if (!st.ok()) {
     MutexLock l(&mu_);

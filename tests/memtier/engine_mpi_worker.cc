@@ -23,6 +23,11 @@
 //       the masters right after the load are the saved ones bit for bit,
 //       and the steps after it stay within 1e-4 of one engine trained alone
 //       on the same data; int8 moments at another world size are refused.
+//   engine_mpi_worker <plugin> step-fault
+//       zero_stage 2 and 3, optimizer states on NVMe: the last rank's
+//       write-backs fail (EIO) in the third step. Every rank's Step fails
+//       at once (well within the communicator's 60 s timeout), the others
+//       naming that rank, and every engine refuses further use.
 //   engine_mpi_worker <plugin> ckpt-fail DIR
 //       a writer rank without a writer, a disk that fills during the save
 //       and a commit that fails: every rank gets the same error, and the
@@ -32,6 +37,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +53,8 @@
 #include "strata/cpu_adam.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "swap/backend.h"
+#include "swap/fault_backend.h"
 #include "tests/memtier/memory_checkpoint.h"
 #include "tests/memtier/small_engine_options.h"
 #include "tests/util/scratch_dir.h"
@@ -869,6 +877,113 @@ int CkptFail(const std::shared_ptr<Communicator>& comm,
   return rc;
 }
 
+// ---- A failed write-back on one rank ---------------------------------------
+
+int StepFault(const std::shared_ptr<Communicator>& comm) {
+  const int rank = comm->rank(), world = comm->size();
+  int rc = 0;
+  for (int stage : {2, 3}) {
+    const std::string name = "step-fault stage " + std::to_string(stage);
+    DeviceOptions dopt;
+    dopt.choice = DeviceChoice::kHostEmulated;
+    dopt.memory_budget_bytes = 64 << 20;
+    dopt.host_compute_threads = 1;
+    auto dev = NewHostEmulatedDevice(dopt);
+    if (!dev.ok()) return Fail(rank, name, dev.status().ToString());
+    auto stream = (*dev)->NewStream({});
+    if (!stream.ok()) return Fail(rank, name, stream.status().ToString());
+    ScratchDir dir;
+    EngineOptions o = Base();
+    o.zero_stage = stage;
+    o.params = stage == 3 ? Residence::kHost : Residence::kDevice;
+    o.optimizer_states = Residence::kNvme;
+    o.nvme_paths = {dir.path()};
+    o.rank = rank;
+    o.world_size = world;
+    o.comm = comm;
+    // The last rank's I/O goes through a fault-injecting engine.
+    auto plan = std::make_shared<swap::FaultPlan>();
+    const bool faulty = rank == world - 1;
+    if (faulty) {
+      IoEngineOptions io;
+      io.queue_depth = 4;
+      auto a = AsyncIo::Create(
+          swap::NewFaultInjectingEngine(swap::NewMemoryBackend(io), plan, io));
+      if (!a.ok()) return Fail(rank, name, a.status().ToString());
+      o.shared_io = std::shared_ptr<AsyncIo>(std::move(a).value());
+    }
+    auto eng = Engine::Create(o, dev->get());
+    if (!eng.ok()) return Fail(rank, name, eng.status().ToString());
+    std::vector<TensorId> ids;
+    for (const TensorSpec& s : Specs()) ids.push_back(*(*eng)->Register(s));
+    Status st = (*eng)->Start();
+    for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
+      st = (*eng)->SetInitialValues(
+          ids[i], std::vector<float>(Numel(Specs()[i]), 0.01f));
+    }
+    StatusOr<StepResult> r = Status::Ok();
+    double seconds = 0;
+    for (int s = 0; s < 3 && st.ok(); ++s) {
+      for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
+        std::vector<float> w;
+        st = ReadWorking(**eng, **dev, **stream, ids[i], w);
+        std::vector<float> g(w.size(), 1e-3f * static_cast<float>(rank + 1));
+        auto dm = (*dev)->Allocate(g.size() * 4, **stream);
+        if (st.ok()) st = dm.status();
+        if (st.ok()) {
+          st = (*dev)->CopyAsync(**stream, dm->data(), g.data(), g.size() * 4,
+                                 CopyKind::kHostToDevice);
+        }
+        if (st.ok()) {
+          st = (*eng)->AddGrad(ids[i], std::move(*dm), ElementType::kFloat32,
+                               **stream);
+        }
+      }
+      if (!st.ok()) break;
+      if (s == 2 && faulty) {
+        swap::FaultRule f;
+        f.op = IoOp::kWrite;
+        f.count = swap::FaultRule::kForever;
+        plan->Add(f);
+      }
+      StepArgs a;
+      a.lr = 1e-2;
+      const auto t0 = std::chrono::steady_clock::now();
+      r = (*eng)->Step(a);
+      seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
+      if (s < 2 && !r.ok()) st = r.status();
+    }
+    std::string why;
+    if (!st.ok()) why += " before the fault: " + st.ToString() + ";";
+    if (r.ok()) why += " the step with the fault succeeded;";
+    const std::string text = r.ok() ? "" : r.status().ToString();
+    if (!faulty && text.find("rank " + std::to_string(world - 1) + ": ") ==
+                       std::string::npos) {
+      why += " the error does not name the failed rank: " + text + ";";
+    }
+    if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
+    // The update had begun on some rank: every engine refuses further use.
+    auto again = (*eng)->Fetch(ids[0]);
+    if (again.ok() ||
+        again.status().code() != StatusCode::kFailedPrecondition) {
+      why +=
+          " a Fetch after the failed step: " +
+          (again.ok() ? std::string("accepted") : again.status().ToString()) +
+          ";";
+    }
+    if (!why.empty()) {
+      rc |= Fail(rank, name, why);
+      continue;
+    }
+    std::printf("rank %d: %s: refused in %.2f s: %s\n", rank, name.c_str(),
+                seconds, text.c_str());
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
 }  // namespace
 }  // namespace strata
 
@@ -890,6 +1005,7 @@ int main(int argc, char** argv) {
   auto shared = std::make_shared<strata::Communicator>(std::move(comm).value());
   if (mode == "train") return strata::TrainCases(shared);
   if (mode == "errors") return strata::ErrorCases(shared);
+  if (mode == "step-fault") return strata::StepFault(shared);
   if (mode == "ckpt-save" && argc == 4) {
     return strata::CkptSave(shared, argv[3]);
   }
