@@ -223,6 +223,9 @@ void CheckSizes(const EngineOptions& o, Checker& c) {
          1, false);
   c.Size("sub_group_bytes", o.sub_group_bytes, 1, kMaxBytes, 1, false);
   c.Size("step_overlap_bytes", o.step_overlap_bytes, 0, kMaxBytes, 1, false);
+  c.Size("reduce_bucket_bytes", o.reduce_bucket_bytes, 0, kMaxBytes, 1, false);
+  c.Size("allgather_bucket_bytes", o.allgather_bucket_bytes, 0, kMaxBytes, 1,
+         false);
   c.Count("io.queue_depth", o.io.queue_depth, 1, 32768);
   c.Count("io.threads", o.io.threads, 0, 4096);
   c.Count("io.max_retries", o.io.max_retries, 0, 1000);
@@ -1043,36 +1046,35 @@ void ReadZero(Ctx& ctx, const Field& f, DocState& st, EngineOptions* o) {
   Unsupported(ctx,
               z.TakeAny({"stage3_use_all_reduce_for_fetch_params",
                          "use_all_reduce_for_fetch_params"}),
-              "stage 3 over several ranks is not built yet", false);
+              "stage 3 fetches gather the shards with an all-gather", false);
   Unsupported(
       ctx, z.TakeAny({"stage3_allgather_sequential", "allgather_sequential"}),
-      "stage 3 over several ranks is not built yet", false);
-  // Collectives and DeepSpeed-specific machinery: the engine's reduction
-  // over ranks has its own buckets and overlap (docs/memtier.md,
-  // "Data-parallel ranks"); none of these change it.
-  for (std::string_view key : {"overlap_comm",
-                               "contiguous_gradients",
-                               "reduce_scatter",
-                               "reduce_bucket_size",
-                               "allgather_partitions",
-                               "allgather_bucket_size",
-                               "round_robin_gradients",
-                               "use_multi_rank_bucket_allreduce",
-                               "zero_hpz_partition_size",
-                               "zero_quantized_weights",
-                               "zero_quantized_nontrainable_weights",
-                               "zero_quantized_gradients",
-                               "zeropp_loco_param",
-                               "mics_shard_size",
-                               "mics_hierarchical_params_gather",
-                               "load_from_fp32_weights",
-                               "elastic_checkpoint",
-                               "ignore_unused_parameters",
-                               "legacy_stage1",
-                               "memory_efficient_linear",
-                               "pipeline_loading_checkpoint",
-                               "override_module_apply",
-                               "log_trace_cache_warnings"}) {
+      "stage 3 fetches gather in the order they are decided", false);
+  // The buckets of the reduction and the gathers over ranks.
+  ReadElems(ctx, z, {"reduce_bucket_size"}, e, "reduce_bucket_bytes",
+            &o->reduce_bucket_bytes);
+  ReadElems(ctx, z, {"allgather_bucket_size"}, e, "allgather_bucket_bytes",
+            &o->allgather_bucket_bytes);
+  // What strata does anyway with several ranks when true: stages 2 and 3
+  // reduce as gradients come, into buckets of their own, by reduce-scatter,
+  // and gather each rank's partition whole.
+  Unsupported(ctx, z.Take("overlap_comm"),
+              "stages 2 and 3 always reduce as gradients come", true);
+  for (std::string_view key :
+       {"contiguous_gradients", "reduce_scatter", "allgather_partitions"}) {
+    Unsupported(ctx, z.Take(key), "strata always does it", true);
+  }
+  // Collectives and DeepSpeed-specific machinery: none of these change the
+  // engine's reduction over ranks (docs/memtier.md, "Data-parallel ranks").
+  for (std::string_view key :
+       {"round_robin_gradients", "use_multi_rank_bucket_allreduce",
+        "zero_hpz_partition_size", "zero_quantized_weights",
+        "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+        "zeropp_loco_param", "mics_shard_size",
+        "mics_hierarchical_params_gather", "load_from_fp32_weights",
+        "elastic_checkpoint", "ignore_unused_parameters", "legacy_stage1",
+        "memory_efficient_linear", "pipeline_loading_checkpoint",
+        "override_module_apply", "log_trace_cache_warnings"}) {
     Unsupported(ctx, z.Take(key), "no effect in strata yet");
   }
 }
@@ -1462,6 +1464,9 @@ void ReadStrata(Ctx& ctx, const Field& f, EngineOptions* o) {
         &o->max_reuse_distance_bytes},
        {"sub_group_bytes", "sub_group_bytes", &o->sub_group_bytes},
        {"step_overlap_bytes", "step_overlap_bytes", &o->step_overlap_bytes},
+       {"reduce_bucket_bytes", "reduce_bucket_bytes", &o->reduce_bucket_bytes},
+       {"allgather_bucket_bytes", "allgather_bucket_bytes",
+        &o->allgather_bucket_bytes},
        {"io_block_bytes", "io_block_bytes", &o->io_block_bytes}},
       ReadU64);
   ReadInto<uint32_t>(

@@ -424,12 +424,17 @@ Status EngineImpl::Start() {
     } else {
       // Two buckets of one window each: backward hands a unit's tensors over
       // together, and the second lets the next window begin while the first
-      // waits for a tensor. A window is a packed unit's size (rounded to
-      // whole shard blocks), so a large tensor's unit spans several and the
+      // waits for a tensor. A window is a packed unit's size, or
+      // reduce_bucket_bytes of working-precision gradient (rounded to whole
+      // shard blocks), so a large tensor's unit spans several and the
       // buckets never grow with the model.
-      window_elems_ =
-          RoundUp(lo.unit_elems,
-                  kTensorAlign * static_cast<uint64_t>(options_.world_size));
+      const uint64_t bucket =
+          options_.reduce_bucket_bytes == 0
+              ? lo.unit_elems
+              : std::max<uint64_t>(
+                    1, options_.reduce_bucket_bytes / WorkingElementBytes());
+      window_elems_ = RoundUp(
+          bucket, kTensorAlign * static_cast<uint64_t>(options_.world_size));
       const uint64_t window = std::min(window_elems_, max_full);
       buckets_.resize(2);
       for (GradBucket& b : buckets_) {
@@ -2296,7 +2301,7 @@ Status EngineImpl::GatherParams() {
   for (uint32_t u = 0; u < units_.size(); ++u) {
     const UnitState& s = units_[u];
     const size_t es = ElementSize(s.dtype);
-    const uint64_t round = all.size() / (ranks * es);
+    const uint64_t round = GatherRound(es, all.size());
     const CommType type = s.dtype == ElementType::kFloat16
                               ? CommType::kFloat16
                               : CommType::kBFloat16;
@@ -2443,8 +2448,8 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
     }
     read(0);
   }
-  const uint64_t round =
-      std::min<uint64_t>(piece_elems_, staging_->buffer_bytes() / (ranks * es));
+  const uint64_t round = std::min<uint64_t>(
+      piece_elems_, GatherRound(es, staging_->buffer_bytes()));
   for (size_t p = 0; p < pieces; ++p) {
     const uint64_t begin = p * piece_elems_;
     const uint64_t n = std::min(piece_elems_, s.elems - begin);

@@ -227,6 +227,21 @@ class EngineImpl final : public Engine {
   uint64_t RoleElems(int role, const UnitState& s) const {
     return role == kParam && !ShardedParams() ? s.full_elems : s.elems;
   }
+  // Elements per rank of one all-gather round of parameters of `es` bytes
+  // through a buffer of `buffer` bytes: what the buffer holds for every
+  // rank, at most allgather_bucket_bytes, at least one.
+  uint64_t GatherRound(size_t es, uint64_t buffer) const {
+    const uint64_t per = es * static_cast<uint64_t>(options_.world_size);
+    uint64_t round = buffer / per;
+    if (options_.allgather_bucket_bytes != 0) {
+      round = std::min(round, options_.allgather_bucket_bytes / per);
+    }
+    return std::max<uint64_t>(round, 1);
+  }
+  // Bytes of one element of the working dtype.
+  uint64_t WorkingElementBytes() const {
+    return options_.working_dtype == CpuDType::kFloat32 ? 4 : 2;
+  }
   // Where this rank's shard starts in its copy of the working copy.
   uint64_t WorkingBegin(const UnitState& s) const {
     return ShardedParams() ? 0 : s.shard_begin;

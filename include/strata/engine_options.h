@@ -114,6 +114,19 @@ struct EngineOptions {
   // one of its own. Kept alive by the engine; not part of a
   // JSON config. Null (the default): one rank, no collectives.
   std::shared_ptr<Communicator> comm;
+  // Bytes of working-precision gradient per reduction bucket with
+  // zero_stage 2 and 3 (DeepSpeed's reduce_bucket_size, which counts
+  // elements): a bucket is reduce-scattered once the tensors it covers are
+  // in. The engine keeps two, in fp32 (twice this with a 2-byte working
+  // dtype), rounded up to whole shard blocks and at most a unit. 0 (the
+  // default): a packed unit (partition_bytes of fp32). At most 1 PiB.
+  uint64_t reduce_bucket_bytes = 0;
+  // Bytes of working-precision parameters one all-gather moves at most
+  // (DeepSpeed's allgather_bucket_size, in elements): zero_stage 3's
+  // fetches and stages 1 and 2's steps gather in rounds of at most this
+  // (and of a staging buffer), at least one element per rank. 0 (the
+  // default): a staging buffer. At most 1 PiB.
+  uint64_t allgather_bucket_bytes = 0;
 
   // ---- Where each role rests ----
   Residence params = Residence::kDevice;  // working-precision copy; any tier

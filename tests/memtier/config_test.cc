@@ -148,6 +148,8 @@ TEST(EngineConfigTest, DeepSpeedZero3NvmeOffload) {
   EXPECT_EQ(o.max_live_bytes, 2'000'000'000u);
   EXPECT_EQ(o.max_reuse_distance_bytes, 2'000'000'000u);
   EXPECT_EQ(o.sub_group_bytes, 2'000'000'000u);
+  EXPECT_EQ(o.reduce_bucket_bytes, 2'000'000u);
+  EXPECT_EQ(o.allgather_bucket_bytes, 0u);
   EXPECT_EQ(o.step_overlap_bytes, 0u);
   EXPECT_EQ(o.max_persistent_bytes, EngineOptions::kUnlimited);
   EXPECT_EQ(o.io_block_bytes, 1u << 20);
@@ -168,11 +170,15 @@ TEST(EngineConfigTest, DeepSpeedZero3NvmeOffload) {
        {"steps_per_print", "wall_clock_breakdown",
         "zero_optimization.offload_param.max_in_cpu",
         "zero_optimization.offload_optimizer.buffer_count",
-        "zero_optimization.overlap_comm",
-        "zero_optimization.contiguous_gradients",
-        "zero_optimization.reduce_bucket_size",
         "zero_optimization.stage3_gather_16bit_weights_on_model_save"}) {
     EXPECT_TRUE(Warned(c, path)) << path;
+  }
+  // What strata does with several ranks anyway (true), and the buckets
+  // (read): not reported.
+  for (const char* path : {"zero_optimization.overlap_comm",
+                           "zero_optimization.contiguous_gradients",
+                           "zero_optimization.reduce_bucket_size"}) {
+    EXPECT_FALSE(Warned(c, path)) << path;
   }
   // ds_nvme_tune's string booleans: coerced, with a warning.
   EXPECT_THAT(c.warnings,
@@ -204,7 +210,27 @@ TEST(EngineConfigTest, DeepSpeedZeroOffloadCpu) {
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
   EXPECT_EQ(o.optimizer.cpu.algo, CpuOptimizerAlgo::kAdamW);
   EXPECT_DOUBLE_EQ(o.optimizer.lr, 1e-4);
-  EXPECT_TRUE(Warned(c, "zero_optimization.allgather_bucket_size"));
+  // Buckets over ranks: elements at 2 bytes (fp16).
+  EXPECT_EQ(o.reduce_bucket_bytes, 400'000'000u);
+  EXPECT_EQ(o.allgather_bucket_bytes, 400'000'000u);
+  for (const char* path :
+       {"zero_optimization.allgather_bucket_size",
+        "zero_optimization.allgather_partitions",
+        "zero_optimization.reduce_scatter", "zero_optimization.overlap_comm"}) {
+    EXPECT_FALSE(Warned(c, path)) << path;
+  }
+  // Turned off, they are reported: strata always does them.
+  const EngineConfig off = ParseOk(
+      R"({"zero_optimization": {"stage": 2, "overlap_comm": false,
+                                "contiguous_gradients": false}})");
+  EXPECT_TRUE(Warned(off, "zero_optimization.overlap_comm"));
+  EXPECT_TRUE(Warned(off, "zero_optimization.contiguous_gradients"));
+  // strata's own keys, in bytes.
+  const EngineConfig own = ParseOk(
+      R"({"strata": {"reduce_bucket_bytes": 8192,
+                     "allgather_bucket_bytes": 4096}})");
+  EXPECT_EQ(own.options.reduce_bucket_bytes, 8192u);
+  EXPECT_EQ(own.options.allgather_bucket_bytes, 4096u);
   EXPECT_FALSE(Warned(c, "zero_allow_untested_optimizer"));
 }
 

@@ -302,6 +302,8 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
     bool early = false;  // updates during backward
     Residence params = Residence::kDevice;
     uint64_t device_budget = 0;  // 0: automatic
+    // reduce_bucket_bytes and allgather_bucket_bytes (0: automatic).
+    uint64_t reduce_bucket = 0, allgather_bucket = 0;
   };
   // Stage 3 with a budget below the model's 180 KiB of parameters: fetches
   // evict, and prefetches land while others are fetched.
@@ -318,7 +320,12 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         Placement{3, Residence::kHost, Residence::kHost, false,
                   Residence::kHost, kTight},
         Placement{3, Residence::kNvme, Residence::kNvme, false,
-                  Residence::kNvme, kTight}}) {
+                  Residence::kNvme, kTight},
+        // Small buckets: more, smaller reductions and gathers.
+        Placement{2, Residence::kHost, Residence::kHost, false,
+                  Residence::kDevice, 0, 8 << 10, 4 << 10},
+        Placement{3, Residence::kHost, Residence::kHost, false,
+                  Residence::kHost, kTight, 8 << 10, 4 << 10}}) {
     const int stage = p.stage;
     {
       {
@@ -329,7 +336,8 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
             (p.early ? ", updates during backward" : "") +
             (p.stage == 3 ? ", params " + std::string(ResidenceName(p.params))
                           : "") +
-            (p.device_budget > 0 ? ", tight device budget" : "");
+            (p.device_budget > 0 ? ", tight device budget" : "") +
+            (p.reduce_bucket > 0 ? ", small buckets" : "");
         EngineOptions o = Base();
         o.zero_stage = stage;
         o.optimizer_states = p.states;
@@ -337,6 +345,8 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         if (p.early) o.step_overlap_bytes = 1 << 20;
         o.params = p.params;
         o.device_budget_bytes = p.device_budget;
+        o.reduce_bucket_bytes = p.reduce_bucket;
+        o.allgather_bucket_bytes = p.allgather_bucket;
         const Trained one = Train(o, all, world);
         o.rank = rank;
         o.world_size = world;
@@ -418,7 +428,9 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         // plus two bucket windows and the reduction's output, each at most
         // a packed unit (partition_bytes, rounded to whole shard blocks),
         // however large a tensor is ("big" spans four windows).
-        const uint64_t window = (64 << 10) + 128 * 4 * world;
+        const uint64_t window =
+            (p.reduce_bucket > 0 ? 2 * p.reduce_bucket : 64 << 10) +
+            128 * 4 * world;
         if (stage >= 2 &&
             many.stats.grad_bytes >
                 many.stats.optimizer_state_bytes / 3 + 3 * window) {
