@@ -2352,7 +2352,10 @@ Status EngineImpl::GatherParams() {
 //   elements per rank as a staging buffer holds for all ranks, and copies
 //   every rank's part of each round to the unit's device block (its own
 //   too) while the next round is gathered. The pieces of a shard on NVMe
-//   are read first, on the gatherer.
+//   are read first, on the gatherer. On the host-emulated device, whose
+//   memory is host memory, shards resting in host memory are gathered
+//   straight into the device block in one all-gather (the copy after each
+//   round would be a second memcpy of the unit on the same cores).
 // - Collectives must match across ranks, so what is gathered, and in which
 //   order, may depend only on the calls every rank makes (the same
 //   Fetches, pins dropped in the same order), never on timing: the
@@ -2422,6 +2425,22 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
   const bool nvme = options_.params == Residence::kNvme;
   const size_t ranks = static_cast<size_t>(options_.world_size);
   const size_t es = ElementSize(s.dtype);
+  const uint64_t unit_bytes = ranks * s.elems * es;
+  if (device_->kind() == DeviceKind::kHostEmulated && !nvme &&
+      (options_.allgather_bucket_bytes == 0 ||
+       options_.allgather_bucket_bytes >= unit_bytes)) {
+    // The host-emulated device's memory is host memory, and the shards at
+    // rest are in host memory too: one all-gather straight into the device
+    // block, as NCCL gathers into device memory on a GPU, with no staging
+    // buffer and no copy after it. The copy stream's work first (a
+    // compaction may have moved another block out of this range).
+    STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+    const std::vector<size_t> counts(ranks, s.elems * es);
+    STRATA_ASSIGN_OR_RETURN(
+        CommWork w, gather_comm_->AllGather(HostAt(kParam, u, 0), DevAt(s, 0),
+                                            counts, CommType::kByte));
+    return w.Wait().WithContext(what);
+  }
   const size_t pieces = (s.elems + piece_elems_ - 1) / piece_elems_;
   // On NVMe the next piece is read while this one is gathered, into the
   // other of two buffers; reads in flight end before the buffers go back,
