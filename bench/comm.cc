@@ -50,6 +50,7 @@ struct CommFlags {
   std::string warmup = "3";
   std::string timeout = "300";
   std::string json;
+  const CLI::Option* ops_option = nullptr;  // whether --ops was given
 };
 
 struct CommConfig {
@@ -199,9 +200,12 @@ void AddOptions(CLI::App& app, CommFlags& f) {
   app.add_option("--backend", f.backend,
                  "auto (mpi under mpirun, else single), single, mpi, nccl")
       ->capture_default_str();
-  app.add_option("--ops", f.ops,
-                 "all-gather, reduce-scatter, all-reduce, stage3-fetch")
-      ->capture_default_str();
+  f.ops_option =
+      app.add_option("--ops", f.ops,
+                     "all-gather, reduce-scatter, all-reduce, stage3-fetch "
+                     "(the default leaves stage3-fetch out with --backend "
+                     "nccl)")
+          ->capture_default_str();
   app.add_option("--sizes", f.sizes,
                  "message bytes, comma-separated, 1K..16G (K/M/G suffixes)")
       ->capture_default_str();
@@ -241,8 +245,12 @@ StatusOr<CommConfig> ParseComm(const CommFlags& f) {
       c.ops, ParseChoiceListOption(
                  "--ops", f.ops,
                  {"all-gather", "reduce-scatter", "all-reduce", kStage3}));
-  if (c.backend == "nccl" &&
-      std::find(c.ops.begin(), c.ops.end(), kStage3) != c.ops.end()) {
+  const bool stage3 =
+      std::find(c.ops.begin(), c.ops.end(), kStage3) != c.ops.end();
+  const bool ops_given = f.ops_option != nullptr && f.ops_option->count() > 0;
+  if (c.backend == "nccl" && stage3 && !ops_given) {
+    c.ops.erase(std::find(c.ops.begin(), c.ops.end(), kStage3));
+  } else if (c.backend == "nccl" && stage3) {
     return Status::InvalidArgument(
         "--ops: stage3-fetch runs the engine, whose collectives are on host "
         "memory (the mpi or single backend); it cannot run with --backend "
