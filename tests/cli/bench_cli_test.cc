@@ -426,6 +426,9 @@ TEST(BenchCliTest, CommBadValuesNameTheirOption) {
       {{"comm", "--timeout", "1e7"}, "--timeout"},
       {{"comm", "--json", "/proc/strata-x.json"}, "--json"},
       {{"comm", "--bogus"}, "bogus"},
+      {{"comm", "--ops", "stage3-fetch,bogus"}, "--ops: 'bogus'"},
+      {{"comm", "--backend", "nccl", "--ops", "stage3-fetch"},
+       "--ops: stage3-fetch runs the engine"},
   });
 }
 
@@ -530,6 +533,43 @@ TEST(BenchCliTest, MissingDirIsAUsageError) {
 }
 
 // ---- Happy paths: the JSON carries the command and its configuration -------
+
+// stage3-fetch on one rank: a row per size beside its all-gather, the
+// shapes in the configuration, and nothing left but the JSON.
+TEST(BenchCliTest, CommStage3FetchReportsItsRatioAndShape) {
+  ScratchDir d;
+  const std::string json = d.path() + "/comm.json";
+  const Outcome o = RunBench(
+      {"comm", "--backend", "single", "--ops", "stage3-fetch", "--sizes",
+       "4K,1M", "--iters", "2", "--warmup", "0", "--json", json},
+      d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "stage3-fetch")) << o.out;
+  EXPECT_TRUE(Has(o.out, "ratio")) << o.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_TRUE(j["config"].contains("stage3"));
+  const auto& shapes = j["config"]["stage3"]["shapes"];
+  ASSERT_EQ(shapes.size(), 2u);
+  // 4 KiB is one tensor; 1 MiB is eight of 128 KiB, each its own unit.
+  EXPECT_EQ(shapes[0].value("tensors", 0), 1);
+  EXPECT_EQ(shapes[1].value("tensors", 0), 8);
+  EXPECT_EQ(shapes[1].value("unit_bytes", 0), 128 << 10);
+  EXPECT_EQ(shapes[1].value("gathered_bytes", 0), 1 << 20);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& r : j["results"]) {
+    EXPECT_EQ(r.value("op", ""), "stage3-fetch");
+    EXPECT_GT(r.value("ratio", 0.0), 0.0) << r.dump();
+    EXPECT_GT(r.value("paired_ratio", 0.0), 0.0) << r.dump();
+    EXPECT_EQ(r["fetch_seconds"].size(), 2u);
+    EXPECT_EQ(r["allgather_seconds"].size(), 2u);
+    EXPECT_EQ(r.value("pass_h2d_bytes", 0),
+              r["shape"].value("gathered_bytes", 1));
+    EXPECT_GE(r.value("checked_tensors", 0), 1);
+  }
+  EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"comm.json"}));
+}
 
 TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
   ScratchDir d;

@@ -1,5 +1,6 @@
 // Runs a test worker under mpirun and collects what it printed: shared by
-// the suites that start MPI jobs (comm_mpi_test, memtier_engine_mpi_test).
+// the suites that start MPI jobs (comm_mpi_test, memtier_engine_mpi_test,
+// cli_bench_mpi_test).
 #ifndef STRATA_TESTS_COMM_MPI_RUN_H_
 #define STRATA_TESTS_COMM_MPI_RUN_H_
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata::testing {
@@ -31,14 +33,8 @@ inline std::vector<std::string> MpiExecArgv(const std::string& mpiexec,
           "--mca",           "btl",       "self,vader,tcp"};
 }
 
-// MpiExecArgv, then `worker` `plugin` args..., its output collected.
-inline MpiRun RunUnderMpi(const std::string& mpiexec, const std::string& worker,
-                          const std::string& plugin, int ranks,
-                          const std::vector<std::string>& args) {
-  std::vector<std::string> argv = MpiExecArgv(mpiexec, ranks);
-  argv.push_back(worker);
-  argv.push_back(plugin);
-  argv.insert(argv.end(), args.begin(), args.end());
+// Runs `argv` (argv[0] a path), its stdout and stderr collected.
+inline MpiRun RunArgv(std::vector<std::string> argv) {
   int fds[2];
   if (pipe(fds) != 0) return {};
   const auto t0 = std::chrono::steady_clock::now();
@@ -67,6 +63,17 @@ inline MpiRun RunUnderMpi(const std::string& mpiexec, const std::string& worker,
           .count();
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// MpiExecArgv, then `worker` `plugin` args..., its output collected.
+inline MpiRun RunUnderMpi(const std::string& mpiexec, const std::string& worker,
+                          const std::string& plugin, int ranks,
+                          const std::vector<std::string>& args) {
+  std::vector<std::string> argv = MpiExecArgv(mpiexec, ranks);
+  argv.push_back(worker);
+  argv.push_back(plugin);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunArgv(std::move(argv));
 }
 
 }  // namespace strata::testing
