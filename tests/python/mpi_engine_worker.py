@@ -1,7 +1,8 @@
 """One rank of test_engine_mpi: trains engine_case's tensors over a
 strata.Communicator('mpi') with zero_stage argv[2], saves a checkpoint into
 argv[1] at step engine_case's SAVED_AT (rank 0 writes), trains 2 more steps,
-then loads the checkpoint back. Writes its masters at the save and at the end
+then loads the checkpoint back; a save that fails on rank 0 and a load of
+nothing raise on every rank. Writes its masters at the save and at the end
 into argv[1]/rank-R-{saved,final}.f32 and prints "rank R: ok"."""
 
 import os
@@ -31,6 +32,18 @@ def main():
     assert (eng.rank, eng.world_size) == (rank, size)
     case.train(eng, 0, SAVED_AT, rank, size)
     saved = case.masters(eng)
+    # Rank 0 cannot make the directory (argv[1]/blocker is a file, made by
+    # the test): every rank raises, naming rank 0, and the ranks go on.
+    try:
+        eng.save_checkpoint(os.path.join(out, "blocker", "ckpt"), SAVED_AT)
+        raise AssertionError("a save under a file was accepted")
+    except strata.Error as e:
+        assert "rank 0" in str(e) and "save_checkpoint" in str(e), str(e)
+    try:
+        eng.load_checkpoint(os.path.join(out, "none"))
+        raise AssertionError("a load of nothing was accepted")
+    except strata.Error as e:
+        assert e.code == "NotFound", (e.code, str(e))
     path = eng.save_checkpoint(os.path.join(out, "ckpt"), SAVED_AT)
     # Every rank learns the path; rank 0 wrote it.
     assert os.path.basename(path) == "step-%012d" % SAVED_AT, path

@@ -35,6 +35,8 @@ SAVED_AT = 3
 @unittest.skipIf(not MPIEXEC, "STRATA_TEST_MPIEXEC is not set (no mpirun)")
 class TwoRanksTest(unittest.TestCase):
     def run_ranks(self, out, stage, worker="mpi_engine_worker.py"):
+        with open(os.path.join(out, "blocker"), "w") as f:
+            f.write("not a directory")
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd = [MPIEXEC, "-np", "2", "--oversubscribe", "--bind-to", "none",
