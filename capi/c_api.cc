@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "capi/engine_checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/cpu_adam.h"
@@ -889,39 +889,10 @@ strata_code_t strata_engine_save_checkpoint(strata_engine_t* engine,
     STRATA_RETURN_IF_ERROR(Require(engine, kCall, "engine"));
     // Refusals that every rank makes alike come before any collective.
     STRATA_RETURN_IF_ERROR(Require(dir, kCall, "dir"));
-    if (step < 0) {
-      return Status::InvalidArgument(std::string(kCall) + ": step " +
-                                     std::to_string(step) +
-                                     " is negative; accepted: >= 0");
-    }
-    if (keep < 0) {
-      return Status::InvalidArgument(
-          std::string(kCall) + ": keep " + std::to_string(keep) +
-          " is negative; accepted: 0 (the default, 2) or >= 1");
-    }
-    // Rank 0 alone writes; every rank agrees on its Begin's outcome, so that
-    // a failure there is every rank's before the collective save.
-    std::unique_ptr<strata::CheckpointWriter> writer;
-    Status begun;
-    if (engine->rank == 0) {
-      strata::CheckpointWriterOptions o;
-      o.dir = dir;
-      o.step = step;
-      if (keep > 0) o.keep = keep;
-      StatusOr<std::unique_ptr<strata::CheckpointWriter>> w =
-          strata::CheckpointWriter::Begin(o);
-      if (w.ok()) {
-        writer = std::move(w).value();
-      } else {
-        begun =
-            std::move(w).status().WithContext(std::string(kCall) + ": " + dir);
-      }
-    }
-    STRATA_RETURN_IF_ERROR(engine->engine->Agree(begun));
-    STRATA_RETURN_IF_ERROR(
-        engine->engine->SaveState(writer.get(), save_params != 0));
-    STRATA_ASSIGN_OR_RETURN(std::string committed,
-                            engine->engine->CommitState(writer.get()));
+    STRATA_ASSIGN_OR_RETURN(
+        std::string committed,
+        strata::wrap::SaveEngineCheckpoint(*engine->engine, engine->rank, kCall,
+                                           dir, step, keep, save_params != 0));
     if (path != nullptr) {
       *path = CopyString(committed);
       if (*path == nullptr) {
@@ -943,24 +914,14 @@ strata_code_t strata_engine_load_checkpoint(strata_engine_t* engine,
     if (loaded != nullptr) *loaded = nullptr;
     STRATA_RETURN_IF_ERROR(Require(engine, kCall, "engine"));
     STRATA_RETURN_IF_ERROR(Require(path, kCall, "path"));
-    // Every rank opens it; one that cannot makes the load fail on all.
-    std::unique_ptr<strata::CheckpointReader> reader;
-    StatusOr<std::unique_ptr<strata::CheckpointReader>> r =
-        strata::CheckpointReader::Open(path);
-    Status opened;
-    if (r.ok()) {
-      reader = std::move(r).value();
-    } else {
-      opened =
-          std::move(r).status().WithContext(std::string(kCall) + ": " + path);
-    }
-    STRATA_RETURN_IF_ERROR(engine->engine->Agree(opened));
-    STRATA_RETURN_IF_ERROR(engine->engine->LoadState(*reader));
+    STRATA_ASSIGN_OR_RETURN(
+        std::string opened,
+        strata::wrap::LoadEngineCheckpoint(*engine->engine, kCall, path));
     if (loaded != nullptr) {
-      *loaded = CopyString(reader->path());
+      *loaded = CopyString(opened);
       if (*loaded == nullptr) {
         return Status::OutOfMemory(std::string(kCall) + ": " +
-                                   std::to_string(reader->path().size() + 1) +
+                                   std::to_string(opened.size() + 1) +
                                    " bytes for the path (the checkpoint is "
                                    "loaded)");
       }

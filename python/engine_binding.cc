@@ -1,5 +1,6 @@
-// strata.Engine and strata.Pin: the memtier engine (include/strata/engine.h)
-// for Python, on the device the engine owns (host-emulated or CUDA).
+// strata.Engine, strata.Pin and strata.Communicator: the memtier engine
+// (include/strata/engine.h) for Python, on the device the engine owns
+// (host-emulated or CUDA), alone or as one of several data-parallel ranks.
 //
 // Lifetimes: an Engine owns one Core (device, its streams, the engine). A
 // Pin, and every DLPack tensor made from it, holds the pin's state, which
@@ -28,8 +29,10 @@
 #include <utility>
 #include <vector>
 
+#include "capi/engine_checkpoint.h"
 #include "python/binding.h"
 #include "python/dlpack.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/engine_config.h"
@@ -228,6 +231,75 @@ Status NewCore(const DeviceOptions& d, const EngineOptions& o, Core& c) {
   return Status::Ok();
 }
 
+// A communicator the engines made with it share (EngineOptions::comm).
+class PyComm {
+ public:
+  PyComm(const std::string& backend, double timeout_s,
+         std::optional<std::string> mpi_library) {
+    constexpr const char* kCall = "strata.Communicator";
+    CommOptions o;
+    if (backend == "single") {
+      o.backend = CommBackendKind::kSingle;
+    } else if (backend == "mpi") {
+      o.backend = CommBackendKind::kMpi;
+    } else {
+      ThrowStatus(
+          Status::InvalidArgument(std::string(kCall) + ": backend '" + backend +
+                                  "' is not known; accepted: 'single', 'mpi'"));
+    }
+    if (!(timeout_s > 0 && timeout_s <= 1e6)) {
+      ThrowStatus(Status::InvalidArgument(
+          std::string(kCall) + ": timeout_s " + std::to_string(timeout_s) +
+          " is out of range; accepted: (0, 1e6] seconds"));
+    }
+    o.timeout_s = timeout_s;
+    if (mpi_library.has_value()) {
+      if (o.backend != CommBackendKind::kMpi) {
+        ThrowStatus(Status::InvalidArgument(
+            std::string(kCall) + ": mpi_library is for backend 'mpi', not '" +
+            backend + "'"));
+      }
+      if (mpi_library->empty()) {
+        ThrowStatus(Status::InvalidArgument(
+            std::string(kCall) +
+            ": mpi_library is empty; accepted: None (strata's MPI backend "
+            "beside libstrata) or the backend's path"));
+      }
+      o.mpi_library = *mpi_library;
+    }
+    StatusOr<Communicator> c = [&] {
+      py::gil_scoped_release nogil;
+      return Communicator::Create(o);
+    }();
+    if (!c.ok()) {
+      ThrowStatus(std::move(c).status().WithContext(kCall));
+    }
+    comm_ = std::make_shared<Communicator>(*std::move(c));
+  }
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  std::string backend() const {
+    switch (comm_->backend()) {
+      case CommBackendKind::kSingle:
+        return "single";
+      case CommBackendKind::kMpi:
+        return "mpi";
+      case CommBackendKind::kNccl:
+        return "nccl";
+    }
+    return "unknown";
+  }
+  void Barrier() {
+    std::shared_ptr<Communicator> c = comm_;
+    NoGil([&] { return c->Barrier(); });
+  }
+  const std::shared_ptr<Communicator>& get() const { return comm_; }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+};
+
 struct PyStepResult {
   bool applied;
   double grad_norm;
@@ -238,10 +310,15 @@ struct PyStepResult {
 class PyEngine {
  public:
   PyEngine(const std::string& config, const std::string& device,
-           uint64_t device_memory_bytes, int cuda_ordinal) {
+           uint64_t device_memory_bytes, int cuda_ordinal, const PyComm* comm) {
     EngineConfig cfg = ValueOrThrow(ParseEngineConfig(config));
     warnings_ = std::move(cfg.warnings);
     working_ = cfg.options.working_dtype;
+    // The config says world_size and rank; Engine::Create checks them
+    // against the communicator's size and rank.
+    if (comm != nullptr) cfg.options.comm = comm->get();
+    rank_ = cfg.options.rank;
+    world_size_ = cfg.options.world_size;
     DeviceOptions d;
     if (device == "auto") {
       d.choice = DeviceChoice::kAuto;
@@ -365,6 +442,31 @@ class PyEngine {
 
   double LossScale() { return Open("loss_scale")->engine->LossScale(); }
 
+  // A collective with several ranks (capi/engine_checkpoint.h).
+  std::string SaveCheckpoint(py::object dir, int64_t step, bool params,
+                             std::optional<int> keep) {
+    constexpr const char* kCall = "strata.Engine.save_checkpoint";
+    std::shared_ptr<Core> c = Open("save_checkpoint");
+    const std::string d = Path(dir, kCall, "dir");
+    if (keep.has_value() && *keep < 1) {
+      ThrowStatus(Status::InvalidArgument(
+          std::string(kCall) + ": keep " + std::to_string(*keep) +
+          " is below 1; accepted: >= 1, or None (the default, 2)"));
+    }
+    return NoGil([&] {
+      return wrap::SaveEngineCheckpoint(*c->engine, rank_, kCall, d, step,
+                                        keep.value_or(0), params);
+    });
+  }
+
+  std::string LoadCheckpoint(py::object path) {
+    constexpr const char* kCall = "strata.Engine.load_checkpoint";
+    std::shared_ptr<Core> c = Open("load_checkpoint");
+    const std::string p = Path(path, kCall, "path");
+    return NoGil(
+        [&] { return wrap::LoadEngineCheckpoint(*c->engine, kCall, p); });
+  }
+
   py::object Stats() {
     std::shared_ptr<Core> c = Open("stats");
     const std::string json = EngineStatsJson(c->engine->stats());
@@ -379,6 +481,8 @@ class PyEngine {
   }
 
   bool closed() const { return core_ == nullptr; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
   int64_t live_pins() { return core_ ? core_->live_pins.load() : 0; }
   const std::vector<std::string>& warnings() const { return warnings_; }
   std::string working_dtype() const {
@@ -405,6 +509,21 @@ class PyEngine {
           "() on a closed engine (close() was called)"));
     }
     return core_;
+  }
+
+  // A str or os.PathLike, not empty.
+  static std::string Path(py::handle p, const char* call, const char* what) {
+    py::object s = py::module_::import("os").attr("fspath")(p);
+    if (!py::isinstance<py::str>(s)) {
+      throw py::type_error(std::string(call) + ": " + what +
+                           " must be a str or os.PathLike of str");
+    }
+    std::string v = s.cast<std::string>();
+    if (v.empty()) {
+      ThrowStatus(Status::InvalidArgument(std::string(call) + ": " + what +
+                                          " is empty"));
+    }
+    return v;
   }
 
   static size_t Numel(Core& c, TensorId id, const char* what) {
@@ -465,11 +584,43 @@ class PyEngine {
   std::vector<std::string> warnings_;
   CpuDType working_ = CpuDType::kBFloat16;
   int ordinal_ = 0;
+  int rank_ = 0;  // EngineOptions::rank: rank 0 writes checkpoints
+  int world_size_ = 1;
 };
 
 }  // namespace
 
 void BindEngine(py::module_& m) {
+  py::class_<PyComm>(m, "Communicator", R"doc(
+The data-parallel communicator engines average gradients over
+(include/strata/comm.h).
+
+Communicator(backend='single', timeout_s=300.0, mpi_library=None)
+
+backend: 'single' (one rank; every collective a copy) or 'mpi' (the ranks
+of MPI_COMM_WORLD: start the processes with mpirun; MPI is initialized if
+the process has not done so). timeout_s: how long a collective waits for the
+other ranks before it fails, in (0, 1e6] seconds. mpi_library: None
+(strata's MPI backend, libstrata_comm_mpi.so, beside libstrata, then the
+loader's search path) or the backend's path. strata.Error (code
+'Unavailable') when MPI cannot be loaded. Give it to one Engine
+(Engine(..., comm=...)); the engine keeps it alive.
+)doc")
+      .def(py::init<const std::string&, double, std::optional<std::string>>(),
+           py::arg("backend") = "single", py::arg("timeout_s") = 300.0,
+           py::arg("mpi_library") = py::none())
+      .def_property_readonly("rank", &PyComm::rank)
+      .def_property_readonly("size", &PyComm::size)
+      .def_property_readonly("backend", &PyComm::backend)
+      .def("barrier", &PyComm::Barrier,
+           "Returns once every rank has called it (a collective; not while "
+           "an engine made with this communicator lives).")
+      .def("__repr__", [](const PyComm& c) {
+        return "Communicator(backend='" + c.backend() +
+               "', rank=" + std::to_string(c.rank()) +
+               ", size=" + std::to_string(c.size()) + ")";
+      });
+
   py::class_<PyStepResult>(m, "StepResult",
                            "What Engine.step() did: applied (False: an inf "
                            "or nan skipped the step), grad_norm, step, "
@@ -527,21 +678,26 @@ every such tensor is gone.
   py::class_<PyEngine>(m, "Engine", R"doc(
 strata's engine (include/strata/engine.h) on a device it owns.
 
-Engine(config, device='auto', device_memory_bytes=0, cuda_ordinal=0)
+Engine(config, device='auto', device_memory_bytes=0, cuda_ordinal=0,
+       comm=None)
 
 config: the JSON text of a strata config or a DeepSpeed ds_config
 (docs/config.md); a bad key raises strata.InvalidArgumentError naming its
 JSON path. device: 'host' (host-emulated: device memory is host memory),
 'cuda', or 'auto' (CUDA when a GPU works, else host; STRATA_DEVICE may
-decide). device_memory_bytes: the device's budget (0 = automatic).
+decide). device_memory_bytes: the device's budget (0 = automatic). comm: a
+strata.Communicator for data-parallel ranks; the config still says
+world_size, rank and zero_stage, which must agree with it.
 
 Register every tensor, start(), set_initial_values(), then per step fetch()
 what compute needs, add_grad() each gradient, step(). Tensor ids are the
 integers register() returns. Calls after close() raise strata.Error.
 )doc")
-      .def(py::init<const std::string&, const std::string&, uint64_t, int>(),
+      .def(py::init<const std::string&, const std::string&, uint64_t, int,
+                    const PyComm*>(),
            py::arg("config"), py::arg("device") = "auto",
-           py::arg("device_memory_bytes") = 0, py::arg("cuda_ordinal") = 0)
+           py::arg("device_memory_bytes") = 0, py::arg("cuda_ordinal") = 0,
+           py::arg("comm") = py::none())
       .def("register", &PyEngine::Register, py::arg("name"), py::arg("shape"),
            py::arg("dtype") = "",
            "Before start(): a trainable tensor; returns its id. dtype: "
@@ -575,6 +731,19 @@ integers register() returns. Calls after close() raise strata.Error.
           "loss_scale", &PyEngine::LossScale,
           "The scale to multiply the next step's loss by: 1 without loss "
           "scaling, else the config's static scale or the dynamic one.")
+      .def("save_checkpoint", &PyEngine::SaveCheckpoint, py::arg("dir"),
+           py::arg("step"), py::kw_only(), py::arg("params") = false,
+           py::arg("keep") = py::none(),
+           "Between steps: writes checkpoint `step` (>= 0) of the directory "
+           "`dir` (masters, moments, step count, loss scale; the working "
+           "copy too with params=True), keeping the `keep` newest (None: "
+           "2). Returns the checkpoint's path. With several ranks every "
+           "rank calls it alike and rank 0 writes.")
+      .def("load_checkpoint", &PyEngine::LoadCheckpoint, py::arg("path"),
+           "After start(): replaces the state with a checkpoint's (a "
+           "checkpoint, or a directory of them: its latest), saved at any "
+           "world size. Returns the path loaded. With several ranks every "
+           "rank calls it alike.")
       .def("stats", &PyEngine::Stats, "The engine's counters as a dict.")
       .def("tensor", &PyEngine::TensorInfo, py::arg("id"),
            "(name, shape, dtype) of a registered tensor.")
@@ -588,6 +757,10 @@ integers register() returns. Calls after close() raise strata.Error.
              return false;
            })
       .def_property_readonly("closed", &PyEngine::closed)
+      .def_property_readonly("rank", &PyEngine::rank,
+                             "The config's rank (0 with one rank).")
+      .def_property_readonly("world_size", &PyEngine::world_size,
+                             "The config's world_size.")
       .def_property_readonly("live_pins", &PyEngine::live_pins,
                              "Pins (or tensors made from them) alive now.")
       .def_property_readonly("warnings", &PyEngine::warnings,

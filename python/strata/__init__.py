@@ -2,12 +2,14 @@
 
 The CPU optimizer on any DLPack array (NumPy, torch) is ``strata.CpuOptimizer``;
 the engine (parameters, optimizer states and gradients across device, host
-and NVMe) is ``strata.Engine``; the PyTorch optimizers and ``offload`` are in
+and NVMe) is ``strata.Engine``, alone or as one of several data-parallel
+ranks over a ``strata.Communicator``; the PyTorch optimizers and ``offload`` are in
 ``strata.torch`` (imported on demand, so that
 ``import strata`` needs no torch). See docs/python.md.
 """
 
 from strata._strata import (
+    Communicator,
     CpuOptimizer,
     Engine,
     Error,
@@ -24,6 +26,7 @@ from strata._strata import (
 __version__ = version()
 
 __all__ = [
+    "Communicator",
     "CpuOptimizer",
     "Engine",
     "Error",

@@ -58,7 +58,8 @@ class _Use(torch.autograd.Function):
 class Offloaded:
     """A model whose parameters rest in a strata engine (see ``offload``)."""
 
-    def __init__(self, model, config, device=None, device_memory_bytes=0):
+    def __init__(self, model, config, device=None, device_memory_bytes=0,
+                 comm=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
                 "strata.torch.offload: model must be a torch.nn.Module, got "
@@ -75,6 +76,7 @@ class Offloaded:
             _config_text(config),
             device=device,
             device_memory_bytes=device_memory_bytes,
+            comm=comm,
         )
         try:
             self._setup(model)
@@ -301,6 +303,21 @@ class Offloaded:
             out[name] = t
         return out
 
+    def save_checkpoint(self, dir, step, params=False, keep=None):
+        """Between steps: the engine's checkpoint ``step`` of the directory
+        ``dir``, tensors named by the parameters' qualified names (see
+        ``Engine.save_checkpoint``); returns its path. With several ranks
+        every rank calls it alike."""
+        self._check_open()
+        return self.engine.save_checkpoint(dir, step, params=params, keep=keep)
+
+    def load_checkpoint(self, path):
+        """The engine's state from a checkpoint of a model with the same
+        parameter names and shapes, saved at any world size (see
+        ``Engine.load_checkpoint``); returns the path loaded."""
+        self._check_open()
+        return self.engine.load_checkpoint(path)
+
     def parameters(self):
         """The model's (placeholder) parameters."""
         return self.model.parameters()
@@ -348,11 +365,13 @@ def _config_text(config):
     )
 
 
-def offload(model, config, device=None, device_memory_bytes=0):
+def offload(model, config, device=None, device_memory_bytes=0, comm=None):
     """Moves ``model``'s parameters into a strata engine made from
     ``config`` (a strata config or DeepSpeed ds_config: a dict, JSON text, or
     a pathlib path). ``device``: 'host' (host-emulated; CPU tensors), 'cuda',
-    or None (cuda when torch sees a GPU, else host). Returns an
-    ``Offloaded``: call the model (or the Offloaded) as usual, ``backward()``,
-    then ``step(lr=...)``."""
-    return Offloaded(model, config, device, device_memory_bytes)
+    or None (cuda when torch sees a GPU, else host). ``comm``: a
+    ``strata.Communicator`` when each of several processes trains its own
+    replica on its own data (the config says world_size, rank and
+    zero_stage). Returns an ``Offloaded``: call the model (or the Offloaded)
+    as usual, ``backward()``, then ``step(lr=...)``."""
+    return Offloaded(model, config, device, device_memory_bytes, comm)
