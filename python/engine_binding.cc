@@ -280,15 +280,7 @@ class PyComm {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   std::string backend() const {
-    switch (comm_->backend()) {
-      case CommBackendKind::kSingle:
-        return "single";
-      case CommBackendKind::kMpi:
-        return "mpi";
-      case CommBackendKind::kNccl:
-        return "nccl";
-    }
-    return "unknown";
+    return std::string(CommBackendName(comm_->backend()));
   }
   void Barrier() {
     std::shared_ptr<Communicator> c = comm_;
