@@ -52,7 +52,9 @@ Status GradSpill::WriteBack(Open o) {
   pending_[o.index] = promise->get_future();
   pending_list_.push_back(o.index);
   auto lease = std::make_shared<StagingLease>(std::move(o.lease));
-  const std::span<const std::byte> bytes(lease->data(), n * 4);
+  // The whole buffer, not the piece's n * 4 bytes: direct I/O moves whole
+  // blocks, so the swap space needs the piece's bytes rounded up to them.
+  const std::span<const std::byte> bytes = lease->span();
   write_(o.unit, o.piece, bytes, [lease, promise](Status s) mutable {
     lease.reset();  // back to the pool before the waiter wakes
     promise->set_value(std::move(s));
@@ -80,7 +82,7 @@ StatusOr<GradSpill::Open*> GradSpill::OpenPiece(uint32_t unit, size_t piece,
   STRATA_ASSIGN_OR_RETURN(StagingLease lease, pool_->Acquire());
   const uint64_t n = PieceElems(unit, piece);
   if (written_[index] && !whole) {
-    STRATA_RETURN_IF_ERROR(read_(unit, piece, lease.span().first(n * 4)));
+    STRATA_RETURN_IF_ERROR(read_(unit, piece, lease.span()));
   } else if (!whole) {
     std::memset(lease.data(), 0, n * 4);
   }
