@@ -1555,20 +1555,28 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
       grad_spill_ || MultiRank()
           ? nullptr
           : reinterpret_cast<float*>(HostAt(kGrad, t.unit, t.offset + begin));
-  for (uint64_t b = 0; st.ok() && b < n; b += scratch_.size()) {
+  for (uint64_t b = 0; b < n; b += scratch_.size()) {
     const uint64_t cnt = std::min<uint64_t>(scratch_.size(), n - b);
     const std::byte* src = lease.data() + b * ElementSize(dtype);
-    const float* vals;
-    if (dtype == ElementType::kFloat32) {
+    const float* vals = scratch_.data();
+    if (st.ok() && dtype == ElementType::kFloat32) {
       vals = reinterpret_cast<const float*>(src);
-    } else {
+    } else if (st.ok()) {
       st = ConvertCpuArray(src, ToCpu(dtype), scratch_.data(),
                            CpuDType::kFloat32, cnt);
+    }
+    if (!st.ok()) {
+      // Note [Data-parallel ranks]: after a failure of its own, a rank
+      // still makes the hand-over's collectives (with zeros), so that no
+      // rank waits for it; the step then fails on every rank.
+      if (!MultiRank()) break;
+      std::fill_n(scratch_.data(), cnt, 0.0f);
       vals = scratch_.data();
     }
-    if (!st.ok()) break;
     if (MultiRank()) {
-      st = AccumulateRanked(id, t.offset + begin + b, vals, cnt, first);
+      const Status added =
+          AccumulateRanked(id, t.offset + begin + b, vals, cnt, first);
+      if (st.ok()) st = added;
     } else if (grad_spill_) {
       st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first);
     } else if (first) {
@@ -1847,9 +1855,13 @@ Status EngineImpl::ReduceGrads(const std::vector<uint32_t>& counts) {
     }
     return Status::Ok();
   }
-  // The buckets still open, in the order they were opened.
+  // The buckets still open, in the order they were opened; after a failure
+  // of its own (a gradient piece it could not write) a rank still makes the
+  // other reductions, and the step fails on every rank (RunStep).
+  Status first;
   for (size_t b; (b = OldestOpenBucket()) < buckets_.size();) {
-    STRATA_RETURN_IF_ERROR(FlushBucket(b));
+    const Status st = FlushBucket(b);
+    if (first.ok()) first = st;
   }
   // This rank's part of the windows no rank handed a gradient for (on NVMe
   // a piece not written in the step is zeros already).
@@ -1865,7 +1877,7 @@ Status EngineImpl::ReduceGrads(const std::vector<uint32_t>& counts) {
       }
     }
   }
-  return Status::Ok();
+  return first;
 }
 
 StatusOr<GradStats> EngineImpl::AgreeGradStats(const GradStats& local) {

@@ -25,9 +25,11 @@
 //       on the same data; int8 moments at another world size are refused.
 //   engine_mpi_worker <plugin> step-fault
 //       zero_stage 2 and 3, optimizer states on NVMe: the last rank's
-//       write-backs fail (EIO) in the third step. Every rank's Step fails
-//       at once (well within the communicator's 60 s timeout), the others
-//       naming that rank, and every engine refuses further use.
+//       write-backs fail (EIO) in the third step; zero_stage 2, gradients
+//       on NVMe: its gradient writes fail from the third step's hand-overs
+//       on. Every rank's Step fails at once (well within the communicator's
+//       60 s timeout), the others naming that rank; once an update has
+//       begun, every engine refuses further use.
 //   engine_mpi_worker <plugin> ckpt-fail DIR
 //       a writer rank without a writer, a disk that fills during the save
 //       and a commit that fails: every rank gets the same error, and the
@@ -894,8 +896,17 @@ int CkptFail(const std::shared_ptr<Communicator>& comm,
 int StepFault(const std::shared_ptr<Communicator>& comm) {
   const int rank = comm->rank(), world = comm->size();
   int rc = 0;
-  for (int stage : {2, 3}) {
-    const std::string name = "step-fault stage " + std::to_string(stage);
+  struct Case {
+    int stage;
+    Residence states, grads;
+  };
+  for (const Case& c : {Case{2, Residence::kNvme, Residence::kHost},
+                        Case{3, Residence::kNvme, Residence::kHost},
+                        Case{2, Residence::kHost, Residence::kNvme}}) {
+    const int stage = c.stage;
+    const bool in_handover = c.grads == Residence::kNvme;
+    const std::string name = "step-fault stage " + std::to_string(stage) +
+                             (in_handover ? ", gradients on nvme" : "");
     DeviceOptions dopt;
     dopt.choice = DeviceChoice::kHostEmulated;
     dopt.memory_budget_bytes = 64 << 20;
@@ -908,7 +919,8 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
     EngineOptions o = Base();
     o.zero_stage = stage;
     o.params = stage == 3 ? Residence::kHost : Residence::kDevice;
-    o.optimizer_states = Residence::kNvme;
+    o.optimizer_states = c.states;
+    o.grads = c.grads;
     o.nvme_paths = {dir.path()};
     o.rank = rank;
     o.world_size = world;
@@ -935,7 +947,14 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
     }
     StatusOr<StepResult> r = Status::Ok();
     double seconds = 0;
+    auto fault = [&] {
+      swap::FaultRule f;
+      f.op = IoOp::kWrite;
+      f.count = swap::FaultRule::kForever;
+      plan->Add(f);
+    };
     for (int s = 0; s < 3 && st.ok(); ++s) {
+      if (s == 2 && faulty && in_handover) fault();
       for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
         std::vector<float> w;
         st = ReadWorking(**eng, **dev, **stream, ids[i], w);
@@ -952,12 +971,7 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
         }
       }
       if (!st.ok()) break;
-      if (s == 2 && faulty) {
-        swap::FaultRule f;
-        f.op = IoOp::kWrite;
-        f.count = swap::FaultRule::kForever;
-        plan->Add(f);
-      }
+      if (s == 2 && faulty && !in_handover) fault();
       StepArgs a;
       a.lr = 1e-2;
       const auto t0 = std::chrono::steady_clock::now();
@@ -976,10 +990,11 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
       why += " the error does not name the failed rank: " + text + ";";
     }
     if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
-    // The update had begun on some rank: every engine refuses further use.
+    // The update had begun on some rank: every engine refuses further use
+    // (a failed hand-over fails the step before any update).
     auto again = (*eng)->Fetch(ids[0]);
-    if (again.ok() ||
-        again.status().code() != StatusCode::kFailedPrecondition) {
+    if (!in_handover && (again.ok() || again.status().code() !=
+                                           StatusCode::kFailedPrecondition)) {
       why +=
           " a Fetch after the failed step: " +
           (again.ok() ? std::string("accepted") : again.status().ToString()) +
