@@ -583,7 +583,7 @@ StatusOr<std::unique_ptr<Device>> NewHostEmulatedDevice(
                               ? options.memory_budget_bytes
                               : uint64_t{1} << 30;
   HostBufferOptions region_options;
-  region_options.pin = false;         // it stands for device memory
+  region_options.pin = false;  // it stands for device memory
   // Transparent huge pages, as a GPU maps its memory in large pages: a copy
   // or a collective into 4 KiB pages ran about 40% slower here (pages are
   // still committed only as they are used, 2 MiB at a time).
