@@ -402,23 +402,34 @@ Status RunOnce(CommPrepared& p, Buffers& b, const std::string& op,
   return w->Wait();
 }
 
+// The slowest rank's seconds of `pass`, which starts after a barrier.
+StatusOr<double> Slowest(CommPrepared& p,
+                         const std::function<StatusOr<double>()>& pass) {
+  STRATA_RETURN_IF_ERROR(p.host->Barrier());
+  STRATA_ASSIGN_OR_RETURN(double s, pass());
+  float secs = static_cast<float>(s);
+  STRATA_ASSIGN_OR_RETURN(
+      CommWork w,
+      p.host->AllReduce(&secs, &secs, 1, CommType::kFloat32, ReduceOp::kMax));
+  STRATA_RETURN_IF_ERROR(w.Wait());
+  return static_cast<double>(secs);
+}
+
 StatusOr<Row> Measure(const CommConfig& c, CommPrepared& p, Buffers& b,
                       const std::string& op, uint64_t bytes) {
   const CommType type = TypeOf(c.type);
   for (int i = 0; i < c.warmup; ++i) {
     STRATA_RETURN_IF_ERROR(RunOnce(p, b, op, bytes, type));
   }
-  STRATA_RETURN_IF_ERROR(p.host->Barrier());
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < c.iters; ++i) {
-    STRATA_RETURN_IF_ERROR(CheckInterrupted());
-    STRATA_RETURN_IF_ERROR(RunOnce(p, b, op, bytes, type));
-  }
-  float secs = static_cast<float>(SecondsSince(t0));
   STRATA_ASSIGN_OR_RETURN(
-      CommWork w,
-      p.host->AllReduce(&secs, &secs, 1, CommType::kFloat32, ReduceOp::kMax));
-  STRATA_RETURN_IF_ERROR(w.Wait());
+      const double secs, Slowest(p, [&]() -> StatusOr<double> {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < c.iters; ++i) {
+          STRATA_RETURN_IF_ERROR(CheckInterrupted());
+          STRATA_RETURN_IF_ERROR(RunOnce(p, b, op, bytes, type));
+        }
+        return SecondsSince(t0);
+      }));
   const double n = p.measured().size();
   Row r{op, bytes, secs / c.iters};
   r.algbw = static_cast<double>(bytes) / r.seconds / 1e9;
@@ -619,19 +630,6 @@ Status AgreeData(CommPrepared& p, const std::string& bad) {
                               " fetched wrong data (its message says where)");
   }
   return Status::Ok();
-}
-
-// The slowest rank's seconds of `pass`, which starts after a barrier.
-StatusOr<double> Slowest(CommPrepared& p,
-                         const std::function<StatusOr<double>()>& pass) {
-  STRATA_RETURN_IF_ERROR(p.host->Barrier());
-  STRATA_ASSIGN_OR_RETURN(double s, pass());
-  float secs = static_cast<float>(s);
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w,
-      p.host->AllReduce(&secs, &secs, 1, CommType::kFloat32, ReduceOp::kMax));
-  STRATA_RETURN_IF_ERROR(w.Wait());
-  return static_cast<double>(secs);
 }
 
 StatusOr<Row> MeasureStage3(const CommConfig& c, CommPrepared& p,
