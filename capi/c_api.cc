@@ -559,15 +559,8 @@ int strata_comm_size(const strata_comm_t* comm) {
 
 const char* strata_comm_backend(const strata_comm_t* comm) {
   if (comm == nullptr) return nullptr;
-  switch (comm->comm->backend()) {
-    case strata::CommBackendKind::kSingle:
-      return "single";
-    case strata::CommBackendKind::kMpi:
-      return "mpi";
-    case strata::CommBackendKind::kNccl:
-      return "nccl";
-  }
-  return "unknown";
+  // CommBackendName's views are of string literals: NUL-terminated.
+  return strata::CommBackendName(comm->comm->backend()).data();
 }
 
 void strata_comm_destroy(strata_comm_t* comm) { delete comm; }
