@@ -154,6 +154,16 @@ Status ReadWorking(Engine& e, Device& dev, Stream& stream, TensorId id,
                          CpuDType::kFloat32, raw.size());
 }
 
+// Hands over `g` (fp32, on the host) as tensor `id`'s gradient, through
+// device memory the engine then owns.
+Status HandOver(Engine& e, Device& dev, Stream& stream, TensorId id,
+                const std::vector<float>& g) {
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dm, dev.Allocate(g.size() * 4, stream));
+  STRATA_RETURN_IF_ERROR(dev.CopyAsync(stream, dm.data(), g.data(),
+                                       g.size() * 4, CopyKind::kHostToDevice));
+  return e.AddGrad(id, std::move(dm), ElementType::kFloat32, stream);
+}
+
 // Trains on the data of ranks `data` of `world` (each rank's gradient
 // divided by data.size() when one engine takes them all, as the engine
 // averages over ranks).
@@ -255,11 +265,7 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world,
         }
         const float scale = static_cast<float>(eng->LossScale());
         for (float& x : g) x *= scale;
-        ASSIGN_OK(dm, dev->Allocate(g.size() * 4, *stream));
-        CHECK_OK(dev->CopyAsync(*stream, dm.data(), g.data(), g.size() * 4,
-                                CopyKind::kHostToDevice));
-        CHECK_OK(eng->AddGrad(ids[i], std::move(dm), ElementType::kFloat32,
-                              *stream));
+        CHECK_OK(HandOver(*eng, *dev, *stream, ids[i], g));
       }
     }
     ASSIGN_OK(r, eng->Step(a));
@@ -958,17 +964,9 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
       for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
         std::vector<float> w;
         st = ReadWorking(**eng, **dev, **stream, ids[i], w);
-        std::vector<float> g(w.size(), 1e-3f * static_cast<float>(rank + 1));
-        auto dm = (*dev)->Allocate(g.size() * 4, **stream);
-        if (st.ok()) st = dm.status();
-        if (st.ok()) {
-          st = (*dev)->CopyAsync(**stream, dm->data(), g.data(), g.size() * 4,
-                                 CopyKind::kHostToDevice);
-        }
-        if (st.ok()) {
-          st = (*eng)->AddGrad(ids[i], std::move(*dm), ElementType::kFloat32,
-                               **stream);
-        }
+        const std::vector<float> g(w.size(),
+                                   1e-3f * static_cast<float>(rank + 1));
+        if (st.ok()) st = HandOver(**eng, **dev, **stream, ids[i], g);
       }
       if (!st.ok()) break;
       if (s == 2 && faulty && !in_handover) fault();
