@@ -755,13 +755,19 @@ std::future<Status> EngineImpl::WritePieceFuture(uint32_t u, int r, size_t p,
   return f;
 }
 
+std::future<Status> EngineImpl::ReadPieceFuture(uint32_t u, int r, size_t p,
+                                                std::span<std::byte> dst,
+                                                IoPriority pr) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = promise->get_future();
+  ReadPieceAsync(u, r, p, dst, pr,
+                 [promise](Status st) { promise->set_value(std::move(st)); });
+  return f;
+}
+
 Status EngineImpl::ReadPiece(uint32_t u, int r, size_t p,
                              std::span<std::byte> dst) {
-  std::promise<Status> done;
-  std::future<Status> f = done.get_future();
-  ReadPieceAsync(u, r, p, dst, IoPriority::kUrgent,
-                 [&done](Status st) { done.set_value(std::move(st)); });
-  return f.get();
+  return ReadPieceFuture(u, r, p, dst, IoPriority::kUrgent).get();
 }
 
 Status EngineImpl::WritePiece(uint32_t u, int r, size_t p,
@@ -2392,7 +2398,6 @@ Status EngineImpl::GatherParams() {
 //   the cached copies; checkpoints save and load the working copy's shard
 //   like the master's (Note [Checkpoints over ranks]).
 void EngineImpl::GatherArrival(uint32_t u) {
-  Status local;
   Status st;
   {
     // Every rank failed at the same gather (its outcome was agreed), so
@@ -2400,7 +2405,7 @@ void EngineImpl::GatherArrival(uint32_t u) {
     MutexLock l(&mu_);
     st = FailedLocked("Fetch");
   }
-  if (st.ok()) st = GatherUnit(u, &local);
+  if (st.ok()) st = GatherUnit(u);
   if (st.ok()) st = device_->RecordEvent(*units_[u].ready, *copy_stream_);
   if (!st.ok()) {
     MutexLock l(&mu_);
@@ -2414,7 +2419,7 @@ void EngineImpl::GatherArrival(uint32_t u) {
   FinishArrival(u, st, units_[u].param_bytes);
 }
 
-Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
+Status EngineImpl::GatherUnit(uint32_t u) {
   const UnitState& s = units_[u];
   const std::string what = "engine: gathering the parameters of " +
                            UnitNames(u) + " (unit " + std::to_string(u) +
@@ -2453,7 +2458,8 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
                                             counts, CommType::kByte));
     return w.Wait().WithContext(what);
   }
-  const size_t pieces = (s.elems + piece_elems_ - 1) / piece_elems_;
+  const size_t pieces = NumPieces(u);
+  Status local;  // this rank's own failure: a read of its shard
   // On NVMe the next piece is read while this one is gathered, into the
   // other of two buffers; reads in flight end before the buffers go back,
   // on every way out.
@@ -2468,10 +2474,8 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
     }
   } drain{reads};
   auto read = [&](size_t p) {
-    auto done = std::make_shared<std::promise<Status>>();
-    reads[p % 2] = done->get_future();
-    ReadPieceAsync(u, kParam, p, bufs[p % 2].span(), IoPriority::kUrgent,
-                   [done](Status st) { done->set_value(std::move(st)); });
+    reads[p % 2] =
+        ReadPieceFuture(u, kParam, p, bufs[p % 2].span(), IoPriority::kUrgent);
   };
   if (nvme) {
     for (StagingLease& b : bufs) {
@@ -2489,7 +2493,7 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
       // A rank whose read failed still sends (its bytes are dropped by
       // every rank below), so that no rank waits for it.
       const Status st = reads[p % 2].get();
-      if (local->ok()) *local = st;
+      if (local.ok()) local = st;
       if (p + 1 < pieces) read(p + 1);
     }
     for (uint64_t c = 0; c < n; c += round) {
@@ -2511,19 +2515,9 @@ Status EngineImpl::GatherUnit(uint32_t u, Status* local) {
     }
   }
   if (!nvme) return Status::Ok();
-  // Every rank learns whether every rank read its shard.
-  float bad = local->ok() ? 0.0f : static_cast<float>(options_.rank + 1);
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w, gather_comm_->AllReduce(&bad, &bad, 1, CommType::kFloat32,
-                                          ReduceOp::kMax));
-  STRATA_RETURN_IF_ERROR(w.Wait().WithContext(what));
-  if (!local->ok()) return local->WithContext(what);
-  if (bad != 0.0f) {
-    return Status::Unavailable(
-        what + ": rank " + std::to_string(static_cast<int>(bad) - 1) +
-        " could not read its shard from nvme (its error says why)");
-  }
-  return Status::Ok();
+  // Every rank learns whether every rank read its shard, and the first
+  // failing rank's error.
+  return AgreeOver(*gather_comm_, local).WithContext(what);
 }
 
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,

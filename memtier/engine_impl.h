@@ -296,7 +296,7 @@ class EngineImpl final : public Engine {
   // Note [Stage 3 over ranks] (engine.cc): unit u's shards gathered from
   // every rank into its device block, on the gatherer; ends its arrival.
   void GatherArrival(uint32_t u);
-  Status GatherUnit(uint32_t u, Status* local);
+  Status GatherUnit(uint32_t u);
   // Waits until every hand-over so far is accumulated, keeping its error.
   void WaitGradsQuiet() STRATA_EXCLUDES(mu_);
   // Note [Moment formats] (engine.cc).
@@ -354,6 +354,9 @@ class EngineImpl final : public Engine {
   void WritePieceAsync(uint32_t unit, int role, size_t piece,
                        std::span<const std::byte> src, IoPriority priority,
                        std::function<void(Status)> done);
+  std::future<Status> ReadPieceFuture(uint32_t unit, int role, size_t piece,
+                                      std::span<std::byte> dst,
+                                      IoPriority priority);
   std::future<Status> WritePieceFuture(uint32_t unit, int role, size_t piece,
                                        std::span<const std::byte> src,
                                        IoPriority priority);
@@ -512,7 +515,12 @@ class EngineImpl final : public Engine {
   // `what` and the first rank that differs from rank 0. A collective.
   Status AgreeSame(const std::string& what, const std::string& mine);
   // Agree without waiting for the gradients.
-  Status AgreeNow(const Status& local);
+  Status AgreeNow(const Status& local) {
+    return MultiRank() ? AgreeOver(*options_.comm, local) : local;
+  }
+  // Agree over `comm` (the engine's, or the gatherer's own): every rank
+  // gets OK or the lowest failing rank's status as "rank R: ...".
+  Status AgreeOver(Communicator& comm, const Status& local);
   // Note [Moment formats in checkpoints]: the block scales of int8 moments
   // a load puts back, per moment, in piece order; `first[u]` is the index
   // of unit u's first block.

@@ -370,10 +370,8 @@ Status EngineImpl::SaveRole(CheckpointWriter& writer, int r, Inflight& writes) {
       piece.lease = std::make_shared<StagingLease>(std::move(*acquired));
       std::byte* buf = piece.lease->data();
       if (where == Residence::kNvme) {
-        auto promise = std::make_shared<std::promise<Status>>();
-        piece.arrived = promise->get_future();
-        ReadPieceAsync(u, r, p, piece.lease->span(), IoPriority::kUrgent,
-                       [promise](Status rst) { promise->set_value(rst); });
+        piece.arrived =
+            ReadPieceFuture(u, r, p, piece.lease->span(), IoPriority::kUrgent);
         reading.push_back(std::move(piece));
         continue;
       }
@@ -468,8 +466,7 @@ std::string EngineImpl::EngineBlobJson() const {
 //   load only at the same world_size (and layout), else kInvalidArgument
 //   naming both layouts. fp32 and bf16 moments load at any world size.
 
-Status EngineImpl::AgreeNow(const Status& local) {
-  if (!MultiRank()) return local;
+Status EngineImpl::AgreeOver(Communicator& comm, const Status& local) {
   // Each rank's code, errno and message length; then the lowest failing
   // rank's message.
   struct Head {
@@ -495,7 +492,7 @@ Status EngineImpl::AgreeNow(const Status& local) {
   };
   {
     StatusOr<CommWork> w =
-        options_.comm->AllGather(&mine, all.data(), counts, CommType::kByte);
+        comm.AllGather(&mine, all.data(), counts, CommType::kByte);
     if (!w.ok()) return failed(w.status());
     Status st = w->Wait();
     if (!st.ok()) return failed(st);
@@ -508,7 +505,7 @@ Status EngineImpl::AgreeNow(const Status& local) {
     std::memcpy(text.data(), msg.data(), msg.size());
   }
   if (!text.empty()) {
-    StatusOr<CommWork> w = options_.comm->Broadcast(
+    StatusOr<CommWork> w = comm.Broadcast(
         text.data(), text.size(), CommType::kByte, static_cast<int>(root));
     if (!w.ok()) return failed(w.status());
     Status st = w->Wait();
