@@ -156,6 +156,9 @@ std::string Join(const std::vector<std::string>& lines, size_t limit) {
 }
 
 void CheckResidences(const EngineOptions& o, Checker& c) {
+  if (static_cast<int>(o.comm_memory) > static_cast<int>(CommMemory::kDevice)) {
+    c.Fail("comm_memory", "not a choice; accepted: auto, host, device");
+  }
   if (o.zero_stage < 0 || o.zero_stage > 3) {
     c.Count("zero_stage", o.zero_stage, 0, 3);
   } else if (o.zero_stage < 3 && o.params != Residence::kDevice) {
@@ -626,6 +629,9 @@ auto ReadEnum(const std::string_view (&names)[N], const T (&values)[N]) {
 
 constexpr std::string_view kResidenceNames[] = {"device", "host", "nvme"};
 constexpr std::string_view kDeviceNames[] = {"none", "cpu", "nvme"};
+constexpr std::string_view kCommMemoryNames[] = {"auto", "host", "device"};
+constexpr CommMemory kCommMemories[] = {CommMemory::kAuto, CommMemory::kHost,
+                                        CommMemory::kDevice};
 constexpr Residence kResidences[] = {Residence::kDevice, Residence::kHost,
                                      Residence::kNvme};
 constexpr std::string_view kAlgoNames[] = {"adam", "adamw", "adagrad", "lion"};
@@ -1444,6 +1450,9 @@ void ReadStrata(Ctx& ctx, const Field& f, EngineOptions* o) {
        {"optimizer_states", "optimizer_states", &o->optimizer_states},
        {"grads", "grads", &o->grads}},
       ReadEnum(kResidenceNames, kResidences));
+  ReadInto<CommMemory>(ctx, s,
+                       {{"comm_memory", "comm_memory", &o->comm_memory}},
+                       ReadEnum(kCommMemoryNames, kCommMemories));
   // Replaces the DeepSpeed nvme_path(s).
   ReadInto<std::vector<std::string>>(
       ctx, s, {{"nvme_paths", "nvme_paths", &o->nvme_paths}}, ReadPaths);
@@ -1652,6 +1661,10 @@ std::string_view NameOf(T value, const std::string_view (&names)[N]) {
 
 std::string_view ResidenceName(Residence residence) {
   return NameOf(residence, kResidenceNames);
+}
+
+std::string_view CommMemoryName(CommMemory memory) {
+  return NameOf(memory, kCommMemoryNames);
 }
 
 std::string_view LossScaleModeName(LossScaleMode mode) {

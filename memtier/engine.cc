@@ -40,11 +40,15 @@ using Clock = std::chrono::steady_clock;
 
 std::string Bytes(uint64_t b) { return std::to_string(b) + " bytes"; }
 
+// Note [Collectives on device memory]: the device buffer of the gatherer's
+// communicator, which moves only agreements through it.
+constexpr uint64_t kGatherCollBytes = 64 << 10;
+
 }  // namespace
 
 // ---- EngineImpl: set-up -----------------------------------------------------
 
-Status EngineImpl::CheckOptions(const EngineOptions& o) {
+Status EngineImpl::CheckOptions(const EngineOptions& o, const Device& device) {
   // Note [Data-parallel ranks]: the communicator and what runs over it.
   if (o.comm != nullptr) {
     const Communicator& c = *o.comm;
@@ -57,11 +61,28 @@ Status EngineImpl::CheckOptions(const EngineOptions& o) {
           std::to_string(o.rank) + " of world_size " +
           std::to_string(o.world_size) + "; they must agree");
     }
-    if (c.backend() == CommBackendKind::kNccl) {
+    // Note [Collectives on device memory] (memtier/collectives.cc).
+    const bool nccl = c.backend() == CommBackendKind::kNccl;
+    const bool cuda = device.kind() == DeviceKind::kCuda;
+    if (nccl && o.comm_memory == CommMemory::kHost) {
+      return Status::InvalidArgument(
+          "engine: comm_memory host with an NCCL communicator, which works on "
+          "device memory only; set comm_memory to device or auto");
+    }
+    if (nccl && !cuda) {
       return Status::NotSupported(
-          "engine: comm is an NCCL communicator, which works on device "
-          "memory only; the engine reduces gradients and gathers parameters "
-          "in host memory: give it an MPI (or single-rank) communicator");
+          "engine: comm is an NCCL communicator, which runs on CUDA streams; "
+          "the engine's device is " +
+          device.name() +
+          " (give it an MPI communicator, with comm_memory device to run the "
+          "engine's device-memory path there)");
+    }
+    if (!nccl && cuda && o.comm_memory == CommMemory::kDevice) {
+      return Status::NotSupported(
+          "engine: comm_memory device with a " +
+          std::string(CommBackendName(c.backend())) +
+          " communicator on a CUDA device: only NCCL runs collectives on CUDA "
+          "streams; set comm_memory to host or auto");
     }
   }
   if (o.world_size > 1) {
@@ -148,7 +169,14 @@ EngineImpl::EngineImpl(const EngineOptions& o, Device* device)
     : options_(o),
       counting_device_(device),
       device_(&counting_device_),
-      loss_scaler_(o.loss_scale) {}
+      loss_scaler_(o.loss_scale) {
+  if (MultiRank()) {
+    // Start sizes the buffer to a staging buffer's; until then only
+    // agreements use it.
+    coll_ = std::make_unique<RankCollectives>(options_.comm.get(), device_,
+                                              CommOnDevice(), 64 << 10);
+  }
+}
 
 EngineImpl::~EngineImpl() {
   // Workers first: their jobs use everything below (the mover's queued
@@ -459,6 +487,25 @@ Status EngineImpl::Start() {
     // trainer's activations and workspaces.
     device_budget_ = device_->memory_stats().free_bytes / 2 / 4096 * 4096;
   }
+  if (MultiRank() && CommOnDevice()) {
+    // Note [Collectives on device memory]: their buffers come out of the
+    // budget: a staging buffer's size, at most an eighth of the budget (a
+    // sixteenth for the gatherer's).
+    const uint64_t coll_bytes = std::clamp<uint64_t>(
+        device_budget_ / 8 / 4096 * 4096, 4096, staging_bytes);
+    gather_coll_bytes_ = std::clamp<uint64_t>(device_budget_ / 16 / 4096 * 4096,
+                                              4096, kGatherCollBytes);
+    const uint64_t all =
+        coll_bytes + (ShardedParams() ? gather_coll_bytes_ : 0);
+    if (all >= device_budget_) {
+      return Status::OutOfMemory(
+          "engine: the device budget (" + Bytes(device_budget_) +
+          ") cannot hold the collectives' device buffers (" + Bytes(all) +
+          ", comm_memory device)");
+    }
+    device_budget_ -= all;
+    STRATA_RETURN_IF_ERROR(coll_->Resize(coll_bytes));
+  }
   DeviceArenaOptions ao;
   ao.capacity_bytes = device_budget_;
   ao.name = "engine device arena";
@@ -538,6 +585,9 @@ Status EngineImpl::Start() {
     // Note [Stage 3 over ranks]: a collective, like the rest of Start.
     STRATA_ASSIGN_OR_RETURN(Communicator dup, comm_->Duplicate());
     gather_comm_ = std::make_unique<Communicator>(std::move(dup));
+    gather_coll_ = std::make_unique<RankCollectives>(
+        gather_comm_.get(), device_, CommOnDevice(), gather_coll_bytes_);
+    STRATA_RETURN_IF_ERROR(gather_coll_->Resize(gather_coll_bytes_));
     gatherer_ = std::make_unique<Worker>();
   }
   mover_ = std::make_unique<Worker>();
@@ -906,11 +956,10 @@ Status EngineImpl::ReadMaster(TensorId id, std::span<float> out) {
       id, kMaster, false, [&](std::byte* p, uint64_t b, uint64_t n) {
         std::memcpy(out.data() + b, p, n * 4);
       }));
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w, comm_->AllGather(out.data() + mine, out.data(), counts,
-                                   CommType::kFloat32));
-  return w.Wait().WithContext("engine: ReadMaster(" + specs_[id].name +
-                              ") gathering the shards");
+  return coll_
+      ->AllGather(out.data() + mine, out.data(), counts, CommType::kFloat32)
+      .WithContext("engine: ReadMaster(" + specs_[id].name +
+                   ") gathering the shards");
 }
 
 Status EngineImpl::CheckTensor(TensorId id, const char* what) const {
@@ -1687,12 +1736,11 @@ Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
   // zero_stage 1: every unit once per step, straight into its shard.
   const std::vector<size_t> counts(static_cast<size_t>(options_.world_size),
                                    units_[u].elems);
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w, comm_->ReduceScatter(full, HostAt(kGrad, u, 0), counts,
-                                       CommType::kFloat32, ReduceOp::kSum));
-  return w.Wait().WithContext("engine: reducing the gradient of " +
-                              UnitNames(u) + " (unit " + std::to_string(u) +
-                              ") over the ranks");
+  return coll_
+      ->ReduceScatter(full, HostAt(kGrad, u, 0), counts, CommType::kFloat32,
+                      ReduceOp::kSum)
+      .WithContext("engine: reducing the gradient of " + UnitNames(u) +
+                   " (unit " + std::to_string(u) + ") over the ranks");
 }
 
 Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
@@ -1713,13 +1761,13 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
   float* out = written == 0 && mine > 0 && !grad_spill_
                    ? shard
                    : reinterpret_cast<float*>(reduce_out_.data());
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork work, comm_->ReduceScatter(data, out, counts, CommType::kFloat32,
-                                          ReduceOp::kSum));
-  STRATA_RETURN_IF_ERROR(work.Wait().WithContext(
-      "engine: reducing the gradient of " + UnitNames(u) + " (unit " +
-      std::to_string(u) + ", elements " + std::to_string(lo) + ".." +
-      std::to_string(hi) + ") over the ranks"));
+  STRATA_RETURN_IF_ERROR(
+      coll_
+          ->ReduceScatter(data, out, counts, CommType::kFloat32, ReduceOp::kSum)
+          .WithContext("engine: reducing the gradient of " + UnitNames(u) +
+                       " (unit " + std::to_string(u) + ", elements " +
+                       std::to_string(lo) + ".." + std::to_string(hi) +
+                       ") over the ranks"));
   if (grad_spill_) {
     if (mine > 0) {
       STRATA_RETURN_IF_ERROR(grad_spill_->Add(
@@ -1891,10 +1939,9 @@ StatusOr<GradStats> EngineImpl::AgreeGradStats(const GradStats& local) {
   const double mine[2] = {local.sum_sq, local.finite ? 1.0 : 0.0};
   std::vector<double> all(2 * n);
   const std::vector<size_t> counts(n, sizeof mine);
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w, comm_->AllGather(mine, all.data(), counts, CommType::kByte));
   STRATA_RETURN_IF_ERROR(
-      w.Wait().WithContext("engine: agreeing on the gradient's norm"));
+      coll_->AllGather(mine, all.data(), counts, CommType::kByte)
+          .WithContext("engine: agreeing on the gradient's norm"));
   GradStats g;
   for (size_t r = 0; r < n; ++r) {
     g.sum_sq += all[2 * r];
@@ -2313,9 +2360,24 @@ Status EngineImpl::UpdateAll(StepReads& r, const CpuStepArgs& sa,
 // device block, and the pieces are gathered in rounds of as many elements
 // per rank as a staging buffer holds for all ranks.
 Status EngineImpl::GatherParams() {
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  if (coll_->on_device()) {
+    // Note [Collectives on device memory]: each rank's updated shard is in
+    // its slot of the device block already; the rest is gathered around it.
+    STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+    for (uint32_t u = 0; u < units_.size(); ++u) {
+      const UnitState& s = units_[u];
+      const std::vector<size_t> counts(ranks, s.elems * ElementSize(s.dtype));
+      STRATA_RETURN_IF_ERROR(
+          coll_->AllGatherInPlace(DevAt(s, 0), counts, CommType::kByte)
+              .WithContext("engine: gathering the updated parameters of " +
+                           UnitNames(u) + " (unit " + std::to_string(u) +
+                           ") on the device"));
+    }
+    return Status::Ok();
+  }
   STRATA_ASSIGN_OR_RETURN(StagingLease mine, staging_->Acquire());
   STRATA_ASSIGN_OR_RETURN(StagingLease all, staging_->Acquire());
-  const size_t ranks = static_cast<size_t>(options_.world_size);
   for (uint32_t u = 0; u < units_.size(); ++u) {
     const UnitState& s = units_[u];
     const size_t es = ElementSize(s.dtype);
@@ -2340,12 +2402,11 @@ Status EngineImpl::GatherParams() {
           STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
         }
         const std::vector<size_t> counts(ranks, k);
-        STRATA_ASSIGN_OR_RETURN(
-            CommWork w,
-            comm_->AllGather(mine.data() + c * es, all.data(), counts, type));
-        STRATA_RETURN_IF_ERROR(w.Wait().WithContext(
-            "engine: gathering the updated parameters of " + UnitNames(u) +
-            " (unit " + std::to_string(u) + ")"));
+        STRATA_RETURN_IF_ERROR(
+            coll_->AllGather(mine.data() + c * es, all.data(), counts, type)
+                .WithContext("engine: gathering the updated parameters of " +
+                             UnitNames(u) + " (unit " + std::to_string(u) +
+                             ")"));
         for (size_t r = 0; r < ranks; ++r) {
           if (r == static_cast<size_t>(options_.rank)) continue;
           STRATA_RETURN_IF_ERROR(device_->CopyAsync(
@@ -2426,10 +2487,10 @@ Status EngineImpl::GatherUnit(uint32_t u) {
                            ") from the ranks' shards";
   {
     float head[2] = {static_cast<float>(u), -static_cast<float>(u)};
-    STRATA_ASSIGN_OR_RETURN(
-        CommWork w, gather_comm_->AllReduce(head, head, 2, CommType::kFloat32,
-                                            ReduceOp::kMax));
-    STRATA_RETURN_IF_ERROR(w.Wait().WithContext(what));
+    STRATA_RETURN_IF_ERROR(
+        gather_coll_
+            ->AllReduce(head, head, 2, CommType::kFloat32, ReduceOp::kMax)
+            .WithContext(what));
     if (head[0] != static_cast<float>(u) || -head[1] != static_cast<float>(u)) {
       return Status::Internal(
           what + ": the ranks fetch different units (units " +
@@ -2443,6 +2504,7 @@ Status EngineImpl::GatherUnit(uint32_t u) {
   const size_t ranks = static_cast<size_t>(options_.world_size);
   const size_t es = ElementSize(s.dtype);
   const uint64_t unit_bytes = ranks * s.elems * es;
+  if (gather_coll_->on_device()) return GatherUnitInPlace(u, what);
   if (device_->kind() == DeviceKind::kHostEmulated && !nvme &&
       (options_.allgather_bucket_bytes == 0 ||
        options_.allgather_bucket_bytes >= unit_bytes)) {
@@ -2453,10 +2515,9 @@ Status EngineImpl::GatherUnit(uint32_t u) {
     // compaction may have moved another block out of this range).
     STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
     const std::vector<size_t> counts(ranks, s.elems * es);
-    STRATA_ASSIGN_OR_RETURN(
-        CommWork w, gather_comm_->AllGather(HostAt(kParam, u, 0), DevAt(s, 0),
-                                            counts, CommType::kByte));
-    return w.Wait().WithContext(what);
+    return gather_coll_
+        ->AllGather(HostAt(kParam, u, 0), DevAt(s, 0), counts, CommType::kByte)
+        .WithContext(what);
   }
   const size_t pieces = NumPieces(u);
   Status local;  // this rank's own failure: a read of its shard
@@ -2502,10 +2563,10 @@ Status EngineImpl::GatherUnit(uint32_t u) {
       // while this one gathers.
       STRATA_ASSIGN_OR_RETURN(StagingLease all, staging_->Acquire());
       const std::vector<size_t> counts(ranks, k * es);
-      STRATA_ASSIGN_OR_RETURN(
-          CommWork w, gather_comm_->AllGather(src + c * es, all.data(), counts,
-                                              CommType::kByte));
-      STRATA_RETURN_IF_ERROR(w.Wait().WithContext(what));
+      STRATA_RETURN_IF_ERROR(
+          gather_coll_
+              ->AllGather(src + c * es, all.data(), counts, CommType::kByte)
+              .WithContext(what));
       for (size_t r = 0; r < ranks; ++r) {
         STRATA_RETURN_IF_ERROR(device_->CopyAsync(
             *copy_stream_, DevAt(s, (r * s.elems + begin + c) * es),
@@ -2517,7 +2578,76 @@ Status EngineImpl::GatherUnit(uint32_t u) {
   if (!nvme) return Status::Ok();
   // Every rank learns whether every rank read its shard, and the first
   // failing rank's error.
-  return AgreeOver(*gather_comm_, local).WithContext(what);
+  return AgreeOver(*gather_coll_, local).WithContext(what);
+}
+
+// Note [Collectives on device memory]: this rank's shard goes to its slot
+// of the device block (read from NVMe a piece ahead), on the gatherer's
+// stream, and the rest is gathered around it there.
+Status EngineImpl::GatherUnitInPlace(uint32_t u, const std::string& what) {
+  const UnitState& s = units_[u];
+  const bool nvme = options_.params == Residence::kNvme;
+  const size_t es = ElementSize(s.dtype);
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  STRATA_ASSIGN_OR_RETURN(Stream * stream, gather_coll_->stream());
+  // The copy stream's work first (a compaction may have moved another block
+  // out of this range).
+  STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
+  std::byte* slot =
+      DevAt(s, static_cast<uint64_t>(options_.rank) * s.elems * es);
+  Status local;  // this rank's own failure: a read of its shard
+  if (!nvme) {
+    STRATA_RETURN_IF_ERROR(
+        device_->CopyAsync(*stream, slot, HostAt(kParam, u, 0), s.elems * es,
+                           CopyKind::kHostToDevice));
+  } else {
+    const size_t pieces = NumPieces(u);
+    std::array<StagingLease, 2> bufs;
+    std::array<std::future<Status>, 2> reads;
+    struct Drain {
+      std::array<std::future<Status>, 2>& reads;
+      Device* device;
+      Stream* stream;
+      ~Drain() {
+        for (std::future<Status>& f : reads) {
+          if (f.valid()) f.wait();
+        }
+        // The buffers' copies too, before they go back.
+        device->SynchronizeStream(*stream).IgnoreError();
+      }
+    } drain{reads, device_, stream};
+    for (StagingLease& b : bufs) {
+      STRATA_ASSIGN_OR_RETURN(b, staging_->Acquire());
+    }
+    auto read = [&](size_t p) {
+      reads[p % 2] = ReadPieceFuture(u, kParam, p, bufs[p % 2].span(),
+                                     IoPriority::kUrgent);
+    };
+    read(0);
+    for (size_t p = 0; p < pieces; ++p) {
+      const uint64_t begin = p * piece_elems_;
+      const uint64_t n = std::min(piece_elems_, s.elems - begin);
+      // A rank whose read failed still gathers (its bytes are dropped by
+      // every rank, below), so that no rank waits for it.
+      const Status st = reads[p % 2].get();
+      if (local.ok()) local = st;
+      if (p + 1 < pieces) {
+        // The other buffer's copy (piece p - 1) is done before it is read
+        // into again.
+        STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*stream));
+        read(p + 1);
+      }
+      STRATA_RETURN_IF_ERROR(device_->CopyAsync(*stream, slot + begin * es,
+                                                bufs[p % 2].data(), n * es,
+                                                CopyKind::kHostToDevice));
+    }
+  }
+  const std::vector<size_t> counts(ranks, s.elems * es);
+  STRATA_RETURN_IF_ERROR(
+      gather_coll_->AllGatherInPlace(DevAt(s, 0), counts, CommType::kByte)
+          .WithContext(what));
+  if (!nvme) return Status::Ok();
+  return AgreeOver(*gather_coll_, local).WithContext(what);
 }
 
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
@@ -2926,7 +3056,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
                                                  Device* device) {
   if (device == nullptr) return Status::InvalidArgument("engine: no device");
   STRATA_RETURN_IF_ERROR(ValidateEngineOptions(options));
-  STRATA_RETURN_IF_ERROR(memtier::EngineImpl::CheckOptions(options));
+  STRATA_RETURN_IF_ERROR(memtier::EngineImpl::CheckOptions(options, *device));
   return std::unique_ptr<Engine>(new memtier::EngineImpl(options, device));
 }
 

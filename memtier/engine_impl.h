@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memtier/arena.h"
+#include "memtier/collectives.h"
 #include "memtier/grad_spill.h"
 #include "memtier/layout.h"
 #include "memtier/loss_scale.h"
@@ -170,7 +171,8 @@ class EngineImpl final : public Engine {
   EngineImpl(const EngineOptions& options, Device* device);
   ~EngineImpl() override;
 
-  static Status CheckOptions(const EngineOptions& options);
+  static Status CheckOptions(const EngineOptions& options,
+                             const Device& device);
 
   StatusOr<TensorId> Register(const TensorSpec& spec) override;
   Status Start() override;
@@ -297,6 +299,9 @@ class EngineImpl final : public Engine {
   // every rank into its device block, on the gatherer; ends its arrival.
   void GatherArrival(uint32_t u);
   Status GatherUnit(uint32_t u);
+  // GatherUnit with the collectives on device memory (Note [Collectives on
+  // device memory]).
+  Status GatherUnitInPlace(uint32_t u, const std::string& what);
   // Waits until every hand-over so far is accumulated, keeping its error.
   void WaitGradsQuiet() STRATA_EXCLUDES(mu_);
   // Note [Moment formats] (engine.cc).
@@ -516,11 +521,18 @@ class EngineImpl final : public Engine {
   Status AgreeSame(const std::string& what, const std::string& mine);
   // Agree without waiting for the gradients.
   Status AgreeNow(const Status& local) {
-    return MultiRank() ? AgreeOver(*options_.comm, local) : local;
+    return MultiRank() ? AgreeOver(*coll_, local) : local;
   }
-  // Agree over `comm` (the engine's, or the gatherer's own): every rank
+  // Agree over `coll` (the engine's, or the gatherer's own): every rank
   // gets OK or the lowest failing rank's status as "rank R: ...".
-  Status AgreeOver(Communicator& comm, const Status& local);
+  Status AgreeOver(RankCollectives& coll, const Status& local);
+  // Whether the collectives run on device memory (Note [Collectives on
+  // device memory]).
+  bool CommOnDevice() const {
+    return options_.comm_memory == CommMemory::kDevice ||
+           (options_.comm_memory == CommMemory::kAuto && options_.comm &&
+            options_.comm->backend() == CommBackendKind::kNccl);
+  }
   // Note [Moment formats in checkpoints]: the block scales of int8 moments
   // a load puts back, per moment, in piece order; `first[u]` is the index
   // of unit u's first block.
@@ -554,9 +566,14 @@ class EngineImpl final : public Engine {
   // the reduce-scatter's output. The buckets and the windows' written flags
   // are the accumulator's (and Step's, once the accumulator is idle).
   std::shared_ptr<Communicator> comm_;
+  // Note [Collectives on device memory]: every collective over comm_ (made
+  // with the engine: agreements may come before Start).
+  std::unique_ptr<RankCollectives> coll_;
   // Note [Stage 3 over ranks]: the gathers' own communicator (a duplicate
-  // of comm_), used by the gatherer alone.
+  // of comm_) and its collectives, used by the gatherer alone.
   std::unique_ptr<Communicator> gather_comm_;
+  std::unique_ptr<RankCollectives> gather_coll_;
+  uint64_t gather_coll_bytes_ = 0;  // its device buffer's size
   HostBuffer full_grads_;
   struct GradBucket {
     int64_t unit = -1;              // -1: free

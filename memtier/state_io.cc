@@ -466,7 +466,7 @@ std::string EngineImpl::EngineBlobJson() const {
 //   load only at the same world_size (and layout), else kInvalidArgument
 //   naming both layouts. fp32 and bf16 moments load at any world size.
 
-Status EngineImpl::AgreeOver(Communicator& comm, const Status& local) {
+Status EngineImpl::AgreeOver(RankCollectives& coll, const Status& local) {
   // Each rank's code, errno and message length; then the lowest failing
   // rank's message.
   struct Head {
@@ -490,12 +490,9 @@ Status EngineImpl::AgreeOver(Communicator& comm, const Status& local) {
         "engine: agreeing on an outcome over the ranks (the communicator "
         "failed)");
   };
-  {
-    StatusOr<CommWork> w =
-        comm.AllGather(&mine, all.data(), counts, CommType::kByte);
-    if (!w.ok()) return failed(w.status());
-    Status st = w->Wait();
-    if (!st.ok()) return failed(st);
+  if (Status st = coll.AllGather(&mine, all.data(), counts, CommType::kByte);
+      !st.ok()) {
+    return failed(st);
   }
   size_t root = 0;
   while (root < ranks && all[root].code == 0) ++root;
@@ -505,11 +502,11 @@ Status EngineImpl::AgreeOver(Communicator& comm, const Status& local) {
     std::memcpy(text.data(), msg.data(), msg.size());
   }
   if (!text.empty()) {
-    StatusOr<CommWork> w = comm.Broadcast(
-        text.data(), text.size(), CommType::kByte, static_cast<int>(root));
-    if (!w.ok()) return failed(w.status());
-    Status st = w->Wait();
-    if (!st.ok()) return failed(st);
+    if (Status st = coll.Broadcast(text.data(), text.size(), CommType::kByte,
+                                   static_cast<int>(root));
+        !st.ok()) {
+      return failed(st);
+    }
   }
   return Status(static_cast<StatusCode>(all[root].code),
                 "rank " + std::to_string(root) + ": " + text,
@@ -528,10 +525,9 @@ Status EngineImpl::AgreeSame(const std::string& what, const std::string& mine) {
   const uint64_t h = std::hash<std::string>{}(mine);
   std::vector<uint64_t> all(ranks);
   const std::vector<size_t> counts(ranks, sizeof(uint64_t));
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w, comm_->AllGather(&h, all.data(), counts, CommType::kByte));
   STRATA_RETURN_IF_ERROR(
-      w.Wait().WithContext("engine: comparing " + what + " over the ranks"));
+      coll_->AllGather(&h, all.data(), counts, CommType::kByte)
+          .WithContext("engine: comparing " + what + " over the ranks"));
   for (size_t r = 1; r < ranks; ++r) {
     if (all[r] != all[0]) {
       return Status::InvalidArgument(
@@ -580,16 +576,11 @@ StatusOr<std::string> EngineImpl::CommitState(CheckpointWriter* writer) {
   STRATA_RETURN_IF_ERROR(Agree(local));
   // Every rank learns the path.
   uint64_t len = path.size();
-  {
-    STRATA_ASSIGN_OR_RETURN(CommWork w,
-                            comm_->Broadcast(&len, 8, CommType::kByte, 0));
-    STRATA_RETURN_IF_ERROR(w.Wait());
-  }
+  STRATA_RETURN_IF_ERROR(coll_->Broadcast(&len, 8, CommType::kByte, 0));
   path.resize(len);
   if (len > 0) {
-    STRATA_ASSIGN_OR_RETURN(
-        CommWork w, comm_->Broadcast(path.data(), len, CommType::kByte, 0));
-    STRATA_RETURN_IF_ERROR(w.Wait());
+    STRATA_RETURN_IF_ERROR(
+        coll_->Broadcast(path.data(), len, CommType::kByte, 0));
   }
   return path;
 }
@@ -669,13 +660,13 @@ Status EngineImpl::SaveRoleRanked(CheckpointWriter* writer, int r,
                                             : CopyOut(r, u, begin, raw, buf);
         }
         if (q != 0) {
-          STRATA_ASSIGN_OR_RETURN(
-              CommWork w, comm_->Broadcast(buf, raw, CommType::kByte, q));
-          STRATA_RETURN_IF_ERROR(w.Wait().WithContext(
-              "engine: SaveState: moving the " +
-              std::string(StateRoleName(state)) + " of " + UnitNames(u) +
-              " (unit " + std::to_string(u) + ", rank " + std::to_string(q) +
-              "'s piece " + std::to_string(p) + ") to rank 0"));
+          STRATA_RETURN_IF_ERROR(
+              coll_->Broadcast(buf, raw, CommType::kByte, q)
+                  .WithContext("engine: SaveState: moving the " +
+                               std::string(StateRoleName(state)) + " of " +
+                               UnitNames(u) + " (unit " + std::to_string(u) +
+                               ", rank " + std::to_string(q) + "'s piece " +
+                               std::to_string(p) + ") to rank 0"));
         }
         if (me != 0 || !local.ok()) continue;
         // Converted even when it is padding only: int8 scales are kept for

@@ -35,6 +35,16 @@ enum class Residence : uint8_t { kDevice, kHost, kNvme };
 // "device", "host", "nvme".
 STRATA_EXPORT std::string_view ResidenceName(Residence residence);
 
+// Where the engine's collectives over ranks run (EngineOptions::comm_memory).
+enum class CommMemory : uint8_t {
+  kAuto,    // device memory for NCCL, host memory otherwise
+  kHost,    // host memory: the single-rank or MPI backend
+  kDevice,  // device memory, stream-ordered on the engine's device
+};
+
+// "auto", "host", "device".
+STRATA_EXPORT std::string_view CommMemoryName(CommMemory memory);
+
 // How fp16 gradients are scaled against underflow.
 enum class LossScaleMode : uint8_t {
   kNone,     // scale 1 (bf16, fp32)
@@ -106,14 +116,27 @@ struct EngineOptions {
   // parameters over, made by the trainer (a Communicator over its own
   // MPI_Comm composes with the groups it runs elsewhere; the engine never
   // creates one). Required when world_size is above 1; its size and rank
-  // must equal world_size and rank. Host-memory collectives: the single-rank
-  // or MPI backend (NCCL is refused). Every rank must make the engine calls
+  // must equal world_size and rank. The single-rank, MPI or NCCL backend
+  // (NCCL on a CUDA device; see comm_memory). Every rank must make the engine
+  // calls
   // that issue collectives (AddGrad with zero_stage 2 and 3, Step,
   // ReadMaster, and with zero_stage 3 Start and Fetch) in the same order,
   // and nothing else may use this communicator meanwhile: give the engine
   // one of its own. Kept alive by the engine; not part of a
   // JSON config. Null (the default): one rank, no collectives.
   std::shared_ptr<Communicator> comm;
+  // Where the collectives over comm run. kHost: on host memory, where the
+  // gradient shards and the optimizer's data are (MPI, single rank). kDevice:
+  // stream-ordered on the device, as NCCL needs: stage 3's fetches and
+  // stages 1 and 2's gather after the step gather in place in the unit's
+  // device block; gradients, agreements and checkpoint pieces go through a
+  // device buffer of the engine's (staging_buffer_bytes, taken from the
+  // device budget; stage 3 adds 64 KiB for its gathers' own communicator).
+  // On the host-emulated device kDevice runs the NCCL path's logic over MPI
+  // on CPU ranks. kAuto (the default): kDevice for an NCCL communicator,
+  // else kHost. MPI takes no CUDA stream: kDevice with MPI on a GPU is
+  // kNotSupported, as is kHost with NCCL.
+  CommMemory comm_memory = CommMemory::kAuto;
   // Bytes of working-precision gradient per reduction bucket with
   // zero_stage 2 and 3 (DeepSpeed's reduce_bucket_size, which counts
   // elements): a bucket is reduce-scattered once the tensors it covers are

@@ -231,6 +231,20 @@ TEST(EngineConfigTest, DeepSpeedZeroOffloadCpu) {
                      "allgather_bucket_bytes": 4096}})");
   EXPECT_EQ(own.options.reduce_bucket_bytes, 8192u);
   EXPECT_EQ(own.options.allgather_bucket_bytes, 4096u);
+  // Where the collectives run.
+  EXPECT_EQ(c.options.comm_memory, CommMemory::kAuto);
+  EXPECT_EQ(
+      ParseOk(R"({"strata": {"comm_memory": "device"}})").options.comm_memory,
+      CommMemory::kDevice);
+  EXPECT_EQ(
+      ParseOk(R"({"strata": {"comm_memory": "host"}})").options.comm_memory,
+      CommMemory::kHost);
+  EXPECT_THAT(ParseError(R"({"strata": {"comm_memory": "gpu"}})"),
+              HasSubstr("strata.comm_memory"));
+  EngineOptions bad;
+  bad.comm_memory = static_cast<CommMemory>(7);
+  EXPECT_THAT(std::string(ValidateEngineOptions(bad).message()),
+              HasSubstr("comm_memory"));
   EXPECT_FALSE(Warned(c, "zero_allow_untested_optimizer"));
 }
 
@@ -745,6 +759,9 @@ TEST(EngineConfigTest, NamesOfEnums) {
   EXPECT_EQ(LossScaleModeName(LossScaleMode::kNone), "none");
   EXPECT_EQ(LossScaleModeName(LossScaleMode::kStatic), "static");
   EXPECT_EQ(LossScaleModeName(LossScaleMode::kDynamic), "dynamic");
+  EXPECT_EQ(CommMemoryName(CommMemory::kAuto), "auto");
+  EXPECT_EQ(CommMemoryName(CommMemory::kHost), "host");
+  EXPECT_EQ(CommMemoryName(CommMemory::kDevice), "device");
 }
 
 TEST(EngineConfigTest, File) {

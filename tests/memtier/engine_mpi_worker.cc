@@ -312,6 +312,9 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
     uint64_t device_budget = 0;  // 0: automatic
     // reduce_bucket_bytes and allgather_bucket_bytes (0: automatic).
     uint64_t reduce_bucket = 0, allgather_bucket = 0;
+    // kDevice: the engine's device-memory path (NCCL's), over MPI on the
+    // host-emulated device.
+    CommMemory comm_memory = CommMemory::kHost;
   };
   // Stage 3 with a budget below the model's 180 KiB of parameters: fetches
   // evict, and prefetches land while others are fetched.
@@ -333,7 +336,18 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         Placement{2, Residence::kHost, Residence::kHost, false,
                   Residence::kDevice, 0, 8 << 10, 4 << 10},
         Placement{3, Residence::kHost, Residence::kHost, false,
-                  Residence::kHost, kTight, 8 << 10, 4 << 10}}) {
+                  Residence::kHost, kTight, 8 << 10, 4 << 10},
+        // The collectives on device memory.
+        Placement{1, Residence::kHost, Residence::kHost, false,
+                  Residence::kDevice, 0, 0, 0, CommMemory::kDevice},
+        Placement{2, Residence::kNvme, Residence::kNvme, false,
+                  Residence::kDevice, 0, 8 << 10, 0, CommMemory::kDevice},
+        Placement{2, Residence::kHost, Residence::kHost, true,
+                  Residence::kDevice, 0, 0, 0, CommMemory::kDevice},
+        Placement{3, Residence::kHost, Residence::kHost, false,
+                  Residence::kHost, kTight, 0, 0, CommMemory::kDevice},
+        Placement{3, Residence::kNvme, Residence::kNvme, false,
+                  Residence::kNvme, kTight, 0, 0, CommMemory::kDevice}}) {
     const int stage = p.stage;
     {
       {
@@ -345,7 +359,9 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
             (p.stage == 3 ? ", params " + std::string(ResidenceName(p.params))
                           : "") +
             (p.device_budget > 0 ? ", tight device budget" : "") +
-            (p.reduce_bucket > 0 ? ", small buckets" : "");
+            (p.reduce_bucket > 0 ? ", small buckets" : "") +
+            (p.comm_memory == CommMemory::kDevice ? ", collectives on device"
+                                                  : "");
         EngineOptions o = Base();
         o.zero_stage = stage;
         o.optimizer_states = p.states;
@@ -355,6 +371,7 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         o.device_budget_bytes = p.device_budget;
         o.reduce_bucket_bytes = p.reduce_bucket;
         o.allgather_bucket_bytes = p.allgather_bucket;
+        o.comm_memory = p.comm_memory;
         const Trained one = Train(o, all, world);
         o.rank = rank;
         o.world_size = world;
@@ -555,6 +572,7 @@ struct CkptCase {
   CpuDType moments;
   bool params;                          // the working copy saved too
   Residence rest = Residence::kDevice;  // where parameters rest
+  CommMemory comm_memory = CommMemory::kHost;
 };
 const CkptCase kCkptCases[] = {
     {"s2-host-fp32", 2, Residence::kHost, CpuDType::kFloat32, false},
@@ -565,6 +583,12 @@ const CkptCase kCkptCases[] = {
      Residence::kNvme},
     {"s3-host-bf16", 3, Residence::kHost, CpuDType::kBFloat16, false,
      Residence::kHost},
+    // The collectives on device memory: rank q's pieces reach the writer
+    // through the device buffer.
+    {"s2-nvme-fp32-params-dev", 2, Residence::kNvme, CpuDType::kFloat32, true,
+     Residence::kDevice, CommMemory::kDevice},
+    {"s3-host-bf16-dev", 3, Residence::kHost, CpuDType::kBFloat16, true,
+     Residence::kHost, CommMemory::kDevice},
 };
 
 EngineOptions CkptOptions(const CkptCase& c,
@@ -573,6 +597,7 @@ EngineOptions CkptOptions(const CkptCase& c,
   o.optimizer_states = c.states;
   o.optimizer.moment_dtype = c.moments;
   o.params = c.rest;
+  o.comm_memory = c.comm_memory;
   if (comm->size() > 1) {
     o.zero_stage = c.stage;
     o.rank = comm->rank();
@@ -905,14 +930,19 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
   struct Case {
     int stage;
     Residence states, grads;
+    CommMemory comm_memory = CommMemory::kHost;
   };
-  for (const Case& c : {Case{2, Residence::kNvme, Residence::kHost},
-                        Case{3, Residence::kNvme, Residence::kHost},
-                        Case{2, Residence::kHost, Residence::kNvme}}) {
+  for (const Case& c :
+       {Case{2, Residence::kNvme, Residence::kHost},
+        Case{3, Residence::kNvme, Residence::kHost},
+        Case{2, Residence::kHost, Residence::kNvme},
+        Case{3, Residence::kNvme, Residence::kHost, CommMemory::kDevice}}) {
     const int stage = c.stage;
     const bool in_handover = c.grads == Residence::kNvme;
-    const std::string name = "step-fault stage " + std::to_string(stage) +
-                             (in_handover ? ", gradients on nvme" : "");
+    const std::string name =
+        "step-fault stage " + std::to_string(stage) +
+        (in_handover ? ", gradients on nvme" : "") +
+        (c.comm_memory == CommMemory::kDevice ? ", collectives on device" : "");
     DeviceOptions dopt;
     dopt.choice = DeviceChoice::kHostEmulated;
     dopt.memory_budget_bytes = 64 << 20;
@@ -927,6 +957,7 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
     o.params = stage == 3 ? Residence::kHost : Residence::kDevice;
     o.optimizer_states = c.states;
     o.grads = c.grads;
+    o.comm_memory = c.comm_memory;
     o.nvme_paths = {dir.path()};
     o.rank = rank;
     o.world_size = world;
