@@ -8,14 +8,18 @@
 // Uneven counts: NCCL's all-gather and reduce-scatter take one count for
 // every rank, so unequal counts become one grouped ncclBroadcast (or
 // ncclReduce) per rank, rooted at the rank that owns the part.
+//
+// Duplicate splits the communicator (ncclCommSplit, NCCL 2.18 and newer).
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,18 +30,21 @@
 namespace strata::internal {
 namespace {
 
-#define STRATA_NCCL_FUNCTIONS(X)                                 \
-  X(ncclGetUniqueId)                                             \
-  X(ncclCommInitRank)                                            \
-  X(ncclCommDestroy) X(ncclCommAbort) X(ncclCommGetAsyncError)   \
-      X(ncclCommCount) X(ncclCommUserRank) X(ncclGetErrorString) \
-          X(ncclAllGather) X(ncclReduceScatter) X(ncclAllReduce) \
-              X(ncclBroadcast) X(ncclReduce) X(ncclGroupStart) X(ncclGroupEnd)
+#define STRATA_NCCL_FUNCTIONS(X)                                               \
+  X(ncclGetUniqueId)                                                           \
+  X(ncclCommInitRank)                                                          \
+  X(ncclCommDestroy)                                                           \
+  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclCommCount)                   \
+      X(ncclCommUserRank) X(ncclGetErrorString) X(ncclAllGather)               \
+          X(ncclReduceScatter) X(ncclAllReduce) X(ncclBroadcast) X(ncclReduce) \
+              X(ncclGroupStart) X(ncclGroupEnd)
 
 struct Nccl {
 #define STRATA_NCCL_MEMBER(name) decltype(&::name) name = nullptr;
   STRATA_NCCL_FUNCTIONS(STRATA_NCCL_MEMBER)
 #undef STRATA_NCCL_MEMBER
+  // NCCL 2.18 and newer; null before (Duplicate is then kNotSupported).
+  decltype(&::ncclCommSplit) ncclCommSplit = nullptr;
 };
 
 // Loaded once; never unloaded.
@@ -59,6 +66,8 @@ StatusOr<const Nccl*> LoadNccl() {
   }
     STRATA_NCCL_FUNCTIONS(STRATA_NCCL_RESOLVE)
 #undef STRATA_NCCL_RESOLVE
+    n->ncclCommSplit =
+        reinterpret_cast<decltype(&::ncclCommSplit)>(dlsym(h, "ncclCommSplit"));
     return static_cast<const Nccl*>(n);
   }();
   return loaded;
@@ -113,6 +122,38 @@ class NcclRequest final : public BackendRequest {
   cudaEvent_t event_;
 };
 
+// Duplicate: ncclCommSplit, a blocking collective, runs on a thread of its
+// own so that the Communicator can poll it under its timeout. The thread
+// owns the result with the request; after a timeout it is left to end (or
+// not) with the process, which must end anyway (docs/comm.md, "Failures").
+struct SplitResult {
+  std::atomic<bool> done{false};
+  ncclResult_t result = ncclSuccess;
+  ncclComm_t comm = nullptr;
+};
+
+class NcclSplitRequest final : public BackendRequest {
+ public:
+  NcclSplitRequest(const Nccl& n, ncclComm_t parent,
+                   std::shared_ptr<SplitResult> split, ncclComm_t* out)
+      : n_(n), parent_(parent), split_(std::move(split)), out_(out) {}
+  StatusOr<bool> Test() override {
+    if (!split_->done.load(std::memory_order_acquire)) return false;
+    if (split_->result != ncclSuccess) {
+      return NcclError(n_, "ncclCommSplit", split_->result);
+    }
+    *out_ = split_->comm;
+    return true;
+  }
+  void Abandon() override { n_.ncclCommAbort(parent_); }
+
+ private:
+  const Nccl& n_;
+  ncclComm_t parent_;
+  std::shared_ptr<SplitResult> split_;
+  ncclComm_t* out_;
+};
+
 class NcclBackend final : public CommBackend {
  public:
   NcclBackend(const Nccl& n, ncclComm_t comm, bool owned, int rank, int size,
@@ -126,7 +167,7 @@ class NcclBackend final : public CommBackend {
   ~NcclBackend() override {
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (owned_) n_.ncclCommDestroy(comm_);
+    if (owned_ && comm_ != nullptr) n_.ncclCommDestroy(comm_);
   }
 
   CommBackendKind kind() const override { return CommBackendKind::kNccl; }
@@ -153,6 +194,28 @@ class NcclBackend final : public CommBackend {
     CollectiveArgs a{
         CommOpKind::kAllReduce, scratch_, scratch_, {1}, CommType::kFloat32};
     return EnqueueOn(a, stream_);
+  }
+
+  // ncclCommSplit with one color: the same ranks, in the same order.
+  StatusOr<std::unique_ptr<CommBackend>> StartDuplicate(
+      std::unique_ptr<BackendRequest>* request) override {
+    if (n_.ncclCommSplit == nullptr) {
+      return Status::NotSupported(
+          "duplicating an NCCL communicator needs ncclCommSplit (NCCL 2.18 or "
+          "newer); libnccl.so.2 lacks it");
+    }
+    auto dup =
+        std::make_unique<NcclBackend>(n_, nullptr, true, rank_, size_, device_);
+    auto split = std::make_shared<SplitResult>();
+    std::thread([n = &n_, parent = comm_, rank = rank_, device = device_,
+                 split] {
+      cudaSetDevice(device);
+      split->result = n->ncclCommSplit(parent, 0, rank, &split->comm, nullptr);
+      split->done.store(true, std::memory_order_release);
+    }).detach();
+    *request = std::make_unique<NcclSplitRequest>(n_, comm_, std::move(split),
+                                                  &dup->comm_);
+    return std::unique_ptr<CommBackend>(std::move(dup));
   }
 
   StatusOr<std::unique_ptr<BackendRequest>> Enqueue(const CollectiveArgs& args,

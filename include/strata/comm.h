@@ -208,10 +208,11 @@ class STRATA_EXPORT Communicator {
   // Returns once every rank has called it, or fails after the timeout.
   Status Barrier();
   // A new communicator over the same ranks with the same timeout, whose
-  // collectives never match this one's (MPI_Comm_idup): two threads may
-  // then each keep their own order of calls. A collective (bounded by the
-  // timeout; a failure breaks this communicator). kNotSupported on NCCL,
-  // whose communicators the caller makes.
+  // collectives never match this one's (MPI_Comm_idup; NCCL:
+  // ncclCommSplit, kNotSupported before NCCL 2.18): two threads may then
+  // each keep their own order of calls. A collective (bounded by the
+  // timeout; a failure breaks this communicator). A duplicate of a
+  // caller's NCCL communicator is strata's, destroyed with it.
   StatusOr<Communicator> Duplicate();
 
  private:

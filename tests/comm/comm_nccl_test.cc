@@ -40,6 +40,20 @@ TEST(NcclSingleRankTest, EveryCollectiveOnDeviceMemory) {
   EXPECT_TRUE(r.failures.empty()) << failures;
   const auto e = testing::CheckArgumentErrors(*comm);
   EXPECT_TRUE(e.failures.empty());
+  // A duplicate (ncclCommSplit) is another communicator of the same rank
+  // that runs every collective too; NCCL before 2.18 cannot make one.
+  auto dup = comm->Duplicate();
+  if (dup.ok()) {
+    EXPECT_EQ(dup->size(), 1);
+    EXPECT_EQ(dup->backend(), CommBackendKind::kNccl);
+    const auto checked = testing::CheckCollectives(*dup, false, device->get());
+    std::string dup_failures;
+    for (const auto& f : checked.failures) dup_failures += f + "\n";
+    EXPECT_TRUE(checked.failures.empty()) << dup_failures;
+  } else {
+    EXPECT_EQ(dup.status().code(), StatusCode::kNotSupported)
+        << dup.status().ToString();
+  }
   // Host memory is refused with the reason.
   float x = 1;
   auto host = comm->AllReduce(&x, &x, 1, CommType::kFloat32, ReduceOp::kSum);
