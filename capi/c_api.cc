@@ -248,6 +248,28 @@ Status AddEngineOptions(StatusOr<strata::EngineConfig> config,
   return Status::Ok();
 }
 
+// The communicator `o` asks for, with timeout_s (0: the default), into
+// *out.
+Status CreateComm(strata::CommOptions o, const char* call, double timeout_s,
+                  strata_comm_t** out) {
+  if (timeout_s != 0) {
+    if (!(timeout_s > 0 && timeout_s <= 1e6)) {
+      return Status::InvalidArgument(
+          std::string(call) + ": timeout_s " + std::to_string(timeout_s) +
+          " is out of range; accepted: (0, 1e6] seconds, or 0 for the "
+          "default (" +
+          std::to_string(static_cast<int>(o.timeout_s)) + ")");
+    }
+    o.timeout_s = timeout_s;
+  }
+  STRATA_ASSIGN_OR_RETURN(strata::Communicator c,
+                          strata::Communicator::Create(o));
+  auto h = std::make_unique<strata_comm>();
+  h->comm = std::make_shared<strata::Communicator>(std::move(c));
+  *out = h.release();
+  return Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -530,22 +552,42 @@ strata_code_t strata_comm_create(const char* backend, double timeout_s,
                                      std::string(b) +
                                      "\" is not known; accepted: single, mpi");
     }
-    if (timeout_s != 0) {
-      if (!(timeout_s > 0 && timeout_s <= 1e6)) {
-        return Status::InvalidArgument(
-            std::string(kCall) + ": timeout_s " + std::to_string(timeout_s) +
-            " is out of range; accepted: (0, 1e6] seconds, or 0 for the "
-            "default (" +
-            std::to_string(static_cast<int>(o.timeout_s)) + ")");
-      }
-      o.timeout_s = timeout_s;
+    return CreateComm(o, kCall, timeout_s, out);
+  });
+}
+
+strata_code_t strata_comm_create_nccl(void* nccl_comm, const int* ranks,
+                                      size_t num_ranks,
+                                      strata_comm_t* bootstrap,
+                                      int cuda_ordinal, double timeout_s,
+                                      strata_comm_t** out, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_comm_create_nccl";
+    STRATA_RETURN_IF_ERROR(Require(out, kCall, "out"));
+    *out = nullptr;
+    if ((nccl_comm == nullptr) == (bootstrap == nullptr)) {
+      return Status::InvalidArgument(
+          std::string(kCall) +
+          ": give one of nccl_comm (the caller's ncclComm_t) and bootstrap "
+          "(a communicator of the same ranks to broadcast the NCCL id over)");
     }
-    STRATA_ASSIGN_OR_RETURN(strata::Communicator c,
-                            strata::Communicator::Create(o));
-    auto h = std::make_unique<strata_comm>();
-    h->comm = std::make_shared<strata::Communicator>(std::move(c));
-    *out = h.release();
-    return Status::Ok();
+    if (ranks == nullptr && num_ranks != 0) {
+      return Status::InvalidArgument(std::string(kCall) +
+                                     ": ranks is NULL but num_ranks is " +
+                                     std::to_string(num_ranks));
+    }
+    if (cuda_ordinal < 0) {
+      return Status::InvalidArgument(std::string(kCall) + ": cuda_ordinal " +
+                                     std::to_string(cuda_ordinal) +
+                                     " is negative");
+    }
+    strata::CommOptions o;
+    o.backend = strata::CommBackendKind::kNccl;
+    o.nccl_comm = nccl_comm;
+    if (ranks != nullptr) o.nccl_ranks.assign(ranks, ranks + num_ranks);
+    if (bootstrap != nullptr) o.nccl_bootstrap = bootstrap->comm.get();
+    o.cuda_ordinal = cuda_ordinal;
+    return CreateComm(o, kCall, timeout_s, out);
   });
 }
 

@@ -72,6 +72,8 @@ struct Flags {
 // parallelism"): one, or those of an MPI job.
 struct Ranks {
   int size = 1, rank = 0;
+  int local_rank = 0;              // on this machine: the GPU with nccl
+  std::string backend = "single";  // of the engine's communicator
   std::shared_ptr<strata::Communicator> engine;   // the engine's own
   std::shared_ptr<strata::Communicator> trainer;  // loss, agreement
 };
@@ -91,35 +93,74 @@ int LaunchedRanks() {
   return 1;
 }
 
-// --comm auto (MPI when launched on several ranks), mpi or single.
+// This process's rank among those on its machine, from the launcher's
+// environment (Open MPI, MPICH's Hydra, Slurm); 0 when none says.
+int LocalRank() {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(var);
+    int n = 0;
+    if (v != nullptr &&
+        std::from_chars(v, v + std::strlen(v), n).ec == std::errc() && n >= 0) {
+      return n;
+    }
+  }
+  return 0;
+}
+
+StatusOr<std::shared_ptr<strata::Communicator>> NewComm(
+    const strata::CommOptions& co, const std::string& flag) {
+  StatusOr<strata::Communicator> made = strata::Communicator::Create(co);
+  if (!made.ok()) return std::move(made).status().WithContext(flag);
+  return std::make_shared<strata::Communicator>(std::move(made).value());
+}
+
+// --comm auto (MPI when launched on several ranks), mpi, nccl (the engine's
+// collectives on the GPUs; MPI, when launched on several ranks, bootstraps
+// it and carries the trainer's) or single.
 StatusOr<Ranks> MakeRanks(const Flags& f) {
   Ranks r;
   bool mpi = false;
+  const bool nccl = f.comm == "nccl";
   if (f.comm == "auto") {
     mpi = LaunchedRanks() > 1;
   } else if (f.comm == "mpi") {
     mpi = true;
+  } else if (nccl) {
+    mpi = LaunchedRanks() > 1;
   } else if (f.comm != "single") {
     return Status::InvalidArgument("--comm: '" + f.comm +
-                                   "'; accepted: auto, mpi, single");
+                                   "'; accepted: auto, mpi, nccl, single");
   }
   if (!(f.comm_timeout > 0 && f.comm_timeout <= 1e6)) {
     return Status::InvalidArgument(
         "--comm-timeout: must be in (0, 1e6] seconds");
   }
-  if (!mpi) return r;
+  if (nccl && f.device == "host") {
+    return Status::InvalidArgument(
+        "--comm nccl runs the engine's collectives on CUDA GPUs; --device "
+        "host has none (use --comm mpi)");
+  }
+  if (!mpi && !nccl) return r;
   strata::CommOptions co;
-  co.backend = strata::CommBackendKind::kMpi;
+  co.backend =
+      mpi ? strata::CommBackendKind::kMpi : strata::CommBackendKind::kSingle;
   co.timeout_s = f.comm_timeout;
   // Two communicators over the same ranks: the engine's must carry nothing
   // else, and the trainer's carries the loss and the agreement on errors.
-  for (auto* c : {&r.engine, &r.trainer}) {
-    StatusOr<strata::Communicator> made = strata::Communicator::Create(co);
-    if (!made.ok()) {
-      return std::move(made).status().WithContext("--comm mpi");
-    }
-    *c = std::make_shared<strata::Communicator>(std::move(made).value());
+  STRATA_ASSIGN_OR_RETURN(r.trainer, NewComm(co, "--comm " + f.comm));
+  r.local_rank = LocalRank();
+  if (nccl) {
+    strata::CommOptions no;
+    no.backend = strata::CommBackendKind::kNccl;
+    no.timeout_s = f.comm_timeout;
+    no.cuda_ordinal = r.local_rank;
+    no.nccl_bootstrap = r.trainer.get();
+    STRATA_ASSIGN_OR_RETURN(r.engine, NewComm(no, "--comm nccl"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(r.engine, NewComm(co, "--comm " + f.comm));
   }
+  r.backend = std::string(strata::CommBackendName(r.engine->backend()));
   r.size = r.engine->size();
   r.rank = r.engine->rank();
   return r;
@@ -490,6 +531,8 @@ StatusOr<Setup> ParseFlags(const Flags& f, const Ranks& ranks) {
                                    "'; accepted: auto, cuda, host");
   }
   o.device.host_compute_threads = static_cast<int>(f.threads);
+  // NCCL runs one rank per GPU: this machine's ranks take one each.
+  if (ranks.backend == "nccl") o.device.cuda_ordinal = ranks.local_rank;
   // Which device auto picks decides the default model.
   auto probe = strata::NewDevice(o.device);
   if (!probe.ok()) return probe.status();
@@ -574,7 +617,7 @@ StatusOr<Setup> ParseFlags(const Flags& f, const Ranks& ranks) {
   s.config["engine_config"] = f.config;
   s.config["data_parallel"] = {
       {"ranks", ranks.size},
-      {"comm", ranks.size > 1 ? "mpi" : "single"},
+      {"comm", ranks.backend},
       {"comm_timeout_s", f.comm_timeout},
       {"zero_stage", o.engine.zero_stage},
       {"global_batch", int64_t{o.batch} * o.micro_batches * ranks.size}};
@@ -751,7 +794,8 @@ int Main(int argc, char** argv) {
                  "CPU threads for compute and the optimizer (0: all)");
   app.add_option("--comm", f.comm,
                  "Data-parallel ranks: auto (MPI when launched by mpirun on "
-                 "several ranks), mpi or single (docs/finetune.md)");
+                 "several ranks), mpi, nccl (the engine's collectives on "
+                 "the GPUs) or single (docs/finetune.md)");
   app.add_option("--comm-timeout", f.comm_timeout,
                  "Seconds a rank waits for the others in a collective before "
                  "it fails (300)");

@@ -222,10 +222,23 @@ STRATA_EXPORT strata_code_t strata_comm_create(const char* backend,
                                                const char* mpi_library,
                                                strata_comm_t** out,
                                                char** errptr);
+/* An NCCL communicator, for an engine whose collectives run on CUDA devices
+ * (docs/c_api.md, "Communicator"). Either `nccl_comm`, the caller's
+ * ncclComm_t (not owned, never destroyed by strata), with `ranks`, the
+ * global ranks of its members in NCCL rank order (`num_ranks` entries, for
+ * messages; NULL and 0: 0 .. size - 1); or `bootstrap`, a communicator of
+ * the same ranks (MPI, or "single" for one rank) whose rank 0 makes the
+ * NCCL id and broadcasts it (used during this call only). Not both.
+ * `cuda_ordinal`: the GPU (>= 0). `timeout_s` as for strata_comm_create.
+ * STRATA_UNAVAILABLE with the reason where NCCL or a GPU is missing. */
+STRATA_EXPORT strata_code_t
+strata_comm_create_nccl(void* nccl_comm, const int* ranks, size_t num_ranks,
+                        strata_comm_t* bootstrap, int cuda_ordinal,
+                        double timeout_s, strata_comm_t** out, char** errptr);
 /* This rank (0 .. size - 1) and the number of ranks. */
 STRATA_EXPORT int strata_comm_rank(const strata_comm_t* comm);
 STRATA_EXPORT int strata_comm_size(const strata_comm_t* comm);
-/* "single" or "mpi"; static storage. */
+/* "single", "mpi" or "nccl"; static storage. */
 STRATA_EXPORT const char* strata_comm_backend(const strata_comm_t* comm);
 /* Drops the caller's share: options and engines given the communicator keep
  * it alive until they are destroyed too. */

@@ -460,6 +460,57 @@ TEST(CApiCommTest, BadArguments) {
   EXPECT_EQ(strata_engine_options_set_comm(nullptr, nullptr, e.ptr()),
             STRATA_INVALID_ARGUMENT);
   EXPECT_MESSAGE_HAS(e, "strata_engine_options_set_comm: options is NULL");
+}
+
+TEST(CApiCommTest, NcclArgumentsAndItsAbsence) {
+  CErr e;
+  strata_comm_t* single = nullptr;
+  ASSERT_EQ(strata_comm_create("single", 0, nullptr, nullptr, &single, e.ptr()),
+            STRATA_OK)
+      << e.str();
+  strata_comm_t* comm = reinterpret_cast<strata_comm_t*>(&e);  // overwritten
+  int fake = 0;  // never used as an ncclComm_t: every call below is refused
+  EXPECT_EQ(strata_comm_create_nccl(nullptr, nullptr, 0, nullptr, 0, 0, &comm,
+                                    e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_MESSAGE_HAS(e, "strata_comm_create_nccl: give one of nccl_comm");
+  EXPECT_EQ(
+      strata_comm_create_nccl(&fake, nullptr, 0, single, 0, 0, &comm, e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "give one of nccl_comm");
+  EXPECT_EQ(
+      strata_comm_create_nccl(&fake, nullptr, 2, nullptr, 0, 0, &comm, e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "ranks is NULL but num_ranks is 2");
+  EXPECT_EQ(strata_comm_create_nccl(nullptr, nullptr, 0, single, -1, 0, &comm,
+                                    e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "cuda_ordinal -1");
+  EXPECT_EQ(strata_comm_create_nccl(nullptr, nullptr, 0, single, 0, -5, &comm,
+                                    e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_comm_create_nccl: timeout_s");
+  EXPECT_EQ(strata_comm_create_nccl(nullptr, nullptr, 0, single, 0, 0, nullptr,
+                                    e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  // Bootstrapped over one rank: an NCCL communicator of one rank where a
+  // GPU and NCCL are, else unavailable with the reason.
+  const strata_code_t made = strata_comm_create_nccl(
+      nullptr, nullptr, 0, single, 0, 30, &comm, e.ptr());
+  if (made == STRATA_OK) {
+    EXPECT_STREQ(strata_comm_backend(comm), "nccl");
+    EXPECT_EQ(strata_comm_size(comm), 1);
+    strata_comm_destroy(comm);
+  } else {
+    EXPECT_EQ(made, STRATA_UNAVAILABLE) << e.str();
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_FALSE(e.str().empty());
+  }
+  strata_comm_destroy(single);
+}
+
+TEST(CApiCommTest, NullHandles) {
   EXPECT_EQ(strata_comm_rank(nullptr), 0);
   EXPECT_EQ(strata_comm_size(nullptr), 0);
   EXPECT_EQ(strata_comm_backend(nullptr), nullptr);

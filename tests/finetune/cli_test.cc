@@ -162,6 +162,7 @@ TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
       {{"--export", "/nonexistent/dir/m.safetensors"}, "--export"},
       {{"--stop-after", "-1"}, "--stop-after"},
       {{"--comm", "tcp"}, "--comm"},
+      {{"--comm", "nccl"}, "--comm nccl"},  // Tiny() runs on --device host
       {{"--comm-timeout", "0"}, "--comm-timeout"},
       {{"--no-such-flag"}, "no-such-flag"}};
   for (const Case& c : cases) {
