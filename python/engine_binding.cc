@@ -235,17 +235,43 @@ Status NewCore(const DeviceOptions& d, const EngineOptions& o, Core& c) {
 class PyComm {
  public:
   PyComm(const std::string& backend, double timeout_s,
-         std::optional<std::string> mpi_library) {
+         std::optional<std::string> mpi_library, const PyComm* bootstrap,
+         int cuda_ordinal) {
     constexpr const char* kCall = "strata.Communicator";
     CommOptions o;
     if (backend == "single") {
       o.backend = CommBackendKind::kSingle;
     } else if (backend == "mpi") {
       o.backend = CommBackendKind::kMpi;
+    } else if (backend == "nccl") {
+      o.backend = CommBackendKind::kNccl;
     } else {
-      ThrowStatus(
-          Status::InvalidArgument(std::string(kCall) + ": backend '" + backend +
-                                  "' is not known; accepted: 'single', 'mpi'"));
+      ThrowStatus(Status::InvalidArgument(
+          std::string(kCall) + ": backend '" + backend +
+          "' is not known; accepted: 'single', 'mpi', 'nccl'"));
+    }
+    if ((bootstrap != nullptr || cuda_ordinal != 0) &&
+        o.backend != CommBackendKind::kNccl) {
+      ThrowStatus(Status::InvalidArgument(
+          std::string(kCall) +
+          ": bootstrap and cuda_ordinal are for backend 'nccl', not '" +
+          backend + "'"));
+    }
+    if (o.backend == CommBackendKind::kNccl) {
+      if (cuda_ordinal < 0) {
+        ThrowStatus(Status::InvalidArgument(
+            std::string(kCall) + ": cuda_ordinal " +
+            std::to_string(cuda_ordinal) + " is negative"));
+      }
+      o.cuda_ordinal = cuda_ordinal;
+      // One rank when no bootstrap is given.
+      if (bootstrap == nullptr) {
+        StatusOr<Communicator> one = Communicator::Create();
+        if (!one.ok()) ThrowStatus(std::move(one).status());
+        one_rank_ = std::make_shared<Communicator>(*std::move(one));
+      }
+      o.nccl_bootstrap =
+          bootstrap != nullptr ? bootstrap->get().get() : one_rank_.get();
     }
     if (!(timeout_s > 0 && timeout_s <= 1e6)) {
       ThrowStatus(Status::InvalidArgument(
@@ -289,6 +315,7 @@ class PyComm {
   const std::shared_ptr<Communicator>& get() const { return comm_; }
 
  private:
+  std::shared_ptr<Communicator> one_rank_;  // NCCL's bootstrap of one rank
   std::shared_ptr<Communicator> comm_;
 };
 
@@ -587,20 +614,26 @@ void BindEngine(py::module_& m) {
 The data-parallel communicator engines average gradients over
 (include/strata/comm.h).
 
-Communicator(backend='single', timeout_s=300.0, mpi_library=None)
+Communicator(backend='single', timeout_s=300.0, mpi_library=None,
+             bootstrap=None, cuda_ordinal=0)
 
-backend: 'single' (one rank; every collective a copy) or 'mpi' (the ranks
+backend: 'single' (one rank; every collective a copy), 'mpi' (the ranks
 of MPI_COMM_WORLD: start the processes with mpirun; MPI is initialized if
-the process has not done so). timeout_s: how long a collective waits for the
-other ranks before it fails, in (0, 1e6] seconds. mpi_library: None
-(strata's MPI backend, libstrata_comm_mpi.so, beside libstrata, then the
-loader's search path) or the backend's path. strata.Error (code
-'Unavailable') when MPI cannot be loaded. Give it to one Engine
-(Engine(..., comm=...)); the engine keeps it alive.
+the process has not done so) or 'nccl' (the engine's collectives on CUDA
+GPUs: the ranks of `bootstrap`, an 'mpi' Communicator whose rank 0
+broadcasts the NCCL id, or one rank when None; on GPU `cuda_ordinal`).
+timeout_s: how long a collective waits for the other ranks before it fails,
+in (0, 1e6] seconds. mpi_library: None (strata's MPI backend,
+libstrata_comm_mpi.so, beside libstrata, then the loader's search path) or
+the backend's path. strata.Error (code 'Unavailable') when MPI, NCCL or a
+GPU is missing. Give it to one Engine (Engine(..., comm=...)); the engine
+keeps it alive.
 )doc")
-      .def(py::init<const std::string&, double, std::optional<std::string>>(),
+      .def(py::init<const std::string&, double, std::optional<std::string>,
+                    const PyComm*, int>(),
            py::arg("backend") = "single", py::arg("timeout_s") = 300.0,
-           py::arg("mpi_library") = py::none())
+           py::arg("mpi_library") = py::none(),
+           py::arg("bootstrap") = py::none(), py::arg("cuda_ordinal") = 0)
       .def_property_readonly("rank", &PyComm::rank)
       .def_property_readonly("size", &PyComm::size)
       .def_property_readonly("backend", &PyComm::backend)

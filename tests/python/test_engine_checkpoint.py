@@ -153,6 +153,27 @@ class CommunicatorTest(unittest.TestCase):
                                     r"mpi_library is empty"):
             strata.Communicator("mpi", mpi_library="")
 
+    def test_nccl_arguments_and_its_absence(self):
+        one = strata.Communicator("single")
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"bootstrap and cuda_ordinal are for "
+                                    r"backend 'nccl'"):
+            strata.Communicator("single", bootstrap=one)
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"cuda_ordinal -1 is negative"):
+            strata.Communicator("nccl", cuda_ordinal=-1)
+        with self.assertRaises(TypeError):
+            strata.Communicator("nccl", bootstrap="mpi")
+        # One rank: a communicator where a GPU and NCCL are, else
+        # unavailable with the reason.
+        try:
+            comm = strata.Communicator("nccl", bootstrap=one, timeout_s=30)
+        except strata.Error as e:
+            self.assertEqual(e.code, "Unavailable")
+            self.assertIn("strata.Communicator: ", str(e))
+        else:
+            self.assertEqual((comm.backend, comm.size), ("nccl", 1))
+
     def test_mpi_library_that_cannot_load(self):
         with tempfile.TemporaryDirectory() as d:
             missing = os.path.join(d, "libnothing.so")
