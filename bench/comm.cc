@@ -49,6 +49,7 @@ struct CommFlags {
   std::string iters = "20";
   std::string warmup = "3";
   std::string timeout = "300";
+  std::string comm_memory = "host";
   std::string json;
   const CLI::Option* ops_option = nullptr;  // whether --ops was given
 };
@@ -61,6 +62,7 @@ struct CommConfig {
   int iters = 20;
   int warmup = 3;
   double timeout_s = 300;
+  std::string comm_memory;  // stage3-fetch's engine: host or device
   std::string json;
 };
 
@@ -219,6 +221,10 @@ void AddOptions(CLI::App& app, CommFlags& f) {
                  "seconds a collective may wait for the others, > 0 and "
                  "<= 1000000")
       ->capture_default_str();
+  app.add_option("--comm-memory", f.comm_memory,
+                 "stage3-fetch's engine gathers on host memory or, as with "
+                 "NCCL, on device memory (host, device)")
+      ->capture_default_str();
   app.add_option("--json", f.json, "also write the results here (rank 0)");
 }
 
@@ -252,10 +258,13 @@ StatusOr<CommConfig> ParseComm(const CommFlags& f) {
     c.ops.erase(std::find(c.ops.begin(), c.ops.end(), kStage3));
   } else if (c.backend == "nccl" && stage3) {
     return Status::InvalidArgument(
-        "--ops: stage3-fetch runs the engine, whose collectives are on host "
-        "memory (the mpi or single backend); it cannot run with --backend "
-        "nccl");
+        "--ops: stage3-fetch runs the engine on the host-emulated device, "
+        "where NCCL cannot run; --backend mpi with --comm-memory device "
+        "runs the engine's NCCL path (collectives on device memory) there");
   }
+  STRATA_ASSIGN_OR_RETURN(
+      c.comm_memory,
+      ParseChoiceOption("--comm-memory", f.comm_memory, {"host", "device"}));
   STRATA_ASSIGN_OR_RETURN(
       c.sizes, ParseSizeListOption("--sizes", f.sizes, 1024, kMaxMessage));
   STRATA_ASSIGN_OR_RETURN(
@@ -465,11 +474,17 @@ struct Stage3Rig {
 };
 
 StatusOr<std::unique_ptr<Stage3Rig>> MakeStage3Rig(const Stage3Shape& s,
+                                                   const CommConfig& c,
                                                    CommPrepared& p) {
   auto rig = std::make_unique<Stage3Rig>();
+  // With the collectives on device memory the engine takes their buffers
+  // (at most a staging buffer and 64 KiB) from its budget: the arena stays
+  // as large as with host memory.
+  const uint64_t coll_bytes =
+      c.comm_memory == "device" ? s.staging_bytes + (64 << 10) : 0;
   DeviceOptions d;
   d.choice = DeviceChoice::kHostEmulated;
-  d.memory_budget_bytes = s.budget_bytes + (uint64_t{64} << 20);
+  d.memory_budget_bytes = s.budget_bytes + coll_bytes + (uint64_t{64} << 20);
   STRATA_ASSIGN_OR_RETURN(rig->device, NewDevice(d));
   STRATA_ASSIGN_OR_RETURN(rig->stream, rig->device->NewStream({}));
   EngineOptions o;
@@ -487,9 +502,11 @@ StatusOr<std::unique_ptr<Stage3Rig>> MakeStage3Rig(const Stage3Shape& s,
   o.partition_bytes = s.partition_bytes;
   o.staging_buffer_bytes = s.staging_bytes;
   o.staging_buffer_count = s.staging_count;
-  o.device_budget_bytes = s.budget_bytes;
+  o.device_budget_bytes = s.budget_bytes + coll_bytes;
   o.prefetch_bytes = s.prefetch_bytes;
   o.persistence_threshold_bytes = 0;  // every unit is gathered every pass
+  o.comm_memory =
+      c.comm_memory == "device" ? CommMemory::kDevice : CommMemory::kHost;
   STRATA_ASSIGN_OR_RETURN(rig->engine, Engine::Create(o, rig->device.get()));
   for (uint64_t i = 0; i < s.tensors; ++i) {
     TensorSpec t;
@@ -636,7 +653,8 @@ StatusOr<Row> MeasureStage3(const CommConfig& c, CommPrepared& p,
                             uint64_t bytes) {
   Stage3Result r;
   const Stage3Shape& s = r.shape = Stage3ShapeFor(bytes, p.host->size());
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stage3Rig> rig, MakeStage3Rig(s, p));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stage3Rig> rig,
+                          MakeStage3Rig(s, c, p));
   // The reference's shards (this rank's part of every unit) and buffers.
   HostBufferOptions ho;
   ho.prefault = true;
@@ -801,9 +819,11 @@ Status ReportComm(const CommConfig& c, CommPrepared& p,
   if (HasStage3(c)) {
     std::printf(
         "\nstage3-fetch: the engine's fetch of every unit (zero_stage 3, "
-        "shards on the host, host-emulated device) against the all-gather "
-        "alone of the same units; ratio = all-gather time / fetch time, "
-        "paired = the median of each repetition's ratio.\n");
+        "shards on the host, host-emulated device, collectives on %s "
+        "memory) against the all-gather alone of the same units; ratio = "
+        "all-gather time / fetch time, paired = the median of each "
+        "repetition's ratio.\n",
+        c.comm_memory.c_str());
     if (above_one) {
       std::printf(
           "note: a ratio above 1 means the all-gather alone was measured "
@@ -833,6 +853,7 @@ Status ReportComm(const CommConfig& c, CommPrepared& p,
         {"params_rest_on", "host"},
         {"optimizer_states_rest_on", "host"},
         {"grads_rest_on", "host"},
+        {"comm_memory", c.comm_memory},
         {"pin_memory", true},
         {"persistence_threshold_bytes", 0},
         {"between_passes", "Step with lr 0 and no gradient"},

@@ -427,6 +427,7 @@ TEST(BenchCliTest, CommBadValuesNameTheirOption) {
       {{"comm", "--json", "/proc/strata-x.json"}, "--json"},
       {{"comm", "--bogus"}, "bogus"},
       {{"comm", "--ops", "stage3-fetch,bogus"}, "--ops: 'bogus'"},
+      {{"comm", "--comm-memory", "gpu"}, "--comm-memory: 'gpu'"},
       {{"comm", "--backend", "nccl", "--ops", "stage3-fetch"},
        "--ops: stage3-fetch runs the engine"},
   });

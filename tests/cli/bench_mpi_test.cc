@@ -54,6 +54,7 @@ TEST(BenchMpiTest, Stage3FetchOnTwoRanksReportsRatiosAndConfig) {
   EXPECT_EQ(c.value("warmup", -1), 1);
   ASSERT_TRUE(c.contains("stage3")) << c.dump();
   EXPECT_EQ(c["stage3"].value("ranks", 0), 2);
+  EXPECT_EQ(c["stage3"].value("comm_memory", ""), "host");
   ASSERT_EQ(c["stage3"]["shapes"].size(), 2u);
   for (const auto& s : c["stage3"]["shapes"]) {
     for (const char* k :
@@ -92,6 +93,30 @@ TEST(BenchMpiTest, Stage3FetchOnTwoRanksReportsRatiosAndConfig) {
 }
 
 // A bad value fails every rank as a usage error, before any work.
+// The engine's device-memory path (NCCL's), over MPI on the host-emulated
+// device: the same checked fetches.
+TEST(BenchMpiTest, Stage3FetchWithCollectivesOnDevice) {
+  ScratchDir d;
+  const std::string json = d.path() + "/comm.json";
+  const auto r = RunBenchUnderMpi(
+      2, {"comm", "--ops", "stage3-fetch", "--sizes", "1M", "--iters", "2",
+          "--warmup", "1", "--comm-memory", "device", "--json", json});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("collectives on device memory"), std::string::npos)
+      << r.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["config"]["stage3"].value("comm_memory", ""), "device");
+  ASSERT_EQ(j["results"].size(), 1u) << j.dump();
+  const auto& row = j["results"][0];
+  EXPECT_GT(row.value("ratio", 0.0), 0.0) << row.dump();
+  EXPECT_EQ(row.value("pass_h2d_bytes", 0),
+            row["shape"].value("gathered_bytes", 1));
+  EXPECT_EQ(row.value("checked_tensors", 0), 2);
+  EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"comm.json"}));
+}
+
 TEST(BenchMpiTest, BadOptionFailsEveryRankWithItsName) {
   ScratchDir d;
   const auto r =
