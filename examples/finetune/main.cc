@@ -620,6 +620,8 @@ StatusOr<Setup> ParseFlags(const Flags& f, const Ranks& ranks) {
       {"comm", ranks.backend},
       {"comm_timeout_s", f.comm_timeout},
       {"zero_stage", o.engine.zero_stage},
+      {"comm_memory",
+       std::string(strata::CommMemoryName(o.engine.comm_memory))},
       {"global_batch", int64_t{o.batch} * o.micro_batches * ranks.size}};
   s.config["engine"] = {
       {"params", std::string(strata::ResidenceName(o.engine.params))},

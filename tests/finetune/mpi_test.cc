@@ -171,6 +171,8 @@ class FinetuneMpiTest : public ::testing::Test {
     EXPECT_EQ(j["config"]["data_parallel"]["ranks"], 2);
     EXPECT_EQ(j["config"]["data_parallel"]["zero_stage"], stage);
     EXPECT_EQ(j["config"]["data_parallel"]["global_batch"], 4);
+    EXPECT_EQ(j["config"]["data_parallel"]["comm"], "mpi");
+    EXPECT_TRUE(j["config"]["data_parallel"].contains("comm_memory"));
     EXPECT_EQ(j["tokens_per_step"], 4 * 16);
   }
   ScratchDir cwd_, logs_, nvme_;
@@ -211,6 +213,20 @@ TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3TrainAsOneRank) {
   std::ifstream in(cwd_.path() + "/two.json");
   const auto j = nlohmann::json::parse(in, nullptr, false);
   EXPECT_EQ(j["config"]["engine"]["params"], "host");
+}
+
+// The engine's NCCL path (collectives on device memory), over MPI on the
+// host-emulated device.
+TEST_F(FinetuneMpiTest, TwoRanksWithCollectivesOnDeviceTrainAsOneRank) {
+  const std::string config = logs_.path() + "/stage3.json";
+  std::ofstream(config) << R"({"zero_optimization": {"stage": 3,
+              "offload_param": {"device": "cpu"},
+              "offload_optimizer": {"device": "cpu"}},
+            "strata": {"partition_bytes": 65536, "comm_memory": "device"}})";
+  ExpectSameCurve({"--config", config}, 3);
+  std::ifstream in(cwd_.path() + "/two.json");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_EQ(j["config"]["data_parallel"]["comm_memory"], "device");
 }
 
 TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3OnNvmeTrainAsOneRank) {
