@@ -22,6 +22,39 @@ namespace strata::memtier {
 // before Start); the buffer is taken from the device beside the arena and
 // counted in its budget by the engine.
 
+namespace {
+
+// The host-memory call's outcome once it completed.
+Status Waited(StatusOr<CommWork> work) {
+  if (!work.ok()) return work.status();
+  return work->Wait();
+}
+
+// Rank r's part of a round at element `at` of every part, at most `k` each.
+std::vector<size_t> RoundCounts(std::span<const size_t> counts, size_t at,
+                                size_t k) {
+  std::vector<size_t> c(counts.size());
+  for (size_t r = 0; r < counts.size(); ++r) {
+    c[r] = counts[r] > at ? std::min(k, counts[r] - at) : 0;
+  }
+  return c;
+}
+
+std::vector<size_t> Offsets(std::span<const size_t> counts) {
+  std::vector<size_t> off(counts.size() + 1, 0);
+  for (size_t r = 0; r < counts.size(); ++r) off[r + 1] = off[r] + counts[r];
+  return off;
+}
+
+const std::byte* At(const void* p, size_t elems, size_t es) {
+  return static_cast<const std::byte*>(p) + elems * es;
+}
+std::byte* At(void* p, size_t elems, size_t es) {
+  return static_cast<std::byte*>(p) + elems * es;
+}
+
+}  // namespace
+
 RankCollectives::RankCollectives(Communicator* comm, Device* device,
                                  bool on_device, uint64_t buffer_bytes)
     : comm_(comm),
@@ -65,8 +98,7 @@ Status RankCollectives::PrepareLocked() {
 }
 
 Status RankCollectives::FinishLocked(StatusOr<CommWork> work) {
-  if (!work.ok()) return work.status();
-  STRATA_RETURN_IF_ERROR(work->Wait());
+  STRATA_RETURN_IF_ERROR(Waited(std::move(work)));
   // The copies after it (a stream the collective ran on is not drained
   // after a failure: it may never run again).
   return device_->SynchronizeStream(*stream_);
@@ -78,41 +110,10 @@ Status RankCollectives::CopyLocked(void* dst, const void* src, size_t bytes,
   return device_->CopyAsync(*stream_, dst, src, bytes, kind);
 }
 
-namespace {
-
-// Rank r's part of a round at element `at` of every part, at most `k` each.
-std::vector<size_t> RoundCounts(std::span<const size_t> counts, size_t at,
-                                size_t k) {
-  std::vector<size_t> c(counts.size());
-  for (size_t r = 0; r < counts.size(); ++r) {
-    c[r] = counts[r] > at ? std::min(k, counts[r] - at) : 0;
-  }
-  return c;
-}
-
-std::vector<size_t> Offsets(std::span<const size_t> counts) {
-  std::vector<size_t> off(counts.size() + 1, 0);
-  for (size_t r = 0; r < counts.size(); ++r) off[r + 1] = off[r] + counts[r];
-  return off;
-}
-
-const std::byte* At(const void* p, size_t elems, size_t es) {
-  return static_cast<const std::byte*>(p) + elems * es;
-}
-std::byte* At(void* p, size_t elems, size_t es) {
-  return static_cast<std::byte*>(p) + elems * es;
-}
-
-}  // namespace
-
 Status RankCollectives::AllGather(const void* send, void* recv,
                                   std::span<const size_t> counts,
                                   CommType type) {
-  if (!on_device_) {
-    STRATA_ASSIGN_OR_RETURN(CommWork w,
-                            comm_->AllGather(send, recv, counts, type));
-    return w.Wait();
-  }
+  if (!on_device_) return Waited(comm_->AllGather(send, recv, counts, type));
   MutexLock l(&mu_);
   STRATA_RETURN_IF_ERROR(PrepareLocked());
   const size_t es = CommTypeSize(type);
@@ -141,11 +142,8 @@ Status RankCollectives::AllGather(const void* send, void* recv,
 Status RankCollectives::ReduceScatter(const void* send, void* recv,
                                       std::span<const size_t> counts,
                                       CommType type, ReduceOp op) {
-  if (!on_device_) {
-    STRATA_ASSIGN_OR_RETURN(CommWork w,
-                            comm_->ReduceScatter(send, recv, counts, type, op));
-    return w.Wait();
-  }
+  if (!on_device_)
+    return Waited(comm_->ReduceScatter(send, recv, counts, type, op));
   MutexLock l(&mu_);
   STRATA_RETURN_IF_ERROR(PrepareLocked());
   const size_t es = CommTypeSize(type);
@@ -177,11 +175,7 @@ Status RankCollectives::ReduceScatter(const void* send, void* recv,
 
 Status RankCollectives::AllReduce(const void* send, void* recv, size_t count,
                                   CommType type, ReduceOp op) {
-  if (!on_device_) {
-    STRATA_ASSIGN_OR_RETURN(CommWork w,
-                            comm_->AllReduce(send, recv, count, type, op));
-    return w.Wait();
-  }
+  if (!on_device_) return Waited(comm_->AllReduce(send, recv, count, type, op));
   MutexLock l(&mu_);
   STRATA_RETURN_IF_ERROR(PrepareLocked());
   const size_t es = CommTypeSize(type);
@@ -203,11 +197,7 @@ Status RankCollectives::AllReduce(const void* send, void* recv, size_t count,
 
 Status RankCollectives::Broadcast(void* buffer, size_t count, CommType type,
                                   int root) {
-  if (!on_device_) {
-    STRATA_ASSIGN_OR_RETURN(CommWork w,
-                            comm_->Broadcast(buffer, count, type, root));
-    return w.Wait();
-  }
+  if (!on_device_) return Waited(comm_->Broadcast(buffer, count, type, root));
   MutexLock l(&mu_);
   STRATA_RETURN_IF_ERROR(PrepareLocked());
   const size_t es = CommTypeSize(type);
@@ -237,10 +227,8 @@ Status RankCollectives::AllGatherInPlace(void* recv,
   STRATA_RETURN_IF_ERROR(PrepareLocked());
   const std::vector<size_t> off = Offsets(counts);
   const size_t me = static_cast<size_t>(comm_->rank());
-  STRATA_ASSIGN_OR_RETURN(
-      CommWork w, comm_->AllGather(At(recv, off[me], CommTypeSize(type)), recv,
-                                   counts, type, PlaceLocked()));
-  return w.Wait();
+  return Waited(comm_->AllGather(At(recv, off[me], CommTypeSize(type)), recv,
+                                 counts, type, PlaceLocked()));
 }
 
 }  // namespace strata::memtier
