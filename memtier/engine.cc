@@ -1527,11 +1527,17 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
   STRATA_RETURN_IF_ERROR(CheckTensor(id, "AddGrad"));
   const size_t esize = ElementSize(dtype);
   const uint64_t n = numel_[id];
+  // Note [Data-parallel ranks]: with several ranks a hand-over that fails
+  // here still goes to the accumulator (as zeros, below), so that this rank
+  // makes the reductions the others make; the step then fails on every
+  // rank, naming this one. One rank returns at once.
+  Status st;
   if (avail != SIZE_MAX && avail < n * esize) {
-    return Status::InvalidArgument("engine: AddGrad(" + specs_[id].name +
-                                   "): " + Bytes(avail) + " of gradient for " +
-                                   std::to_string(n) + " elements of " +
-                                   std::string(ElementTypeName(dtype)));
+    st = Status::InvalidArgument("engine: AddGrad(" + specs_[id].name +
+                                 "): " + Bytes(avail) + " of gradient for " +
+                                 std::to_string(n) + " elements of " +
+                                 std::string(ElementTypeName(dtype)));
+    if (!MultiRank()) return st;
   }
   const uint64_t per = staging_->buffer_bytes() / esize;
   bool first, last = false;
@@ -1558,16 +1564,12 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     // The copies below run on d2h_stream_ after what `producer` has so far;
     // the event may be recorded again at once: a wait takes the record it
     // sees when it is enqueued.
-    Status st = device_->RecordEvent(*producer_event_, producer);
+    if (st.ok()) st = device_->RecordEvent(*producer_event_, producer);
     if (st.ok()) st = device_->WaitEvent(*d2h_stream_, *producer_event_);
-    if (!st.ok()) {
-      --grads_pending_;
-      return st;
-    }
   }
   if (owned != nullptr) owned->RecordUse(*d2h_stream_);
-  Status st;
-  for (uint64_t b = 0; st.ok() && b < n; b += per) {
+  uint64_t b = 0;  // the first element not handed over
+  for (; st.ok() && b < n; b += per) {
     const uint64_t cnt = std::min(per, n - b);
     StatusOr<StagingLease> lease = staging_->Acquire();
     if (!lease.ok()) {
@@ -1587,8 +1589,20 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     auto shared = std::make_shared<StagingLease>(std::move(lease).value());
     accumulator_->Post(
         Priority::kUrgent, [this, id, b, cnt, dtype, first, last, shared] {
-          Accumulate(id, b, cnt, dtype, first, last, std::move(*shared));
+          Accumulate(id, b, cnt, dtype, first, last, std::move(*shared), {});
         });
+  }
+  for (; !st.ok() && MultiRank() && b < n; b += per) {
+    // The rest as zeros, failed (above).
+    const uint64_t cnt = std::min(per, n - b);
+    {
+      MutexLock l(&mu_);
+      ++grads_pending_;
+    }
+    accumulator_->Post(Priority::kUrgent,
+                       [this, id, b, cnt, dtype, first, last, st] {
+                         Accumulate(id, b, cnt, dtype, first, last, {}, st);
+                       });
   }
   {
     MutexLock l(&mu_);
@@ -1603,8 +1617,8 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
 // into the tensor's accumulator, or overwrites it on the first micro-batch.
 void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
                             ElementType dtype, bool first, bool last,
-                            StagingLease lease) {
-  Status st = lease.WaitDone();
+                            StagingLease lease, Status failed) {
+  Status st = failed.ok() ? lease.WaitDone() : failed;
   const TensorPlace& t = layout_->tensor(id);
   float* acc =
       grad_spill_ || MultiRank()
@@ -1612,7 +1626,8 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
           : reinterpret_cast<float*>(HostAt(kGrad, t.unit, t.offset + begin));
   for (uint64_t b = 0; b < n; b += scratch_.size()) {
     const uint64_t cnt = std::min<uint64_t>(scratch_.size(), n - b);
-    const std::byte* src = lease.data() + b * ElementSize(dtype);
+    const std::byte* src =
+        st.ok() ? lease.data() + b * ElementSize(dtype) : nullptr;
     const float* vals = scratch_.data();
     if (st.ok() && dtype == ElementType::kFloat32) {
       vals = reinterpret_cast<const float*>(src);

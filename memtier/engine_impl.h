@@ -398,8 +398,10 @@ class EngineImpl final : public Engine {
 
   Status AddGradImpl(TensorId id, const void* grad, size_t avail,
                      ElementType dtype, Stream& producer, DeviceMemory* owned);
+  // `failed` set: the hand-over failed before its copy (no lease); with
+  // several ranks its part goes on as zeros (Note [Data-parallel ranks]).
   void Accumulate(TensorId id, uint64_t begin, uint64_t n, ElementType dtype,
-                  bool first, bool last, StagingLease lease);
+                  bool first, bool last, StagingLease lease, Status failed);
 
   // Note [Updates during backward] (engine.cc).
   // `args` checked, with loss_scale 0 replaced by the engine's scale

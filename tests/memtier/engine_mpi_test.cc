@@ -70,7 +70,7 @@ TEST(EngineRanksErrorsTest, AFailedWriteBackOnOneRankFailsEveryRankAtOnce) {
     EXPECT_EQ(r.exit_code, 0) << r.out;
     EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
     for (int i = 0; i < ranks; ++i) {
-      EXPECT_EQ(Count(r.out, i, ": refused in "), 4) << r.out;
+      EXPECT_EQ(Count(r.out, i, ": refused in "), 6) << r.out;
     }
     std::printf("%s", r.out.c_str());
   }
