@@ -236,7 +236,7 @@ class PyComm {
  public:
   PyComm(const std::string& backend, double timeout_s,
          std::optional<std::string> mpi_library, const PyComm* bootstrap,
-         int cuda_ordinal) {
+         int cuda_ordinal, const py::object& mpi_comm) {
     constexpr const char* kCall = "strata.Communicator";
     CommOptions o;
     if (backend == "single") {
@@ -292,6 +292,37 @@ class PyComm {
             "beside libstrata) or the backend's path"));
       }
       o.mpi_library = *mpi_library;
+    }
+    // The caller's MPI_Comm: an mpi4py communicator, or the address of an
+    // MPI_Comm (mpi4py's MPI._addressof(comm)). Read once, by Create.
+    uintptr_t comm_address = 0;
+    if (!mpi_comm.is_none()) {
+      if (o.backend != CommBackendKind::kMpi) {
+        ThrowStatus(Status::InvalidArgument(
+            std::string(kCall) + ": mpi_comm is for backend 'mpi', not '" +
+            backend + "'"));
+      }
+      if (py::isinstance<py::int_>(mpi_comm)) {
+        comm_address = mpi_comm.cast<uintptr_t>();
+      } else {
+        py::object address;
+        try {
+          address =
+              py::module_::import("mpi4py.MPI").attr("_addressof")(mpi_comm);
+        } catch (py::error_already_set& e) {
+          ThrowStatus(Status::InvalidArgument(
+              std::string(kCall) +
+              ": mpi_comm is neither an mpi4py communicator nor an "
+              "MPI_Comm's address (" +
+              e.what() + ")"));
+        }
+        comm_address = address.cast<uintptr_t>();
+      }
+      if (comm_address == 0) {
+        ThrowStatus(Status::InvalidArgument(std::string(kCall) +
+                                            ": mpi_comm's address is 0"));
+      }
+      o.mpi_comm = reinterpret_cast<void*>(comm_address);
     }
     StatusOr<Communicator> c = [&] {
       py::gil_scoped_release nogil;
@@ -615,11 +646,13 @@ The data-parallel communicator engines average gradients over
 (include/strata/comm.h).
 
 Communicator(backend='single', timeout_s=300.0, mpi_library=None,
-             bootstrap=None, cuda_ordinal=0)
+             bootstrap=None, cuda_ordinal=0, mpi_comm=None)
 
 backend: 'single' (one rank; every collective a copy), 'mpi' (the ranks
 of MPI_COMM_WORLD: start the processes with mpirun; MPI is initialized if
-the process has not done so) or 'nccl' (the engine's collectives on CUDA
+the process has not done so; or those of `mpi_comm`, the caller's
+communicator: an mpi4py one or the address of an MPI_Comm, duplicated, MPI
+initialized by the caller) or 'nccl' (the engine's collectives on CUDA
 GPUs: the ranks of `bootstrap`, an 'mpi' Communicator whose rank 0
 broadcasts the NCCL id, or one rank when None; on GPU `cuda_ordinal`).
 timeout_s: how long a collective waits for the other ranks before it fails,
@@ -630,10 +663,11 @@ GPU is missing. Give it to one Engine (Engine(..., comm=...)); the engine
 keeps it alive.
 )doc")
       .def(py::init<const std::string&, double, std::optional<std::string>,
-                    const PyComm*, int>(),
+                    const PyComm*, int, const py::object&>(),
            py::arg("backend") = "single", py::arg("timeout_s") = 300.0,
            py::arg("mpi_library") = py::none(),
-           py::arg("bootstrap") = py::none(), py::arg("cuda_ordinal") = 0)
+           py::arg("bootstrap") = py::none(), py::arg("cuda_ordinal") = 0,
+           py::arg("mpi_comm") = py::none())
       .def_property_readonly("rank", &PyComm::rank)
       .def_property_readonly("size", &PyComm::size)
       .def_property_readonly("backend", &PyComm::backend)

@@ -18,6 +18,7 @@ build_pkgs=(
 test_pkgs=(
   googletest libgtest-dev libgmock-dev libseccomp-dev
   python3 python3-numpy python3-torch python3-pytest util-linux clang-format clang
+  python3-mpi4py  # a caller's MPI communicator into strata.Communicator (tests/python)
   libclang-rt-dev  # clang's libFuzzer and sanitizer runtimes (fuzz/)
 )
 

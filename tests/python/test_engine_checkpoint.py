@@ -152,6 +152,12 @@ class CommunicatorTest(unittest.TestCase):
         with self.assertRaisesRegex(strata.InvalidArgumentError,
                                     r"mpi_library is empty"):
             strata.Communicator("mpi", mpi_library="")
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"mpi_comm is for backend 'mpi'"):
+            strata.Communicator("single", mpi_comm=1234)
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"mpi_comm's address is 0"):
+            strata.Communicator("mpi", mpi_comm=0)
 
     def test_nccl_arguments_and_its_absence(self):
         one = strata.Communicator("single")

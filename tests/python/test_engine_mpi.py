@@ -6,7 +6,8 @@ the 2 ranks saved loads into one engine bit for bit and training goes on
 from it as it did on the 2 ranks. The same for strata.torch.offload of an
 MLP (mpi_offload_worker.py), each rank on its half of every batch, against
 one offload that accumulates both halves' gradients, each halved: the same
-masters within 1e-6, the 2 ranks' checkpoint loaded bit for bit."""
+masters within 1e-6, the 2 ranks' checkpoint loaded bit for bit. And a
+communicator the caller made with mpi4py (mpi_comm_worker.py)."""
 
 import os
 import subprocess
@@ -25,6 +26,11 @@ try:
     import strata.torch as storch
 except ImportError:  # pragma: no cover - python3-torch is a test package
     torch = None
+
+try:
+    import mpi4py as MPI4PY  # only to know the worker can import it
+except ImportError:  # pragma: no cover - python3-mpi4py is a test package
+    MPI4PY = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPIEXEC = os.environ.get("STRATA_TEST_MPIEXEC")
@@ -83,6 +89,11 @@ class TwoRanksTest(unittest.TestCase):
             np.testing.assert_allclose(case.masters(one), final[0], rtol=0,
                                        atol=1e-6)
             one.close()
+
+    @unittest.skipIf(MPI4PY is None, "needs python3-mpi4py")
+    def test_callers_mpi4py_communicator(self):
+        with tempfile.TemporaryDirectory() as out:
+            self.run_ranks(out, 2, worker="mpi_comm_worker.py")
 
     def test_zero_stage_2(self):
         self.check_stage(2)
