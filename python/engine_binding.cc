@@ -234,10 +234,18 @@ Status NewCore(const DeviceOptions& d, const EngineOptions& o, Core& c) {
 // A communicator the engines made with it share (EngineOptions::comm).
 class PyComm {
  public:
-  PyComm(const std::string& backend, double timeout_s,
-         std::optional<std::string> mpi_library, const PyComm* bootstrap,
-         int cuda_ordinal, const py::object& mpi_comm) {
-    constexpr const char* kCall = "strata.Communicator";
+  // What the constructor takes besides the backend and the timeout; each
+  // belongs to one backend.
+  struct Extra {
+    std::optional<std::string> mpi_library;
+    py::object mpi_comm;  // None, an mpi4py communicator or an address
+    const PyComm* bootstrap = nullptr;
+    int cuda_ordinal = 0;
+    std::optional<uintptr_t> nccl_comm;  // an ncclComm_t as an int
+    std::optional<std::vector<int>> nccl_ranks;
+  };
+
+  PyComm(const std::string& backend, double timeout_s, const Extra& x) {
     CommOptions o;
     if (backend == "single") {
       o.backend = CommBackendKind::kSingle;
@@ -246,84 +254,29 @@ class PyComm {
     } else if (backend == "nccl") {
       o.backend = CommBackendKind::kNccl;
     } else {
-      ThrowStatus(Status::InvalidArgument(
-          std::string(kCall) + ": backend '" + backend +
-          "' is not known; accepted: 'single', 'mpi', 'nccl'"));
-    }
-    if ((bootstrap != nullptr || cuda_ordinal != 0) &&
-        o.backend != CommBackendKind::kNccl) {
-      ThrowStatus(Status::InvalidArgument(
-          std::string(kCall) +
-          ": bootstrap and cuda_ordinal are for backend 'nccl', not '" +
-          backend + "'"));
-    }
-    if (o.backend == CommBackendKind::kNccl) {
-      if (cuda_ordinal < 0) {
-        ThrowStatus(Status::InvalidArgument(
-            std::string(kCall) + ": cuda_ordinal " +
-            std::to_string(cuda_ordinal) + " is negative"));
-      }
-      o.cuda_ordinal = cuda_ordinal;
-      // One rank when no bootstrap is given.
-      if (bootstrap == nullptr) {
-        StatusOr<Communicator> one = Communicator::Create();
-        if (!one.ok()) ThrowStatus(std::move(one).status());
-        one_rank_ = std::make_shared<Communicator>(*std::move(one));
-      }
-      o.nccl_bootstrap =
-          bootstrap != nullptr ? bootstrap->get().get() : one_rank_.get();
+      Refuse("backend '" + backend +
+             "' is not known; accepted: 'single', 'mpi', 'nccl'");
     }
     if (!(timeout_s > 0 && timeout_s <= 1e6)) {
-      ThrowStatus(Status::InvalidArgument(
-          std::string(kCall) + ": timeout_s " + std::to_string(timeout_s) +
-          " is out of range; accepted: (0, 1e6] seconds"));
+      Refuse("timeout_s " + std::to_string(timeout_s) +
+             " is out of range; accepted: (0, 1e6] seconds");
     }
     o.timeout_s = timeout_s;
-    if (mpi_library.has_value()) {
-      if (o.backend != CommBackendKind::kMpi) {
-        ThrowStatus(Status::InvalidArgument(
-            std::string(kCall) + ": mpi_library is for backend 'mpi', not '" +
-            backend + "'"));
-      }
-      if (mpi_library->empty()) {
-        ThrowStatus(Status::InvalidArgument(
-            std::string(kCall) +
-            ": mpi_library is empty; accepted: None (strata's MPI backend "
-            "beside libstrata) or the backend's path"));
-      }
-      o.mpi_library = *mpi_library;
+    const bool mpi_args = x.mpi_library.has_value() || !x.mpi_comm.is_none();
+    const bool nccl_args = x.bootstrap != nullptr || x.cuda_ordinal != 0 ||
+                           x.nccl_comm.has_value() || x.nccl_ranks.has_value();
+    if (mpi_args && o.backend != CommBackendKind::kMpi) {
+      Refuse("mpi_library and mpi_comm are for backend 'mpi', not '" + backend +
+             "'");
     }
-    // The caller's MPI_Comm: an mpi4py communicator, or the address of an
-    // MPI_Comm (mpi4py's MPI._addressof(comm)). Read once, by Create.
-    uintptr_t comm_address = 0;
-    if (!mpi_comm.is_none()) {
-      if (o.backend != CommBackendKind::kMpi) {
-        ThrowStatus(Status::InvalidArgument(
-            std::string(kCall) + ": mpi_comm is for backend 'mpi', not '" +
-            backend + "'"));
-      }
-      if (py::isinstance<py::int_>(mpi_comm)) {
-        comm_address = mpi_comm.cast<uintptr_t>();
-      } else {
-        py::object address;
-        try {
-          address =
-              py::module_::import("mpi4py.MPI").attr("_addressof")(mpi_comm);
-        } catch (py::error_already_set& e) {
-          ThrowStatus(Status::InvalidArgument(
-              std::string(kCall) +
-              ": mpi_comm is neither an mpi4py communicator nor an "
-              "MPI_Comm's address (" +
-              e.what() + ")"));
-        }
-        comm_address = address.cast<uintptr_t>();
-      }
-      if (comm_address == 0) {
-        ThrowStatus(Status::InvalidArgument(std::string(kCall) +
-                                            ": mpi_comm's address is 0"));
-      }
-      o.mpi_comm = reinterpret_cast<void*>(comm_address);
+    if (nccl_args && o.backend != CommBackendKind::kNccl) {
+      Refuse(
+          "bootstrap, cuda_ordinal, nccl_comm and nccl_ranks are for backend "
+          "'nccl', not '" +
+          backend + "'");
     }
+    if (o.backend == CommBackendKind::kMpi) SetMpi(x, &o);
+    if (o.backend == CommBackendKind::kNccl) SetNccl(x, &o);
     StatusOr<Communicator> c = [&] {
       py::gil_scoped_release nogil;
       return Communicator::Create(o);
@@ -346,6 +299,70 @@ class PyComm {
   const std::shared_ptr<Communicator>& get() const { return comm_; }
 
  private:
+  static constexpr const char* kCall = "strata.Communicator";
+
+  [[noreturn]] static void Refuse(const std::string& why) {
+    ThrowStatus(Status::InvalidArgument(std::string(kCall) + ": " + why));
+  }
+
+  // The backend's library, and the caller's MPI_Comm: an mpi4py
+  // communicator, or the address of an MPI_Comm (mpi4py's
+  // MPI._addressof(comm)), read once by Create.
+  static void SetMpi(const Extra& x, CommOptions* o) {
+    if (x.mpi_library.has_value()) {
+      if (x.mpi_library->empty()) {
+        Refuse(
+            "mpi_library is empty; accepted: None (strata's MPI backend "
+            "beside libstrata) or the backend's path");
+      }
+      o->mpi_library = *x.mpi_library;
+    }
+    if (x.mpi_comm.is_none()) return;
+    uintptr_t address = 0;
+    if (py::isinstance<py::int_>(x.mpi_comm)) {
+      address = x.mpi_comm.cast<uintptr_t>();
+    } else {
+      try {
+        address = py::module_::import("mpi4py.MPI")
+                      .attr("_addressof")(x.mpi_comm)
+                      .cast<uintptr_t>();
+      } catch (py::error_already_set& e) {
+        Refuse(
+            "mpi_comm is neither an mpi4py communicator nor an MPI_Comm's "
+            "address (" +
+            std::string(e.what()) + ")");
+      }
+    }
+    if (address == 0) Refuse("mpi_comm's address is 0");
+    o->mpi_comm = reinterpret_cast<void*>(address);
+  }
+
+  // The caller's ncclComm_t with its ranks, or a bootstrap over `bootstrap`
+  // (one rank when None).
+  void SetNccl(const Extra& x, CommOptions* o) {
+    if (x.cuda_ordinal < 0) {
+      Refuse("cuda_ordinal " + std::to_string(x.cuda_ordinal) + " is negative");
+    }
+    o->cuda_ordinal = x.cuda_ordinal;
+    if (x.nccl_comm.has_value()) {
+      if (x.bootstrap != nullptr) {
+        Refuse("give nccl_comm or bootstrap, not both");
+      }
+      if (*x.nccl_comm == 0) Refuse("nccl_comm is 0");
+      o->nccl_comm = reinterpret_cast<void*>(*x.nccl_comm);
+      if (x.nccl_ranks.has_value()) o->nccl_ranks = *x.nccl_ranks;
+      return;
+    }
+    if (x.nccl_ranks.has_value()) Refuse("nccl_ranks needs nccl_comm");
+    if (x.bootstrap == nullptr) {
+      StatusOr<Communicator> one = Communicator::Create();
+      if (!one.ok()) ThrowStatus(std::move(one).status());
+      one_rank_ = std::make_shared<Communicator>(*std::move(one));
+    }
+    o->nccl_bootstrap =
+        x.bootstrap != nullptr ? x.bootstrap->get().get() : one_rank_.get();
+  }
+
   std::shared_ptr<Communicator> one_rank_;  // NCCL's bootstrap of one rank
   std::shared_ptr<Communicator> comm_;
 };
@@ -646,15 +663,18 @@ The data-parallel communicator engines average gradients over
 (include/strata/comm.h).
 
 Communicator(backend='single', timeout_s=300.0, mpi_library=None,
-             bootstrap=None, cuda_ordinal=0, mpi_comm=None)
+             bootstrap=None, cuda_ordinal=0, mpi_comm=None, nccl_comm=None,
+             nccl_ranks=None)
 
 backend: 'single' (one rank; every collective a copy), 'mpi' (the ranks
 of MPI_COMM_WORLD: start the processes with mpirun; MPI is initialized if
 the process has not done so; or those of `mpi_comm`, the caller's
 communicator: an mpi4py one or the address of an MPI_Comm, duplicated, MPI
 initialized by the caller) or 'nccl' (the engine's collectives on CUDA
-GPUs: the ranks of `bootstrap`, an 'mpi' Communicator whose rank 0
-broadcasts the NCCL id, or one rank when None; on GPU `cuda_ordinal`).
+GPUs, on GPU `cuda_ordinal`: the caller's `nccl_comm`, an ncclComm_t as an
+int, not owned, with `nccl_ranks`, its members' global ranks; or the ranks
+of `bootstrap`, an 'mpi' Communicator whose rank 0 broadcasts the NCCL id;
+or one rank when neither is given).
 timeout_s: how long a collective waits for the other ranks before it fails,
 in (0, 1e6] seconds. mpi_library: None (strata's MPI backend,
 libstrata_comm_mpi.so, beside libstrata, then the loader's search path) or
@@ -662,12 +682,25 @@ the backend's path. strata.Error (code 'Unavailable') when MPI, NCCL or a
 GPU is missing. Give it to one Engine (Engine(..., comm=...)); the engine
 keeps it alive.
 )doc")
-      .def(py::init<const std::string&, double, std::optional<std::string>,
-                    const PyComm*, int, const py::object&>(),
+      .def(py::init([](const std::string& backend, double timeout_s,
+                       std::optional<std::string> mpi_library,
+                       const PyComm* bootstrap, int cuda_ordinal,
+                       py::object mpi_comm, std::optional<uintptr_t> nccl_comm,
+                       std::optional<std::vector<int>> nccl_ranks) {
+             PyComm::Extra x;
+             x.mpi_library = std::move(mpi_library);
+             x.mpi_comm = std::move(mpi_comm);
+             x.bootstrap = bootstrap;
+             x.cuda_ordinal = cuda_ordinal;
+             x.nccl_comm = nccl_comm;
+             x.nccl_ranks = std::move(nccl_ranks);
+             return std::make_unique<PyComm>(backend, timeout_s, x);
+           }),
            py::arg("backend") = "single", py::arg("timeout_s") = 300.0,
            py::arg("mpi_library") = py::none(),
            py::arg("bootstrap") = py::none(), py::arg("cuda_ordinal") = 0,
-           py::arg("mpi_comm") = py::none())
+           py::arg("mpi_comm") = py::none(), py::arg("nccl_comm") = py::none(),
+           py::arg("nccl_ranks") = py::none())
       .def_property_readonly("rank", &PyComm::rank)
       .def_property_readonly("size", &PyComm::size)
       .def_property_readonly("backend", &PyComm::backend)

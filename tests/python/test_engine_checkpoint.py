@@ -147,13 +147,15 @@ class CommunicatorTest(unittest.TestCase):
                                         r"timeout_s .* out of range"):
                 strata.Communicator(timeout_s=t)
         with self.assertRaisesRegex(strata.InvalidArgumentError,
-                                    r"mpi_library is for backend 'mpi'"):
+                                    r"mpi_library and mpi_comm are for "
+                                    r"backend 'mpi'"):
             strata.Communicator("single", mpi_library="x.so")
         with self.assertRaisesRegex(strata.InvalidArgumentError,
                                     r"mpi_library is empty"):
             strata.Communicator("mpi", mpi_library="")
         with self.assertRaisesRegex(strata.InvalidArgumentError,
-                                    r"mpi_comm is for backend 'mpi'"):
+                                    r"mpi_library and mpi_comm are for "
+                                    r"backend 'mpi'"):
             strata.Communicator("single", mpi_comm=1234)
         with self.assertRaisesRegex(strata.InvalidArgumentError,
                                     r"mpi_comm's address is 0"):
@@ -162,9 +164,18 @@ class CommunicatorTest(unittest.TestCase):
     def test_nccl_arguments_and_its_absence(self):
         one = strata.Communicator("single")
         with self.assertRaisesRegex(strata.InvalidArgumentError,
-                                    r"bootstrap and cuda_ordinal are for "
-                                    r"backend 'nccl'"):
+                                    r"bootstrap, cuda_ordinal, nccl_comm and "
+                                    r"nccl_ranks are for backend 'nccl'"):
             strata.Communicator("single", bootstrap=one)
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"give nccl_comm or bootstrap, not both"):
+            strata.Communicator("nccl", bootstrap=one, nccl_comm=1234)
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"nccl_ranks needs nccl_comm"):
+            strata.Communicator("nccl", nccl_ranks=[0])
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"nccl_comm is 0"):
+            strata.Communicator("nccl", nccl_comm=0)
         with self.assertRaisesRegex(strata.InvalidArgumentError,
                                     r"cuda_ordinal -1 is negative"):
             strata.Communicator("nccl", cuda_ordinal=-1)
