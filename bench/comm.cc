@@ -307,8 +307,11 @@ struct CommPrepared {
 Status MakeCommunicators(const CommConfig& c, CommPrepared& p) {
   CommOptions o;
   o.timeout_s = c.timeout_s;
-  o.backend =
-      c.backend == "single" ? CommBackendKind::kSingle : CommBackendKind::kMpi;
+  // NCCL is bootstrapped over MPI under mpirun, else over one rank (a GPU
+  // machine without MPI runs it on one GPU).
+  const bool single =
+      c.backend == "single" || (c.backend == "nccl" && !LaunchedByMpi());
+  o.backend = single ? CommBackendKind::kSingle : CommBackendKind::kMpi;
   STRATA_ASSIGN_OR_RETURN(p.host, Communicator::Create(o));
   if (c.backend != "nccl") return Status::Ok();
   DeviceOptions d;

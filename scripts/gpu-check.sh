@@ -17,7 +17,7 @@ out="$(mkdir -p "${1:-gpu-check-out}" && cd "${1:-gpu-check-out}" && pwd)"
 debs="${STRATA_DEBS:-.gpu-debs}"
 prefix="${STRATA_PREFIX:-/tmp/strata-prefix}"
 build="${STRATA_GPU_BUILD:-build-gpu}"
-steps="${STRATA_GPU_STEPS:-machine build gpu sanitizer copy tests adam io tiers step}"
+steps="${STRATA_GPU_STEPS:-machine build gpu sanitizer copy tests adam io tiers step comm finetune}"
 jobs="$(nproc)"
 worst=0
 summary="$out/summary.txt"
@@ -138,5 +138,13 @@ want tiers && step tiers "$bench" tiers --device cuda --size 4G \
   --dir "/tmp/strata-bench-tiers" --json "$out/tiers.json"
 want step && step step "$bench" step --params 512M --reps 1 \
   --dir "/tmp/strata-bench-step" --json "$out/step.json"
+# NCCL on one rank: the collectives' bandwidth on device memory, and the
+# fine-tune with the engine's communicator made by NCCL (one rank: the
+# engine runs no collective; several GPUs are needed for that).
+want comm && step comm "$bench" comm --backend nccl --sizes 1M,64M,256M \
+  --json "$out/comm-nccl.json"
+finetune="$build/examples/finetune/strata-finetune"
+want finetune && step finetune "$finetune" --device cuda --comm nccl \
+  --steps 200 --stop-after 50 --json "$out/finetune-nccl.json"
 note "done; worst rc=$worst; logs in $out"
 exit $worst
