@@ -142,9 +142,25 @@ Status RankCollectives::AllGather(const void* send, void* recv,
 Status RankCollectives::ReduceScatter(const void* send, void* recv,
                                       std::span<const size_t> counts,
                                       CommType type, ReduceOp op) {
-  if (!on_device_)
+  if (!on_device_) {
     return Waited(comm_->ReduceScatter(send, recv, counts, type, op));
+  }
   MutexLock l(&mu_);
+  return StagedReduceScatterLocked(send, recv, counts, type, op,
+                                   CopyKind::kHostToDevice);
+}
+
+Status RankCollectives::ReduceScatterFromDevice(const void* send, void* recv,
+                                                std::span<const size_t> counts,
+                                                CommType type, ReduceOp op) {
+  MutexLock l(&mu_);
+  return StagedReduceScatterLocked(send, recv, counts, type, op,
+                                   CopyKind::kDeviceToDevice);
+}
+
+Status RankCollectives::StagedReduceScatterLocked(
+    const void* send, void* recv, std::span<const size_t> counts, CommType type,
+    ReduceOp op, CopyKind in) {
   STRATA_RETURN_IF_ERROR(PrepareLocked());
   const size_t es = CommTypeSize(type);
   const size_t me = static_cast<size_t>(comm_->rank());
@@ -157,9 +173,8 @@ Status RankCollectives::ReduceScatter(const void* send, void* recv,
     const std::vector<size_t> c = RoundCounts(counts, at, k);
     const std::vector<size_t> off = Offsets(c);
     for (size_t r = 0; r < c.size(); ++r) {
-      STRATA_RETURN_IF_ERROR(CopyLocked(buffer_.at(off[r] * es),
-                                        At(send, whole[r] + at, es), c[r] * es,
-                                        CopyKind::kHostToDevice));
+      STRATA_RETURN_IF_ERROR(CopyLocked(
+          buffer_.at(off[r] * es), At(send, whole[r] + at, es), c[r] * es, in));
     }
     std::byte* out = buffer_.at(off.back() * es);
     StatusOr<CommWork> w =

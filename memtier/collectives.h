@@ -49,6 +49,12 @@ class RankCollectives {
   Status ReduceScatter(const void* send, void* recv,
                        std::span<const size_t> counts, CommType type,
                        ReduceOp op);
+  // ReduceScatter whose `send` is device memory, written by work on
+  // stream() (or waited for by it); `recv` is host memory.
+  // REQUIRES: on_device().
+  Status ReduceScatterFromDevice(const void* send, void* recv,
+                                 std::span<const size_t> counts, CommType type,
+                                 ReduceOp op);
   Status AllReduce(const void* send, void* recv, size_t count, CommType type,
                    ReduceOp op);
   Status Broadcast(void* buffer, size_t count, CommType type, int root);
@@ -62,6 +68,11 @@ class RankCollectives {
 
  private:
   Status PrepareLocked() STRATA_REQUIRES(mu_);
+  // The staged reduce-scatter; `in` says where `send` is.
+  Status StagedReduceScatterLocked(const void* send, void* recv,
+                                   std::span<const size_t> counts,
+                                   CommType type, ReduceOp op, CopyKind in)
+      STRATA_REQUIRES(mu_);
   // Waits for `work`, then for the copies queued after it.
   Status FinishLocked(StatusOr<CommWork> work) STRATA_REQUIRES(mu_);
   Status CopyLocked(void* dst, const void* src, size_t bytes, CopyKind kind)

@@ -465,7 +465,9 @@ Status EngineImpl::Start() {
           bucket, kTensorAlign * static_cast<uint64_t>(options_.world_size));
       const uint64_t window = std::min(window_elems_, max_full);
       buckets_.resize(2);
+      // Note [Gradients reduced on the device]: there, below.
       for (GradBucket& b : buckets_) {
+        if (DeviceReduce()) continue;
         STRATA_ASSIGN_OR_RETURN(b.mem, HostBuffer::Allocate(window * 4, ho));
       }
       STRATA_ASSIGN_OR_RETURN(
@@ -495,16 +497,35 @@ Status EngineImpl::Start() {
         device_budget_ / 8 / 4096 * 4096, 4096, staging_bytes);
     gather_coll_bytes_ = std::clamp<uint64_t>(device_budget_ / 16 / 4096 * 4096,
                                               4096, kGatherCollBytes);
-    const uint64_t all =
-        coll_bytes + (ShardedParams() ? gather_coll_bytes_ : 0);
+    // Note [Gradients reduced on the device]: and the two buckets.
+    uint64_t max_full = 0;
+    for (const UnitState& u : units_)
+      max_full = std::max(max_full, u.full_elems);
+    const uint64_t bucket_bytes =
+        DeviceReduce() ? RoundUp(std::min(window_elems_, max_full) * 4, 256)
+                       : 0;
+    const uint64_t all = coll_bytes +
+                         (ShardedParams() ? gather_coll_bytes_ : 0) +
+                         2 * bucket_bytes;
     if (all >= device_budget_) {
       return Status::OutOfMemory(
           "engine: the device budget (" + Bytes(device_budget_) +
           ") cannot hold the collectives' device buffers (" + Bytes(all) +
-          ", comm_memory device)");
+          ", comm_memory device" +
+          (bucket_bytes > 0
+               ? ", two reduction buckets of " + Bytes(bucket_bytes) +
+                     ": lower reduce_bucket_bytes"
+               : std::string()) +
+          ")");
     }
     device_budget_ -= all;
     STRATA_RETURN_IF_ERROR(coll_->Resize(coll_bytes));
+    STRATA_ASSIGN_OR_RETURN(comm_stream_, coll_->stream());
+    for (GradBucket& b : buckets_) {
+      if (bucket_bytes == 0) break;
+      STRATA_ASSIGN_OR_RETURN(b.dev,
+                              device_->Allocate(bucket_bytes, *comm_stream_));
+    }
   }
   DeviceArenaOptions ao;
   ao.capacity_bytes = device_budget_;
@@ -1539,7 +1560,11 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
                                  std::string(ElementTypeName(dtype)));
     if (!MultiRank()) return st;
   }
-  const uint64_t per = staging_->buffer_bytes() / esize;
+  // Chunks of a staging buffer; one, on the device (Note [Gradients reduced
+  // on the device]).
+  const uint64_t per = DeviceReduce() ? std::max<uint64_t>(n, 1)
+                                      : staging_->buffer_bytes() / esize;
+  Stream& copies = DeviceReduce() ? *comm_stream_ : *d2h_stream_;
   bool first, last = false;
   {
     MutexLock l(&mu_);
@@ -1565,9 +1590,23 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     // the event may be recorded again at once: a wait takes the record it
     // sees when it is enqueued.
     if (st.ok()) st = device_->RecordEvent(*producer_event_, producer);
-    if (st.ok()) st = device_->WaitEvent(*d2h_stream_, *producer_event_);
+    if (st.ok()) st = device_->WaitEvent(copies, *producer_event_);
   }
-  if (owned != nullptr) owned->RecordUse(*d2h_stream_);
+  if (owned != nullptr) owned->RecordUse(copies);
+  if (DeviceReduce()) {
+    // Note [Gradients reduced on the device]: the accumulator copies it
+    // into a bucket, in hand-over order; owned memory is freed after that
+    // copy, in stream order.
+    std::shared_ptr<DeviceMemory> keep;
+    if (owned != nullptr) {
+      keep = std::make_shared<DeviceMemory>(std::move(*owned));
+    }
+    accumulator_->Post(Priority::kUrgent,
+                       [this, id, grad, dtype, first, last, st, keep] {
+                         AccumulateOnDevice(id, grad, dtype, first, last, st);
+                       });
+    return st;  // the job ends the hand-over (grads_pending_)
+  }
   uint64_t b = 0;  // the first element not handed over
   for (; st.ok() && b < n; b += per) {
     const uint64_t cnt = std::min(per, n - b);
@@ -1644,8 +1683,10 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
       vals = scratch_.data();
     }
     if (MultiRank()) {
+      GradSource from;
+      from.host = vals;
       const Status added =
-          AccumulateRanked(id, t.offset + begin + b, vals, cnt, first);
+          AccumulateRanked(id, t.offset + begin + b, from, cnt, first);
       if (st.ok()) st = added;
     } else if (grad_spill_) {
       st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first);
@@ -1656,6 +1697,36 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
     }
   }
   lease.Reset();
+  EndHandOver(id, last, st);
+}
+
+// Note [Gradients reduced on the device]
+// With the collectives on device memory (comm_memory device: NCCL), stages
+// 2 and 3 keep their two reduction buckets on the device: a hand-over is
+// copied (converted to fp32) from the caller's device memory straight into
+// its bucket window on the communicator's stream, after the producer's
+// work, and a full bucket is reduce-scattered there, so only this rank's
+// part of the window crosses to the host, where it is added to the shard
+// as with host buckets. The host path instead copies the whole gradient to
+// the host, where the host buckets are reduced (through the device buffer,
+// with NCCL: the whole window back to the device). The bucket logic, its
+// order and its failures (zeros, so that every rank reduces alike) are the
+// same; the accumulator runs it, one job per hand-over.
+void EngineImpl::AccumulateOnDevice(TensorId id, const void* grad,
+                                    ElementType dtype, bool first, bool last,
+                                    Status failed) {
+  GradSource src;
+  if (failed.ok()) {
+    src.device = static_cast<const std::byte*>(grad);
+    src.dtype = dtype;
+  }
+  const Status added =
+      AccumulateRanked(id, layout_->tensor(id).offset, src, numel_[id], first);
+  EndHandOver(id, last, failed.ok() ? added : failed);
+}
+
+void EngineImpl::EndHandOver(TensorId id, bool last, const Status& st) {
+  const TensorPlace& t = layout_->tensor(id);
   bool ready = false;
   {
     MutexLock l(&mu_);
@@ -1758,7 +1829,8 @@ Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
                    " (unit " + std::to_string(u) + ") over the ranks");
 }
 
-Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
+Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data,
+                                bool device) {
   const UnitState& s = units_[u];
   const uint64_t lo = w * window_elems_;
   const uint64_t hi = std::min(lo + window_elems_, s.full_elems);
@@ -1777,12 +1849,18 @@ Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
                    ? shard
                    : reinterpret_cast<float*>(reduce_out_.data());
   STRATA_RETURN_IF_ERROR(
-      coll_
-          ->ReduceScatter(data, out, counts, CommType::kFloat32, ReduceOp::kSum)
+      (device ? coll_->ReduceScatterFromDevice(
+                    data, out, counts, CommType::kFloat32, ReduceOp::kSum)
+              : coll_->ReduceScatter(data, out, counts, CommType::kFloat32,
+                                     ReduceOp::kSum))
           .WithContext("engine: reducing the gradient of " + UnitNames(u) +
                        " (unit " + std::to_string(u) + ", elements " +
                        std::to_string(lo) + ".." + std::to_string(hi) +
                        ") over the ranks"));
+  if (device) {
+    MutexLock l(&mu_);
+    d2h_bytes_ += mine * 4;  // only this rank's part left the device
+  }
   if (grad_spill_) {
     if (mine > 0) {
       STRATA_RETURN_IF_ERROR(grad_spill_->Add(
@@ -1824,16 +1902,22 @@ Status EngineImpl::FlushBucket(size_t b) {
   k.unit = -1;
   k.present.clear();
   k.ended = 0;
-  return ReduceWindow(u, k.window,
-                      reinterpret_cast<const float*>(k.mem.data()));
+  return DeviceReduce()
+             ? ReduceWindow(u, k.window,
+                            reinterpret_cast<const float*>(k.dev.data()), true)
+             : ReduceWindow(u, k.window,
+                            reinterpret_cast<const float*>(k.mem.data()),
+                            false);
 }
 
 Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
-                                    const float* vals, uint64_t n, bool first) {
+                                    const GradSource& src, uint64_t n,
+                                    bool first) {
   const TensorPlace& t = layout_->tensor(id);
   const uint32_t u = t.unit;
   if (options_.zero_stage == 1) {
     float* acc = FullGradAt(u, elem);
+    const float* vals = src.host;
     if (first) {
       std::memcpy(acc, vals, n * 4);
     } else {
@@ -1841,6 +1925,7 @@ Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
     }
     return Status::Ok();
   }
+  GradSource at = src;
   // zero_stage 2: split at the windows' ends.
   while (n > 0) {
     const uint64_t w = elem / window_elems_;
@@ -1851,16 +1936,16 @@ Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,
     const uint64_t tlo = std::max(t.offset, lo);
     const uint64_t thi = std::min(t.offset + t.elems, hi);
     STRATA_RETURN_IF_ERROR(
-        AccumulateWindow(id, w, elem, vals, k, elem == tlo, elem + k == thi));
+        AccumulateWindow(id, w, elem, at, k, elem == tlo, elem + k == thi));
     elem += k;
-    vals += k;
+    at = at.Advanced(k);
     n -= k;
   }
   return Status::Ok();
 }
 
 Status EngineImpl::AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
-                                    const float* vals, uint64_t n,
+                                    const GradSource& src, uint64_t n,
                                     bool part_begins, bool part_ends) {
   const uint32_t u = layout_->tensor(id).unit;
   const uint64_t lo = w * window_elems_;
@@ -1897,15 +1982,38 @@ Status EngineImpl::AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
         const TensorPlace& o = layout_->tensor(other);
         if (o.offset < hi && o.offset + o.elems > lo) ++k.expected;
       }
-      std::memset(k.mem.data(), 0, (hi - lo) * 4);
+      if (DeviceReduce()) {
+        STRATA_RETURN_IF_ERROR(device_->MemsetAsync(*comm_stream_, k.dev.data(),
+                                                    0, (hi - lo) * 4));
+      } else {
+        std::memset(k.mem.data(), 0, (hi - lo) * 4);
+      }
     }
     buckets_[b].present.push_back(id);
   } else if (b == buckets_.size()) {
     return Status::Internal("engine: a gradient's bucket was lost");
   }
   GradBucket& k = buckets_[b];
-  std::memcpy(reinterpret_cast<float*>(k.mem.data()) + (elem - lo), vals,
-              n * 4);
+  if (!DeviceReduce()) {
+    std::memcpy(reinterpret_cast<float*>(k.mem.data()) + (elem - lo), src.host,
+                n * 4);
+  } else if (src.device != nullptr) {
+    // Note [Gradients reduced on the device] (a failed hand-over leaves
+    // the zeros the bucket opened with).
+    float* dst = reinterpret_cast<float*>(k.dev.data()) + (elem - lo);
+    if (src.dtype == ElementType::kFloat32) {
+      STRATA_RETURN_IF_ERROR(device_->CopyAsync(
+          *comm_stream_, dst, src.device, n * 4, CopyKind::kDeviceToDevice));
+    } else {
+      ConvertArgs c;
+      c.src = src.device;
+      c.src_type = src.dtype;
+      c.dst = dst;
+      c.dst_type = ElementType::kFloat32;
+      c.count = n;
+      STRATA_RETURN_IF_ERROR(device_->ConvertAsync(*comm_stream_, c));
+    }
+  }
   if (part_ends && ++k.ended == k.expected) return FlushBucket(b);
   return Status::Ok();
 }

@@ -259,13 +259,40 @@ class EngineImpl final : public Engine {
   // (full-unit coordinates) where this rank keeps them before the
   // reduction (`first`: the tensor's first hand-over of the step), on the
   // accumulator.
-  Status AccumulateRanked(TensorId id, uint64_t elem, const float* vals,
+  // Where a hand-over's values are: fp32 in host memory, or the caller's
+  // dtype in device memory (Note [Gradients reduced on the device]); both
+  // null: zeros (a failed hand-over).
+  struct GradSource {
+    const float* host = nullptr;
+    const std::byte* device = nullptr;
+    ElementType dtype = ElementType::kFloat32;
+    GradSource Advanced(uint64_t elems) const {
+      GradSource g = *this;
+      if (g.host != nullptr) g.host += elems;
+      if (g.device != nullptr) g.device += elems * ElementSize(dtype);
+      return g;
+    }
+  };
+  // Whether stages 2 and 3 keep their buckets on the device and reduce
+  // there (Note [Gradients reduced on the device]).
+  bool DeviceReduce() const {
+    return MultiRank() && options_.zero_stage >= 2 && CommOnDevice();
+  }
+  Status AccumulateRanked(TensorId id, uint64_t elem, const GradSource& src,
                           uint64_t n, bool first);
+  // On the accumulator, with DeviceReduce(): a whole hand-over into the
+  // device buckets (`failed`: as zeros).
+  void AccumulateOnDevice(TensorId id, const void* grad, ElementType dtype,
+                          bool first, bool last, Status failed);
+  // The end of one accumulator job of a hand-over: its error kept, an
+  // update during backward started when it was the unit's last.
+  void EndHandOver(TensorId id, bool last, const Status& st)
+      STRATA_EXCLUDES(mu_);
   // zero_stage 2: the part of a hand-over inside window `w` of its unit;
   // `part_begins` and `part_ends`: it starts and ends the tensor's part of
   // the window.
   Status AccumulateWindow(TensorId id, uint64_t w, uint64_t elem,
-                          const float* vals, uint64_t n, bool part_begins,
+                          const GradSource& src, uint64_t n, bool part_begins,
                           bool part_ends);
   // zero_stage 2: reduce-scatters bucket b into the ranks' gradient shards.
   Status FlushBucket(size_t b);
@@ -285,7 +312,10 @@ class EngineImpl final : public Engine {
   // Reduce-scatters window w of a unit's gradient (`data`, fp32, the
   // window's elements) and adds this rank's part into its accumulator (or
   // overwrites it, the first time in a step).
-  Status ReduceWindow(uint32_t unit, uint64_t w, const float* data);
+  // `device`: `data` is a device bucket (Note [Gradients reduced on the
+  // device]).
+  Status ReduceWindow(uint32_t unit, uint64_t w, const float* data,
+                      bool device);
   // zero_stage 1: reduce-scatters a unit's full gradient into the shards.
   Status ReduceUnitGrad(uint32_t unit, const float* full);
   // The gradient shards of every unit, summed over ranks, before the norm.
@@ -576,6 +606,9 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Communicator> gather_comm_;
   std::unique_ptr<RankCollectives> gather_coll_;
   uint64_t gather_coll_bytes_ = 0;  // its device buffer's size
+  // coll_'s stream (on the device), where DeviceReduce()'s buckets are
+  // filled: AddGrad enqueues its waits there without coll_'s lock.
+  Stream* comm_stream_ = nullptr;
   HostBuffer full_grads_;
   struct GradBucket {
     int64_t unit = -1;              // -1: free
@@ -584,7 +617,8 @@ class EngineImpl final : public Engine {
     std::vector<uint32_t> present;  // tensors handed over into it
     uint32_t ended = 0;             // of which whole in the window
     uint32_t expected = 0;          // tensors overlapping the window
-    HostBuffer mem;
+    HostBuffer mem;                 // or, with DeviceReduce(), on the device:
+    DeviceMemory dev;
   };
   std::vector<GradBucket> buckets_;
   uint64_t buckets_opened_ = 0;

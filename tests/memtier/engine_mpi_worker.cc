@@ -60,6 +60,7 @@
 #include "tests/memtier/memory_checkpoint.h"
 #include "tests/memtier/small_engine_options.h"
 #include "tests/util/scratch_dir.h"
+#include "util/half.h"
 
 namespace strata {
 namespace {
@@ -110,6 +111,7 @@ struct Phases {
   CheckpointFs* fs = nullptr;  // the writer's
   bool null_writer = false;    // rank 0 passes no writer
   bool stop_after_save = false;
+  ElementType grad_dtype = ElementType::kFloat32;  // of the hand-overs
 };
 
 struct Trained {
@@ -156,12 +158,28 @@ Status ReadWorking(Engine& e, Device& dev, Stream& stream, TensorId id,
 
 // Hands over `g` (fp32, on the host) as tensor `id`'s gradient, through
 // device memory the engine then owns.
+// `g` as fp32, or rounded to bf16 (dtype kBFloat16).
 Status HandOver(Engine& e, Device& dev, Stream& stream, TensorId id,
-                const std::vector<float>& g) {
-  STRATA_ASSIGN_OR_RETURN(DeviceMemory dm, dev.Allocate(g.size() * 4, stream));
-  STRATA_RETURN_IF_ERROR(dev.CopyAsync(stream, dm.data(), g.data(),
-                                       g.size() * 4, CopyKind::kHostToDevice));
-  return e.AddGrad(id, std::move(dm), ElementType::kFloat32, stream);
+                const std::vector<float>& g,
+                ElementType dtype = ElementType::kFloat32) {
+  std::vector<uint16_t> bf16;
+  const void* src = g.data();
+  size_t bytes = g.size() * 4;
+  if (dtype == ElementType::kBFloat16) {
+    for (float x : g) {
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      bf16.push_back(Bf16FromFloatBits(u));
+    }
+    src = bf16.data();
+    bytes = bf16.size() * 2;
+  }
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dm, dev.Allocate(bytes, stream));
+  STRATA_RETURN_IF_ERROR(
+      dev.CopyAsync(stream, dm.data(), src, bytes, CopyKind::kHostToDevice));
+  // The staging vector goes out of scope: the copy must be done first.
+  STRATA_RETURN_IF_ERROR(dev.SynchronizeStream(stream));
+  return e.AddGrad(id, std::move(dm), dtype, stream);
 }
 
 // Trains on the data of ranks `data` of `world` (each rank's gradient
@@ -265,7 +283,7 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world,
         }
         const float scale = static_cast<float>(eng->LossScale());
         for (float& x : g) x *= scale;
-        CHECK_OK(HandOver(*eng, *dev, *stream, ids[i], g));
+        CHECK_OK(HandOver(*eng, *dev, *stream, ids[i], g, ph.grad_dtype));
       }
     }
     ASSIGN_OK(r, eng->Step(a));
@@ -291,6 +309,32 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world,
   }
   t.stats = eng->stats();
   return t;
+}
+
+double MaxDiff(const std::vector<std::vector<float>>& a,
+               const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return INFINITY;
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      const double d = std::fabs(double(a[i][j]) - b[i][j]);
+      if (!(d <= m)) m = d;  // NaN sticks
+    }
+  }
+  return m;
+}
+
+bool Same(const std::vector<std::vector<float>>& a,
+          const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 int Fail(int rank, const std::string& what, const std::string& why) {
@@ -344,10 +388,14 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
                   Residence::kDevice, 0, 8 << 10, 0, CommMemory::kDevice},
         Placement{2, Residence::kHost, Residence::kHost, true,
                   Residence::kDevice, 0, 0, 0, CommMemory::kDevice},
+        // The device buckets and buffers come out of the budget: 64 KiB
+        // more leaves the arena below the model still.
         Placement{3, Residence::kHost, Residence::kHost, false,
-                  Residence::kHost, kTight, 0, 0, CommMemory::kDevice},
+                  Residence::kHost, kTight + (64 << 10), 8 << 10, 0,
+                  CommMemory::kDevice},
         Placement{3, Residence::kNvme, Residence::kNvme, false,
-                  Residence::kNvme, kTight, 0, 0, CommMemory::kDevice}}) {
+                  Residence::kNvme, kTight + (64 << 10), 8 << 10, 0,
+                  CommMemory::kDevice}}) {
     const int stage = p.stage;
     {
       {
@@ -484,6 +532,37 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
       }
     }
   }
+  // bf16 hand-overs, converted on the device into the device buckets
+  // (comm_memory device) or on the host into the host buckets: the same
+  // fp32 values either way, so the same masters bit for bit.
+  for (int stage : {2, 3}) {
+    const std::string name = "stage " + std::to_string(stage) +
+                             ", bf16 gradients, collectives on device";
+    EngineOptions o = Base();
+    o.zero_stage = stage;
+    o.params = stage == 3 ? Residence::kHost : Residence::kDevice;
+    o.rank = rank;
+    o.world_size = world;
+    o.comm = comm;
+    o.reduce_bucket_bytes = 8 << 10;
+    Phases bf16;
+    bf16.grad_dtype = ElementType::kBFloat16;
+    o.comm_memory = CommMemory::kHost;
+    const Trained host = Train(o, {rank}, world, bf16);
+    o.comm_memory = CommMemory::kDevice;
+    const Trained device = Train(o, {rank}, world, bf16);
+    if (!host.error.empty() || !device.error.empty()) {
+      rc |= Fail(rank, name, host.error + " / " + device.error);
+    } else if (!Same(host.masters, device.masters)) {
+      rc |= Fail(rank, name,
+                 "masters differ from the host path's by " +
+                     std::to_string(MaxDiff(host.masters, device.masters)));
+    } else {
+      std::printf("rank %d: %s: ok (the host path's masters bit for bit)\n",
+                  rank, name.c_str());
+      std::fflush(stdout);
+    }
+  }
   return rc;
 }
 
@@ -617,32 +696,6 @@ std::vector<int> CkptData(const Communicator& comm, int saved_world) {
 
 std::string CkptDir(const std::string& dir, int world, const CkptCase& c) {
   return dir + "/w" + std::to_string(world) + "-" + c.name;
-}
-
-double MaxDiff(const std::vector<std::vector<float>>& a,
-               const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size()) return INFINITY;
-    for (size_t j = 0; j < a[i].size(); ++j) {
-      const double d = std::fabs(double(a[i][j]) - b[i][j]);
-      if (!(d <= m)) m = d;  // NaN sticks
-    }
-  }
-  return m;
-}
-
-bool Same(const std::vector<std::vector<float>>& a,
-          const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size() ||
-        std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) {
-      return false;
-    }
-  }
-  return true;
 }
 
 int CkptSave(const std::shared_ptr<Communicator>& comm,
