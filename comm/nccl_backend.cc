@@ -30,14 +30,24 @@
 namespace strata::internal {
 namespace {
 
-#define STRATA_NCCL_FUNCTIONS(X)                                               \
-  X(ncclGetUniqueId)                                                           \
-  X(ncclCommInitRank)                                                          \
-  X(ncclCommDestroy)                                                           \
-  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclCommCount)                   \
-      X(ncclCommUserRank) X(ncclGetErrorString) X(ncclAllGather)               \
-          X(ncclReduceScatter) X(ncclAllReduce) X(ncclBroadcast) X(ncclReduce) \
-              X(ncclGroupStart) X(ncclGroupEnd)
+// clang-format off (it does not settle on one layout of this list)
+#define STRATA_NCCL_FUNCTIONS(X) \
+  X(ncclGetUniqueId)             \
+  X(ncclCommInitRank)            \
+  X(ncclCommDestroy)             \
+  X(ncclCommAbort)               \
+  X(ncclCommGetAsyncError)       \
+  X(ncclCommCount)               \
+  X(ncclCommUserRank)            \
+  X(ncclGetErrorString)          \
+  X(ncclAllGather)               \
+  X(ncclReduceScatter)           \
+  X(ncclAllReduce)               \
+  X(ncclBroadcast)               \
+  X(ncclReduce)                  \
+  X(ncclGroupStart)              \
+  X(ncclGroupEnd)
+// clang-format on
 
 struct Nccl {
 #define STRATA_NCCL_MEMBER(name) decltype(&::name) name = nullptr;
