@@ -314,7 +314,8 @@ Status EngineImpl::Start() {
     early_state_.assign(layout_->num_units(), 0);
   }
 
-  uint64_t max_unit_elems = 0;
+  uint64_t max_unit_elems = 0;  // of a shard
+  uint64_t max_full_elems = 0;  // of a whole unit
   for (uint32_t u = 0; u < units_.size(); ++u) {
     UnitState& s = units_[u];
     const UnitInfo& info = layout_->unit(u);
@@ -324,6 +325,7 @@ Status EngineImpl::Start() {
     s.dtype = specs_[info.tensors.front()].dtype;
     s.param_bytes = s.full_elems * ElementSize(s.dtype);
     max_unit_elems = std::max(max_unit_elems, s.elems);
+    max_full_elems = std::max(max_full_elems, s.full_elems);
   }
 
   // Staging: buffers of a piece of fp32 (4 MiB..64 MiB by default), enough of
@@ -437,11 +439,6 @@ Status EngineImpl::Start() {
     HostBufferOptions ho;
     ho.pin = false;  // only the CPU and the communicator touch them
     ho.prefault = true;
-    uint64_t max_full = 0, max_shard = 0;
-    for (const UnitState& s : units_) {
-      max_full = std::max(max_full, s.full_elems);
-      max_shard = std::max(max_shard, s.elems);
-    }
     if (options_.zero_stage == 1) {
       uint64_t off = 0;
       for (UnitState& s : units_) {
@@ -463,7 +460,7 @@ Status EngineImpl::Start() {
                     1, options_.reduce_bucket_bytes / WorkingElementBytes());
       window_elems_ = RoundUp(
           bucket, kTensorAlign * static_cast<uint64_t>(options_.world_size));
-      const uint64_t window = std::min(window_elems_, max_full);
+      const uint64_t window = std::min(window_elems_, max_full_elems);
       buckets_.resize(2);
       // Note [Gradients reduced on the device]: there, below.
       for (GradBucket& b : buckets_) {
@@ -472,7 +469,7 @@ Status EngineImpl::Start() {
       }
       STRATA_ASSIGN_OR_RETURN(
           reduce_out_,
-          HostBuffer::Allocate(std::min(window, max_shard) * 4, ho));
+          HostBuffer::Allocate(std::min(window, max_unit_elems) * 4, ho));
       uint64_t windows = 0;
       for (const UnitState& s : units_) {
         window_base_.push_back(windows);
@@ -498,12 +495,10 @@ Status EngineImpl::Start() {
     gather_coll_bytes_ = std::clamp<uint64_t>(device_budget_ / 16 / 4096 * 4096,
                                               4096, kGatherCollBytes);
     // Note [Gradients reduced on the device]: and the two buckets.
-    uint64_t max_full = 0;
-    for (const UnitState& u : units_)
-      max_full = std::max(max_full, u.full_elems);
     const uint64_t bucket_bytes =
-        DeviceReduce() ? RoundUp(std::min(window_elems_, max_full) * 4, 256)
-                       : 0;
+        DeviceReduce()
+            ? RoundUp(std::min(window_elems_, max_full_elems) * 4, 256)
+            : 0;
     const uint64_t all = coll_bytes +
                          (ShardedParams() ? gather_coll_bytes_ : 0) +
                          2 * bucket_bytes;
@@ -2603,6 +2598,53 @@ void EngineImpl::GatherArrival(uint32_t u) {
   FinishArrival(u, st, units_[u].param_bytes);
 }
 
+// Note [Stage 3 over ranks]: this rank's shard of unit u's working copy,
+// resting on NVMe, piece by piece in order, the next piece read into the
+// other of two staging buffers while the caller uses this one. A failed read
+// still hands out its piece (a rank sends what it has, so that no rank waits
+// for it; every rank drops it after the agreement) and is kept in error().
+// Reads in flight end before the buffers go back, on every way out.
+class EngineImpl::ShardPieces {
+ public:
+  ShardPieces(EngineImpl& engine, uint32_t unit) : e_(engine), u_(unit) {}
+  ~ShardPieces() {
+    for (std::future<Status>& f : reads_) {
+      if (f.valid()) f.wait();
+    }
+  }
+  ShardPieces(const ShardPieces&) = delete;
+  ShardPieces& operator=(const ShardPieces&) = delete;
+
+  Status Start() {
+    for (StagingLease& b : bufs_) {
+      STRATA_ASSIGN_OR_RETURN(b, e_.staging_->Acquire());
+    }
+    Read(0);
+    return Status::Ok();
+  }
+  // Piece p (0, 1, ... in turn) once read; starts piece p + 1's read into
+  // the buffer of piece p - 1, which the caller must be done with.
+  const std::byte* Next(size_t p) {
+    const Status st = reads_[p % 2].get();
+    if (error_.ok()) error_ = st;
+    if (p + 1 < e_.NumPieces(u_)) Read(p + 1);
+    return bufs_[p % 2].data();
+  }
+  const Status& error() const { return error_; }
+
+ private:
+  void Read(size_t p) {
+    reads_[p % 2] = e_.ReadPieceFuture(u_, kParam, p, bufs_[p % 2].span(),
+                                       IoPriority::kUrgent);
+  }
+
+  EngineImpl& e_;
+  const uint32_t u_;
+  std::array<StagingLease, 2> bufs_;
+  std::array<std::future<Status>, 2> reads_;
+  Status error_;
+};
+
 Status EngineImpl::GatherUnit(uint32_t u) {
   const UnitState& s = units_[u];
   const std::string what = "engine: gathering the parameters of " +
@@ -2642,44 +2684,15 @@ Status EngineImpl::GatherUnit(uint32_t u) {
         ->AllGather(HostAt(kParam, u, 0), DevAt(s, 0), counts, CommType::kByte)
         .WithContext(what);
   }
-  const size_t pieces = NumPieces(u);
-  Status local;  // this rank's own failure: a read of its shard
-  // On NVMe the next piece is read while this one is gathered, into the
-  // other of two buffers; reads in flight end before the buffers go back,
-  // on every way out.
-  std::array<StagingLease, 2> bufs;
-  std::array<std::future<Status>, 2> reads;
-  struct Drain {
-    std::array<std::future<Status>, 2>& reads;
-    ~Drain() {
-      for (std::future<Status>& f : reads) {
-        if (f.valid()) f.wait();
-      }
-    }
-  } drain{reads};
-  auto read = [&](size_t p) {
-    reads[p % 2] =
-        ReadPieceFuture(u, kParam, p, bufs[p % 2].span(), IoPriority::kUrgent);
-  };
-  if (nvme) {
-    for (StagingLease& b : bufs) {
-      STRATA_ASSIGN_OR_RETURN(b, staging_->Acquire());
-    }
-    read(0);
-  }
+  // On NVMe the next piece is read while this one is gathered.
+  ShardPieces shard(*this, u);
+  if (nvme) STRATA_RETURN_IF_ERROR(shard.Start());
   const uint64_t round = std::min<uint64_t>(
       piece_elems_, GatherRound(es, staging_->buffer_bytes()));
-  for (size_t p = 0; p < pieces; ++p) {
+  for (size_t p = 0; p < NumPieces(u); ++p) {
     const uint64_t begin = p * piece_elems_;
     const uint64_t n = std::min(piece_elems_, s.elems - begin);
-    const std::byte* src = nvme ? bufs[p % 2].data() : HostAt(kParam, u, begin);
-    if (nvme) {
-      // A rank whose read failed still sends (its bytes are dropped by
-      // every rank below), so that no rank waits for it.
-      const Status st = reads[p % 2].get();
-      if (local.ok()) local = st;
-      if (p + 1 < pieces) read(p + 1);
-    }
+    const std::byte* src = nvme ? shard.Next(p) : HostAt(kParam, u, begin);
     for (uint64_t c = 0; c < n; c += round) {
       const uint64_t k = std::min(round, n - c);
       // A buffer per round: the last round's copies to the device go on
@@ -2701,7 +2714,7 @@ Status EngineImpl::GatherUnit(uint32_t u) {
   if (!nvme) return Status::Ok();
   // Every rank learns whether every rank read its shard, and the first
   // failing rank's error.
-  return AgreeOver(*gather_coll_, local).WithContext(what);
+  return AgreeOver(*gather_coll_, shard.error()).WithContext(what);
 }
 
 // Note [Collectives on device memory]: this rank's shard goes to its slot
@@ -2718,51 +2731,22 @@ Status EngineImpl::GatherUnitInPlace(uint32_t u, const std::string& what) {
   STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));
   std::byte* slot =
       DevAt(s, static_cast<uint64_t>(options_.rank) * s.elems * es);
-  Status local;  // this rank's own failure: a read of its shard
+  ShardPieces shard(*this, u);
   if (!nvme) {
     STRATA_RETURN_IF_ERROR(
         device_->CopyAsync(*stream, slot, HostAt(kParam, u, 0), s.elems * es,
                            CopyKind::kHostToDevice));
   } else {
-    const size_t pieces = NumPieces(u);
-    std::array<StagingLease, 2> bufs;
-    std::array<std::future<Status>, 2> reads;
-    struct Drain {
-      std::array<std::future<Status>, 2>& reads;
-      Device* device;
-      Stream* stream;
-      ~Drain() {
-        for (std::future<Status>& f : reads) {
-          if (f.valid()) f.wait();
-        }
-        // The buffers' copies too, before they go back.
-        device->SynchronizeStream(*stream).IgnoreError();
-      }
-    } drain{reads, device_, stream};
-    for (StagingLease& b : bufs) {
-      STRATA_ASSIGN_OR_RETURN(b, staging_->Acquire());
-    }
-    auto read = [&](size_t p) {
-      reads[p % 2] = ReadPieceFuture(u, kParam, p, bufs[p % 2].span(),
-                                     IoPriority::kUrgent);
-    };
-    read(0);
-    for (size_t p = 0; p < pieces; ++p) {
+    STRATA_RETURN_IF_ERROR(shard.Start());
+    for (size_t p = 0; p < NumPieces(u); ++p) {
       const uint64_t begin = p * piece_elems_;
       const uint64_t n = std::min(piece_elems_, s.elems - begin);
-      // A rank whose read failed still gathers (its bytes are dropped by
-      // every rank, below), so that no rank waits for it.
-      const Status st = reads[p % 2].get();
-      if (local.ok()) local = st;
-      if (p + 1 < pieces) {
-        // The other buffer's copy (piece p - 1) is done before it is read
-        // into again.
-        STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*stream));
-        read(p + 1);
-      }
+      // Piece p + 1 is read while p is copied; the copy is done before its
+      // buffer is read into again.
       STRATA_RETURN_IF_ERROR(device_->CopyAsync(*stream, slot + begin * es,
-                                                bufs[p % 2].data(), n * es,
+                                                shard.Next(p), n * es,
                                                 CopyKind::kHostToDevice));
+      STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*stream));
     }
   }
   const std::vector<size_t> counts(ranks, s.elems * es);
@@ -2770,7 +2754,7 @@ Status EngineImpl::GatherUnitInPlace(uint32_t u, const std::string& what) {
       gather_coll_->AllGatherInPlace(DevAt(s, 0), counts, CommType::kByte)
           .WithContext(what));
   if (!nvme) return Status::Ok();
-  return AgreeOver(*gather_coll_, local).WithContext(what);
+  return AgreeOver(*gather_coll_, shard.error()).WithContext(what);
 }
 
 Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,

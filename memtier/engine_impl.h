@@ -203,6 +203,7 @@ class EngineImpl final : public Engine {
  private:
   struct StepPiece;
   struct StepReads;
+  class ShardPieces;
   // Note [Updates during backward] (engine.cc): where the pre-update states
   // of a piece updated early are kept.
   struct EarlyPiece {
