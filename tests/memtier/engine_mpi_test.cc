@@ -76,6 +76,21 @@ TEST(EngineRanksErrorsTest, AFailedWriteBackOnOneRankFailsEveryRankAtOnce) {
   }
 }
 
+// A shard of stage 3's parameters that one rank cannot read from NVMe fails
+// the fetch on every rank at once, naming that rank, on host and on device
+// memory.
+TEST(EngineRanksErrorsTest, AFailedShardReadOnOneRankFailsEveryFetch) {
+  for (int ranks : {2, 3}) {
+    const MpiRun r = Mpirun(ranks, {"gather-fault"});
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+    for (int i = 0; i < ranks; ++i) {
+      EXPECT_EQ(Count(r.out, i, ": refused in "), 2) << r.out;
+    }
+    std::printf("%s", r.out.c_str());
+  }
+}
+
 // Checkpoints over ranks (Note [Checkpoints over ranks]), stages 1 to 3:
 // saved on 2 ranks, resumed on 2 bit for bit, loaded on 1 and 3; saved on
 // 1, loaded on 2.

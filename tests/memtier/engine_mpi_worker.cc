@@ -29,7 +29,12 @@
 //       on NVMe: its gradient writes fail from the third step's hand-overs
 //       on. Every rank's Step fails at once (well within the communicator's
 //       60 s timeout), the others naming that rank; once an update has
-//       begun, every engine refuses further use.
+//       begun, every engine refuses further use. Also with the collectives
+//       on device memory, and an AddGrad refused on the caller's thread.
+//   engine_mpi_worker <plugin> gather-fault
+//       zero_stage 3, parameters on NVMe: the last rank's reads fail from
+//       the third step; every rank's fetch fails at once naming that rank,
+//       with the collectives on host and on device memory.
 //   engine_mpi_worker <plugin> ckpt-fail DIR
 //       a writer rank without a writer, a disk that fills during the save
 //       and a commit that fails: every rank gets the same error, and the
@@ -977,6 +982,53 @@ int CkptFail(const std::shared_ptr<Communicator>& comm,
 
 // ---- A failed write-back on one rank ---------------------------------------
 
+// One rank's engine for the fault cases, with this rank's tensors started
+// at 0.01 (`started`: how that went); the last rank's I/O goes through a
+// fault-injecting engine that `plan` drives.
+struct FaultRig {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Stream> stream;
+  ScratchDir dir;
+  std::unique_ptr<Engine> eng;  // destroyed first
+  std::vector<TensorId> ids;
+  Status started;
+};
+
+StatusOr<std::unique_ptr<FaultRig>> MakeFaultRig(
+    EngineOptions o, const std::shared_ptr<Communicator>& comm,
+    const std::shared_ptr<swap::FaultPlan>& plan) {
+  auto rig = std::make_unique<FaultRig>();
+  DeviceOptions dopt;
+  dopt.choice = DeviceChoice::kHostEmulated;
+  dopt.memory_budget_bytes = 64 << 20;
+  dopt.host_compute_threads = 1;
+  STRATA_ASSIGN_OR_RETURN(rig->dev, NewHostEmulatedDevice(dopt));
+  STRATA_ASSIGN_OR_RETURN(rig->stream, rig->dev->NewStream({}));
+  o.nvme_paths = {rig->dir.path()};
+  o.rank = comm->rank();
+  o.world_size = comm->size();
+  o.comm = comm;
+  if (comm->rank() == comm->size() - 1) {
+    IoEngineOptions io;
+    io.queue_depth = 4;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<AsyncIo> a,
+                            AsyncIo::Create(swap::NewFaultInjectingEngine(
+                                swap::NewMemoryBackend(io), plan, io)));
+    o.shared_io = std::shared_ptr<AsyncIo>(std::move(a));
+  }
+  STRATA_ASSIGN_OR_RETURN(rig->eng, Engine::Create(o, rig->dev.get()));
+  for (const TensorSpec& s : Specs()) {
+    STRATA_ASSIGN_OR_RETURN(TensorId id, rig->eng->Register(s));
+    rig->ids.push_back(id);
+  }
+  rig->started = rig->eng->Start();
+  for (size_t i = 0; i < rig->ids.size() && rig->started.ok(); ++i) {
+    rig->started = rig->eng->SetInitialValues(
+        rig->ids[i], std::vector<float>(Numel(Specs()[i]), 0.01f));
+  }
+  return rig;
+}
+
 int StepFault(const std::shared_ptr<Communicator>& comm) {
   const int rank = comm->rank(), world = comm->size();
   int rc = 0;
@@ -1003,45 +1055,21 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
         (c.comm_memory == CommMemory::kDevice ? ", collectives on device"
                                               : "") +
         (c.short_handover ? ", a hand-over refused" : "");
-    DeviceOptions dopt;
-    dopt.choice = DeviceChoice::kHostEmulated;
-    dopt.memory_budget_bytes = 64 << 20;
-    dopt.host_compute_threads = 1;
-    auto dev = NewHostEmulatedDevice(dopt);
-    if (!dev.ok()) return Fail(rank, name, dev.status().ToString());
-    auto stream = (*dev)->NewStream({});
-    if (!stream.ok()) return Fail(rank, name, stream.status().ToString());
-    ScratchDir dir;
     EngineOptions o = Base();
     o.zero_stage = stage;
     o.params = stage == 3 ? Residence::kHost : Residence::kDevice;
     o.optimizer_states = c.states;
     o.grads = c.grads;
     o.comm_memory = c.comm_memory;
-    o.nvme_paths = {dir.path()};
-    o.rank = rank;
-    o.world_size = world;
-    o.comm = comm;
-    // The last rank's I/O goes through a fault-injecting engine.
     auto plan = std::make_shared<swap::FaultPlan>();
     const bool faulty = rank == world - 1;
-    if (faulty) {
-      IoEngineOptions io;
-      io.queue_depth = 4;
-      auto a = AsyncIo::Create(
-          swap::NewFaultInjectingEngine(swap::NewMemoryBackend(io), plan, io));
-      if (!a.ok()) return Fail(rank, name, a.status().ToString());
-      o.shared_io = std::shared_ptr<AsyncIo>(std::move(a).value());
-    }
-    auto eng = Engine::Create(o, dev->get());
-    if (!eng.ok()) return Fail(rank, name, eng.status().ToString());
-    std::vector<TensorId> ids;
-    for (const TensorSpec& s : Specs()) ids.push_back(*(*eng)->Register(s));
-    Status st = (*eng)->Start();
-    for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
-      st = (*eng)->SetInitialValues(
-          ids[i], std::vector<float>(Numel(Specs()[i]), 0.01f));
-    }
+    auto rig = MakeFaultRig(o, comm, plan);
+    if (!rig.ok()) return Fail(rank, name, rig.status().ToString());
+    auto& eng = (*rig)->eng;
+    auto& dev = (*rig)->dev;
+    auto& stream = (*rig)->stream;
+    const std::vector<TensorId>& ids = (*rig)->ids;
+    Status st = (*rig)->started;
     StatusOr<StepResult> r = Status::Ok();
     double seconds = 0;
     auto fault = [&] {
@@ -1055,22 +1083,22 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
       if (s == 2 && faulty && in_handover && !c.short_handover) fault();
       for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
         std::vector<float> w;
-        st = ReadWorking(**eng, **dev, **stream, ids[i], w);
+        st = ReadWorking(*eng, *dev, *stream, ids[i], w);
         std::vector<float> g(w.size(), 1e-3f * static_cast<float>(rank + 1));
         if (s == 2 && faulty && c.short_handover && i == 0) {
           g.resize(g.size() / 2);
-          refused = HandOver(**eng, **dev, **stream, ids[i], g);
+          refused = HandOver(*eng, *dev, *stream, ids[i], g);
           if (refused.ok()) st = Status::Internal("a short gradient taken");
           continue;
         }
-        if (st.ok()) st = HandOver(**eng, **dev, **stream, ids[i], g);
+        if (st.ok()) st = HandOver(*eng, *dev, *stream, ids[i], g);
       }
       if (!st.ok()) break;
       if (s == 2 && faulty && !in_handover) fault();
       StepArgs a;
       a.lr = 1e-2;
       const auto t0 = std::chrono::steady_clock::now();
-      r = (*eng)->Step(a);
+      r = eng->Step(a);
       seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
               .count();
@@ -1093,11 +1121,95 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
     if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
     // The update had begun on some rank: every engine refuses further use
     // (a failed hand-over fails the step before any update).
-    auto again = (*eng)->Fetch(ids[0]);
+    auto again = eng->Fetch(ids[0]);
     if (!in_handover && (again.ok() || again.status().code() !=
                                            StatusCode::kFailedPrecondition)) {
       why +=
           " a Fetch after the failed step: " +
+          (again.ok() ? std::string("accepted") : again.status().ToString()) +
+          ";";
+    }
+    if (!why.empty()) {
+      rc |= Fail(rank, name, why);
+      continue;
+    }
+    std::printf("rank %d: %s: refused in %.2f s: %s\n", rank, name.c_str(),
+                seconds, text.c_str());
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
+// ---- A failed read of a stage-3 shard on one rank ---------------------------
+
+// Stage 3 with the parameters' shards on NVMe: from the third step the last
+// rank cannot read its shard. The gather still runs on every rank, then
+// their agreement fails the fetch on every rank at once, naming that rank,
+// and the engine refuses further use (a gather's failure is the engine's).
+// On host and on device memory (the in-place gather).
+int GatherFault(const std::shared_ptr<Communicator>& comm) {
+  const int rank = comm->rank(), world = comm->size();
+  int rc = 0;
+  for (CommMemory memory : {CommMemory::kHost, CommMemory::kDevice}) {
+    const std::string name = std::string("gather-fault, collectives on ") +
+                             std::string(CommMemoryName(memory));
+    EngineOptions o = Base();
+    o.zero_stage = 3;
+    o.params = Residence::kNvme;
+    o.comm_memory = memory;
+    auto plan = std::make_shared<swap::FaultPlan>();
+    const bool faulty = rank == world - 1;
+    auto rig = MakeFaultRig(o, comm, plan);
+    if (!rig.ok()) return Fail(rank, name, rig.status().ToString());
+    Engine& eng = *(*rig)->eng;
+    Status st = (*rig)->started;
+    Status fetched;  // the fetch that met the fault
+    double seconds = 0;
+    for (int s = 0; s < 3 && st.ok() && fetched.ok(); ++s) {
+      if (s == 2 && faulty) {
+        swap::FaultRule f;
+        f.op = IoOp::kRead;
+        f.count = swap::FaultRule::kForever;
+        plan->Add(f);
+      }
+      for (size_t i = 0; i < (*rig)->ids.size() && st.ok(); ++i) {
+        std::vector<float> w;
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status got =
+            ReadWorking(eng, *(*rig)->dev, *(*rig)->stream, (*rig)->ids[i], w);
+        seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count();
+        if (!got.ok()) {
+          if (s == 2)
+            fetched = got;
+          else
+            st = got;
+          break;
+        }
+        const std::vector<float> g(w.size(), 1e-3f);
+        st = HandOver(eng, *(*rig)->dev, *(*rig)->stream, (*rig)->ids[i], g);
+      }
+      if (!st.ok() || !fetched.ok()) break;
+      StepArgs a;
+      a.lr = 1e-2;
+      StatusOr<StepResult> r = eng.Step(a);
+      if (!r.ok()) st = r.status();
+    }
+    std::string why;
+    if (!st.ok()) why += " before the fault: " + st.ToString() + ";";
+    if (fetched.ok()) why += " every fetch with the fault succeeded;";
+    const std::string text = fetched.ToString();
+    if (text.find("rank " + std::to_string(world - 1) + ": ") ==
+        std::string::npos) {
+      why += " the error does not name the failed rank: " + text + ";";
+    }
+    if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
+    auto again = eng.Fetch((*rig)->ids[0]);
+    if (again.ok() ||
+        again.status().code() != StatusCode::kFailedPrecondition) {
+      why +=
+          " a Fetch after the failed gather: " +
           (again.ok() ? std::string("accepted") : again.status().ToString()) +
           ";";
     }
@@ -1134,6 +1246,7 @@ int main(int argc, char** argv) {
   if (mode == "train") return strata::TrainCases(shared);
   if (mode == "errors") return strata::ErrorCases(shared);
   if (mode == "step-fault") return strata::StepFault(shared);
+  if (mode == "gather-fault") return strata::GatherFault(shared);
   if (mode == "ckpt-save" && argc == 4) {
     return strata::CkptSave(shared, argv[3]);
   }
