@@ -66,9 +66,14 @@ std::set<std::string> Entries(const std::string& dir) {
   return out;
 }
 
+// The JSON at `path` (discarded when it cannot be read or parsed).
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
 std::vector<double> Losses(const std::string& json_path) {
-  std::ifstream in(json_path);
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  const auto j = ReadJson(json_path);
   if (j.is_discarded() || !j.contains("losses")) return {};
   return j["losses"].get<std::vector<double>>();
 }
@@ -165,8 +170,7 @@ class FinetuneMpiTest : public ::testing::Test {
       std::printf("  %zu  %.6f  %.6f  %+.2e\n", i + 1, l1[i], l2[i],
                   l2[i] - l1[i]);
     }
-    std::ifstream in(cwd_.path() + "/two.json");
-    const auto j = nlohmann::json::parse(in, nullptr, false);
+    const auto j = ReadJson(cwd_.path() + "/two.json");
     ASSERT_FALSE(j.is_discarded());
     EXPECT_EQ(j["config"]["data_parallel"]["ranks"], 2);
     EXPECT_EQ(j["config"]["data_parallel"]["zero_stage"], stage);
@@ -185,8 +189,7 @@ TEST_F(FinetuneMpiTest, TwoRanksTrainAsOneRankOfTwiceTheBatch) {
 
 TEST_F(FinetuneMpiTest, TwoRanksWithStatesOnNvmeTrainAsOneRank) {
   ExpectSameCurve({"--nvme", nvme_.path()});
-  std::ifstream in(cwd_.path() + "/two.json");
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  const auto j = ReadJson(cwd_.path() + "/two.json");
   EXPECT_EQ(j["config"]["engine"]["optimizer_states"], "nvme");
   EXPECT_GT(j["engine"]["nvme_write_bytes"].get<uint64_t>(), 0u);
   // Each rank's swap directory is gone with its engine.
@@ -210,8 +213,7 @@ TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3TrainAsOneRank) {
               "offload_optimizer": {"device": "cpu"}},
             "strata": {"partition_bytes": 65536}})";
   ExpectSameCurve({"--config", config}, 3);
-  std::ifstream in(cwd_.path() + "/two.json");
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  const auto j = ReadJson(cwd_.path() + "/two.json");
   EXPECT_EQ(j["config"]["engine"]["params"], "host");
 }
 
@@ -224,8 +226,7 @@ TEST_F(FinetuneMpiTest, TwoRanksWithCollectivesOnDeviceTrainAsOneRank) {
               "offload_optimizer": {"device": "cpu"}},
             "strata": {"partition_bytes": 65536, "comm_memory": "device"}})";
   ExpectSameCurve({"--config", config}, 3);
-  std::ifstream in(cwd_.path() + "/two.json");
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  const auto j = ReadJson(cwd_.path() + "/two.json");
   EXPECT_EQ(j["config"]["data_parallel"]["comm_memory"], "device");
 }
 
@@ -234,8 +235,7 @@ TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3OnNvmeTrainAsOneRank) {
   std::ofstream(config) << R"({"zero_optimization": {"stage": 3},
             "strata": {"partition_bytes": 65536}})";
   ExpectSameCurve({"--config", config, "--nvme", nvme_.path()}, 3);
-  std::ifstream in(cwd_.path() + "/two.json");
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  const auto j = ReadJson(cwd_.path() + "/two.json");
   EXPECT_EQ(j["config"]["engine"]["params"], "nvme");
   EXPECT_TRUE(Entries(nvme_.path()).empty());
 }
