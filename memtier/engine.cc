@@ -1581,17 +1581,17 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     // add to it. Jobs run in order, so the first one's land first.
     first = grad_count_[id]++ == 0;
     ++grads_pending_;
-    // The copies below run on d2h_stream_ after what `producer` has so far;
-    // the event may be recorded again at once: a wait takes the record it
-    // sees when it is enqueued.
+    // The copies run on `copies` after what `producer` has so far; the
+    // event may be recorded again at once: a wait takes the record it sees
+    // when it is enqueued.
     if (st.ok()) st = device_->RecordEvent(*producer_event_, producer);
     if (st.ok()) st = device_->WaitEvent(copies, *producer_event_);
   }
   if (owned != nullptr) owned->RecordUse(copies);
   if (DeviceReduce()) {
     // Note [Gradients reduced on the device]: the accumulator copies it
-    // into a bucket, in hand-over order; owned memory is freed after that
-    // copy, in stream order.
+    // into a bucket, in hand-over order; owned memory (`keep`, held by the
+    // job) is freed when the job is done, after that copy in stream order.
     std::shared_ptr<DeviceMemory> keep;
     if (owned != nullptr) {
       keep = std::make_shared<DeviceMemory>(std::move(*owned));
