@@ -994,6 +994,35 @@ struct FaultRig {
   Status started;
 };
 
+// Ends a fault case: to `why` (what the case itself found wrong) it adds
+// the checks every case makes: the error `text` names the last rank (where
+// `named`), it came within 20 s, and (where `refused`) a Fetch after it is
+// refused as the engine's failure (kFailedPrecondition). Reports the case;
+// 1 when it failed.
+int EndFaultCase(const std::shared_ptr<Communicator>& comm,
+                 const std::string& name, std::string why,
+                 const std::string& text, bool named, double seconds,
+                 Engine& eng, TensorId id, bool refused) {
+  const int rank = comm->rank();
+  if (named && text.find("rank " + std::to_string(comm->size() - 1) + ": ") ==
+                   std::string::npos) {
+    why += " the error does not name the failed rank: " + text + ";";
+  }
+  if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
+  auto again = eng.Fetch(id);
+  if (refused && (again.ok() ||
+                  again.status().code() != StatusCode::kFailedPrecondition)) {
+    why += " a Fetch after the failure: " +
+           (again.ok() ? std::string("accepted") : again.status().ToString()) +
+           ";";
+  }
+  if (!why.empty()) return Fail(rank, name, why);
+  std::printf("rank %d: %s: refused in %.2f s: %s\n", rank, name.c_str(),
+              seconds, text.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 StatusOr<std::unique_ptr<FaultRig>> MakeFaultRig(
     EngineOptions o, const std::shared_ptr<Communicator>& comm,
     const std::shared_ptr<swap::FaultPlan>& plan) {
@@ -1108,34 +1137,16 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
     if (!st.ok()) why += " before the fault: " + st.ToString() + ";";
     if (r.ok()) why += " the step with the fault succeeded;";
     const std::string text = r.ok() ? "" : r.status().ToString();
-    if (!faulty && text.find("rank " + std::to_string(world - 1) + ": ") ==
-                       std::string::npos) {
-      why += " the error does not name the failed rank: " + text + ";";
-    }
     if (c.short_handover &&
         (text.find("AddGrad(") == std::string::npos ||
          (faulty && refused.code() != StatusCode::kInvalidArgument))) {
       why += " the refused hand-over is not the step's error (" + text +
              "; AddGrad said " + refused.ToString() + ");";
     }
-    if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
     // The update had begun on some rank: every engine refuses further use
     // (a failed hand-over fails the step before any update).
-    auto again = eng->Fetch(ids[0]);
-    if (!in_handover && (again.ok() || again.status().code() !=
-                                           StatusCode::kFailedPrecondition)) {
-      why +=
-          " a Fetch after the failed step: " +
-          (again.ok() ? std::string("accepted") : again.status().ToString()) +
-          ";";
-    }
-    if (!why.empty()) {
-      rc |= Fail(rank, name, why);
-      continue;
-    }
-    std::printf("rank %d: %s: refused in %.2f s: %s\n", rank, name.c_str(),
-                seconds, text.c_str());
-    std::fflush(stdout);
+    rc |= EndFaultCase(comm, name, why, text, /*named=*/!faulty, seconds, *eng,
+                       ids[0], /*refused=*/!in_handover);
   }
   return rc;
 }
@@ -1199,27 +1210,9 @@ int GatherFault(const std::shared_ptr<Communicator>& comm) {
     std::string why;
     if (!st.ok()) why += " before the fault: " + st.ToString() + ";";
     if (fetched.ok()) why += " every fetch with the fault succeeded;";
-    const std::string text = fetched.ToString();
-    if (text.find("rank " + std::to_string(world - 1) + ": ") ==
-        std::string::npos) {
-      why += " the error does not name the failed rank: " + text + ";";
-    }
-    if (!(seconds < 20)) why += " took " + std::to_string(seconds) + " s;";
-    auto again = eng.Fetch((*rig)->ids[0]);
-    if (again.ok() ||
-        again.status().code() != StatusCode::kFailedPrecondition) {
-      why +=
-          " a Fetch after the failed gather: " +
-          (again.ok() ? std::string("accepted") : again.status().ToString()) +
-          ";";
-    }
-    if (!why.empty()) {
-      rc |= Fail(rank, name, why);
-      continue;
-    }
-    std::printf("rank %d: %s: refused in %.2f s: %s\n", rank, name.c_str(),
-                seconds, text.c_str());
-    std::fflush(stdout);
+    // Every rank, the failed one too, has the agreed error.
+    rc |= EndFaultCase(comm, name, why, fetched.ToString(), /*named=*/true,
+                       seconds, eng, (*rig)->ids[0], /*refused=*/true);
   }
   return rc;
 }
