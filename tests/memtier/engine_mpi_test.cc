@@ -61,34 +61,32 @@ TEST(EngineRanksErrorsTest, RefusedCombinationsSayWhy) {
   }
 }
 
+// The worker's fault `mode` on 2 and 3 ranks: each of its `cases` is refused
+// on every rank, none fails.
+void ExpectRefusedOnEveryRank(const std::string& mode, int cases) {
+  for (int ranks : {2, 3}) {
+    const MpiRun r = Mpirun(ranks, {mode});
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+    for (int i = 0; i < ranks; ++i) {
+      EXPECT_EQ(Count(r.out, i, ": refused in "), cases) << r.out;
+    }
+    std::printf("%s", r.out.c_str());
+  }
+}
+
 // A write-back or a gradient write that fails on one rank fails the step on
 // every rank at once, naming that rank, rather than after the
 // communicator's timeout.
 TEST(EngineRanksErrorsTest, AFailedWriteBackOnOneRankFailsEveryRankAtOnce) {
-  for (int ranks : {2, 3}) {
-    const MpiRun r = Mpirun(ranks, {"step-fault"});
-    EXPECT_EQ(r.exit_code, 0) << r.out;
-    EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
-    for (int i = 0; i < ranks; ++i) {
-      EXPECT_EQ(Count(r.out, i, ": refused in "), 6) << r.out;
-    }
-    std::printf("%s", r.out.c_str());
-  }
+  ExpectRefusedOnEveryRank("step-fault", 6);
 }
 
 // A shard of stage 3's parameters that one rank cannot read from NVMe fails
 // the fetch on every rank at once, naming that rank, on host and on device
 // memory.
 TEST(EngineRanksErrorsTest, AFailedShardReadOnOneRankFailsEveryFetch) {
-  for (int ranks : {2, 3}) {
-    const MpiRun r = Mpirun(ranks, {"gather-fault"});
-    EXPECT_EQ(r.exit_code, 0) << r.out;
-    EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
-    for (int i = 0; i < ranks; ++i) {
-      EXPECT_EQ(Count(r.out, i, ": refused in "), 2) << r.out;
-    }
-    std::printf("%s", r.out.c_str());
-  }
+  ExpectRefusedOnEveryRank("gather-fault", 2);
 }
 
 // Checkpoints over ranks (Note [Checkpoints over ranks]), stages 1 to 3:
