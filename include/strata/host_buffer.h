@@ -86,10 +86,13 @@ class STRATA_EXPORT HostBuffer final {
  private:
   void Reset() noexcept;
   bool counted() const noexcept { return pinned_ || registration_ != nullptr; }
+  // The pages holding [data_, data_ + size_): what is locked and counted.
+  size_t PageBytes() const noexcept { return (size_ + 4095) & ~size_t{4095}; }
 
-  std::byte* data_ = nullptr;
-  size_t size_ = 0;    // bytes asked for
-  size_t mapped_ = 0;  // bytes mapped (size_ rounded up to pages)
+  std::byte* base_ = nullptr;  // the mapping
+  std::byte* data_ = nullptr;  // base_, or a few pages in (large buffers)
+  size_t size_ = 0;            // bytes asked for
+  size_t mapped_ = 0;          // bytes mapped from base_
   bool pinned_ = false;
   std::unique_ptr<HostRegistration> registration_;
 };

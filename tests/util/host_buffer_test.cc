@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "util/host_alloc_faults.h"
 
@@ -116,6 +118,27 @@ TEST(HostBufferTest, PeakPinnedBytesHoldsTheMostSinceTheLastReset) {
   EXPECT_EQ(HostBuffer::PeakPinnedBytes(), base + (3 << 20));
   HostBuffer::ResetPeakPinnedBytes();
   EXPECT_EQ(HostBuffer::PeakPinnedBytes(), base);
+}
+
+// Note [Colored large buffers]: equal-sized large buffers allocated one
+// after another are never a multiple of 64 KiB apart, so arrays an
+// optimizer updates together do not alias in the memory's banks.
+TEST(HostBufferTest, SuccessiveLargeBuffersHaveDistinctColors) {
+  HostBufferOptions o;
+  o.pin = false;
+  std::vector<HostBuffer> bufs;
+  std::set<uintptr_t> colors;
+  for (int k = 0; k < 16; ++k) {
+    auto b = HostBuffer::Allocate(size_t{4} << 20, o);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    const auto addr = reinterpret_cast<uintptr_t>(b->data());
+    EXPECT_EQ(addr % 4096, 0u);
+    EXPECT_EQ(b->size(), size_t{4} << 20);
+    std::memset(b->data(), 0x5a, b->size());  // the whole size is usable
+    colors.insert(addr / 4096 % 16);
+    bufs.push_back(std::move(b).value());
+  }
+  EXPECT_EQ(colors.size(), 16u);
 }
 
 TEST(HostBufferTest, UnpinnedWhenNotAsked) {
