@@ -10,6 +10,13 @@ bytes streamed per second (fp32 moments: 16 bytes read, 12 written per
 parameter). Other jobs on the machine show up as spread between best and
 median; the best step is the least disturbed one.
 
+With --bench PATH (a strata-bench binary) the same case also runs through
+`strata-bench adam` (AdamW, fp32 moments, no working copy, the same
+parameters and threads) right before and right after strata's steps, and the
+JSON gives strata's rate as a ratio to the faster of the two: what the
+binding costs against the C++ optimizer on one array. The machine's memory
+bandwidth can change between runs, so both bench figures are reported.
+
   PYTHONPATH=build/python python3 bench/python_adam.py --params 256M
 """
 
@@ -18,7 +25,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -35,14 +44,37 @@ def parse_count(text):
     return int(text)
 
 
-def time_steps(opt, steps):
+def time_steps(opt, steps, before_timing=None):
     opt.step()  # allocates the moments; untimed
+    if before_timing is not None:
+        before_timing(opt)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def bench_rate(binary, n, threads, variant, steps):
+    """params/s of `strata-bench adam` on the case python times, and the
+    arguments it ran with (but the JSON file's name)."""
+    args = ["adam", "--params", str(n), "--threads", str(threads),
+            "--variants", variant, "--optimizer", "adamw", "--moments",
+            "fp32", "--working", "none", "--reps", str(steps), "--torch",
+            "off"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "adam.json")
+        subprocess.run([binary] + args + ["--json", out], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(out) as f:
+            rows = json.load(f)["results"]
+    rates = [r["params_per_s"] for r in rows
+             if r.get("optimizer") == "adamw" and r.get("moment_dtype") ==
+             "fp32"]
+    if not rates:
+        sys.exit("--bench: strata-bench adam gave no fp32 AdamW row")
+    return max(rates), args
 
 
 def main():
@@ -65,17 +97,22 @@ def main():
                     "torch_single")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--bench", default=None, metavar="PATH",
+                    help="a strata-bench binary: also time the same case "
+                    "through `strata-bench adam`, before and after strata")
     args = ap.parse_args()
+    if args.bench is not None and not os.access(args.bench, os.X_OK):
+        ap.error(f"--bench: {args.bench!r} is not an executable file")
 
     n = parse_count(args.params)
     if args.tensors < 1 or n < args.tensors:
-        sys.exit("--tensors must be in [1, --params]")
+        ap.error("--tensors must be in [1, --params]")
     torch.set_num_threads(args.torch_threads if args.torch_threads > 0
                           else len(os.sched_getaffinity(0)))
     impls = [s for s in args.impls.split(",") if s]
     known = {"strata", "torch_foreach", "torch_single"}
     if not set(impls) <= known:
-        sys.exit(f"--impls: unknown {sorted(set(impls) - known)}; "
+        ap.error(f"--impls: unknown {sorted(set(impls) - known)}; "
                  f"accepted {sorted(known)}")
 
     sizes = [n // args.tensors + (i < n % args.tensors)
@@ -100,9 +137,24 @@ def main():
             params, lr=args.lr, weight_decay=args.weight_decay, foreach=False),
     }
     results = {}
+    bench = None
+    def run_bench(opt):
+        # strata's own variant and resolved thread count, on one array.
+        kernel = next(iter(opt._kernels.values()))
+        rate, bench_args = bench_rate(args.bench, n, kernel.threads,
+                                      kernel.variant, args.steps)
+        return {"args": bench_args, "params_per_s": [rate]}
+
     for name in impls:
         opt = makers[name]()
-        times = time_steps(opt, args.steps)
+        if name == "strata" and args.bench is not None:
+            def before_timing(o):
+                nonlocal bench
+                bench = run_bench(o)
+            times = time_steps(opt, args.steps, before_timing)
+            bench["params_per_s"] += run_bench(opt)["params_per_s"]
+        else:
+            times = time_steps(opt, args.steps)
         if name == "strata":
             variant = next(iter(opt._kernels.values())).variant
             strata_threads = next(iter(opt._kernels.values())).threads
@@ -119,6 +171,13 @@ def main():
             "params_per_s": n / best,
             "gb_per_s": n * bytes_per_param / best / 1e9,
         }
+    if bench is not None:
+        # Before and after strata's timed steps; the ratio is to the faster.
+        bench["strata_ratio"] = (results["strata"]["params_per_s"] /
+                                 max(bench["params_per_s"]))
+        if args.moment_dtype != "float32":
+            bench["note"] = "strata ran bf16 moments; the bench fp32"
+        results["strata_bench"] = bench
     for name in impls:
         if name != "strata" and "strata" in results:
             results[name]["strata_speedup"] = (results[name]["best_s"] /
