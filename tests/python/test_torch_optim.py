@@ -1,5 +1,6 @@
-"""strata.torch.Adam/AdamW against torch.optim: trajectories, state_dict
-round trips both ways, bf16 moments, working copies, and bad inputs."""
+"""strata.torch.Adam/AdamW/Adagrad/Lion against torch.optim (and a Lion
+reference written as lion-pytorch's): trajectories, state_dict round trips
+both ways, bf16 moments, working copies, and bad inputs."""
 
 import copy
 import unittest
@@ -161,6 +162,177 @@ class TrajectoryTest(unittest.TestCase):
         self.assert_close(ours, theirs, 1e-6)
         self.assertIsInstance(storch.CPUAdam(clone_groups(groups),
                                              adamw_mode=False), storch.Adam)
+
+
+def with_hyper(groups, hyper):
+    """The groups' parameters with other per-group hyper-parameters."""
+    return [dict(params=g["params"], **h) for g, h in zip(groups, hyper)]
+
+
+if torch is not None:
+    class LionReference(torch.optim.Optimizer):
+        """lion-pytorch's Lion update, op by op, on torch tensors."""
+
+        def __init__(self, params, lr=1e-4, betas=(0.9, 0.99),
+                     weight_decay=0.0):
+            super().__init__(params, dict(lr=lr, betas=betas,
+                                          weight_decay=weight_decay))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                lr, wd = group["lr"], group["weight_decay"]
+                beta1, beta2 = group["betas"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if len(state) == 0:
+                        state["exp_avg"] = torch.zeros_like(p)
+                    exp_avg = state["exp_avg"]
+                    p.data.mul_(1 - lr * wd)
+                    update = exp_avg.clone().mul_(beta1).add(
+                        p.grad, alpha=1 - beta1).sign_()
+                    p.add_(update, alpha=-lr)
+                    exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+
+
+# Adagrad moves a weight by about lr / sqrt(t) a step (20 lr in 100 steps):
+# these keep the weights of make_groups away from zero.
+ADAGRAD_HYPER = [dict(lr=5e-3, weight_decay=0.1, lr_decay=0.01),
+                 dict(lr=3e-3, initial_accumulator_value=0.5),
+                 dict(lr=2e-3, weight_decay=0.01, eps=1e-6)]
+LION_HYPER = [dict(lr=2e-4, weight_decay=0.1),
+              dict(lr=1e-4, betas=(0.8, 0.95)),
+              dict(lr=3e-4, weight_decay=0.01)]
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class AdagradLionTest(unittest.TestCase):
+    def run_and_compare(self, ours, theirs, keys, steps, tol):
+        for step in range(steps):
+            set_grads([ours, theirs], step)
+            ours.step()
+            theirs.step()
+        worst = 0.0
+        for p, q in zip(params_of(ours), params_of(theirs)):
+            worst = max(worst, max_rel_err(p, q))
+            for key in keys:
+                worst = max(worst, max_rel_err(ours.state[p][key],
+                                               theirs.state[q][key]))
+        self.assertLessEqual(worst, tol)
+
+    def test_adagrad_100_steps_matches_torch(self):
+        groups = with_hyper(make_groups(20), ADAGRAD_HYPER)
+        ours = storch.Adagrad(clone_groups(groups), threads=2,
+                              initial_accumulator_value=0.25)
+        theirs = torch.optim.Adagrad(clone_groups(groups),
+                                     initial_accumulator_value=0.25)
+        # State exists before the first step, as torch's does, filled with
+        # the constructor's value (torch ignores group 1's own 0.5 there).
+        for p, q in zip(params_of(ours), params_of(theirs)):
+            self.assertTrue(torch.equal(ours.state[p]["sum"],
+                                        theirs.state[q]["sum"]))
+            self.assertTrue(torch.equal(ours.state[p]["sum"],
+                                        torch.full(p.shape, 0.25)))
+        self.run_and_compare(ours, theirs, ["sum"], STEPS, 1e-6)
+
+    def test_adagrad_state_dict_both_ways(self):
+        groups = with_hyper(make_groups(21), ADAGRAD_HYPER)
+        for first_cls, second_cls in ((torch.optim.Adagrad, storch.Adagrad),
+                                      (storch.Adagrad, torch.optim.Adagrad)):
+            first = first_cls(clone_groups(groups))
+            reference = torch.optim.Adagrad(clone_groups(groups))
+            for step in range(5):
+                set_grads([first, reference], step)
+                first.step()
+                reference.step()
+            second_groups = clone_groups(groups)
+            for g, src in zip(second_groups, first.param_groups):
+                for p, q in zip(g["params"], src["params"]):
+                    p.data.copy_(q.detach())
+            second = second_cls(second_groups)
+            second.load_state_dict(copy.deepcopy(first.state_dict()))
+            for step in range(5, 10):
+                set_grads([second, reference], step)
+                second.step()
+                reference.step()
+            for p, q in zip(params_of(second), params_of(reference)):
+                self.assertLessEqual(max_rel_err(p, q), 1e-6)
+                self.assertLessEqual(
+                    max_rel_err(second.state[p]["sum"],
+                                reference.state[q]["sum"]), 1e-6)
+                self.assertEqual(int(second.state[p]["step"].item()), 10)
+
+    def test_lion_100_steps_matches_reference(self):
+        groups = with_hyper(make_groups(22), LION_HYPER)
+        ours = storch.Lion(clone_groups(groups), threads=2)
+        theirs = LionReference(clone_groups(groups))
+        self.run_and_compare(ours, theirs, ["exp_avg"], STEPS, 1e-6)
+
+    def test_lion_loads_a_state_without_step(self):
+        groups = with_hyper(make_groups(23), LION_HYPER)
+        first = LionReference(clone_groups(groups))
+        reference = LionReference(clone_groups(groups))
+        for step in range(5):
+            set_grads([first, reference], step)
+            first.step()
+            reference.step()
+        second_groups = clone_groups(groups)
+        for g, src in zip(second_groups, first.param_groups):
+            for p, q in zip(g["params"], src["params"]):
+                p.data.copy_(q.detach())
+        second = storch.Lion(second_groups)
+        second.load_state_dict(copy.deepcopy(first.state_dict()))
+        for step in range(5, 10):
+            set_grads([second, reference], step)
+            second.step()
+            reference.step()
+        for p, q in zip(params_of(second), params_of(reference)):
+            self.assertLessEqual(max_rel_err(p, q), 1e-6)
+            self.assertEqual(int(second.state[p]["step"].item()), 5)
+
+    def test_bf16_state_and_deepspeed_constructors(self):
+        groups = with_hyper(make_groups(24), ADAGRAD_HYPER)
+        ours = storch.CPUAdagrad(clone_groups(groups), lr=2e-3,
+                                 fp32_optimizer_states=False)
+        self.assertIsInstance(ours, storch.Adagrad)
+        theirs = torch.optim.Adagrad(clone_groups(groups), lr=2e-3)
+        for step in range(10):
+            set_grads([ours, theirs], step)
+            ours.step()
+            theirs.step()
+        for p, q in zip(params_of(ours), params_of(theirs)):
+            self.assertEqual(ours.state[p]["sum"].dtype, torch.bfloat16)
+            self.assertLess((p - q).abs().max().item(), 2e-2)
+        lion = storch.CPULion(clone_groups(groups), lr=1e-3,
+                              fp32_optimizer_states=False)
+        self.assertIsInstance(lion, storch.Lion)
+        set_grads([lion], 0)
+        lion.step()
+        p = params_of(lion)[0]
+        self.assertEqual(lion.state[p]["exp_avg"].dtype, torch.bfloat16)
+        with self.assertRaisesRegex(ValueError, "amsgrad=True"):
+            storch.CPUAdagrad(clone_groups(groups), amsgrad=True)
+
+    def test_refused_options_and_ranges(self):
+        p = [torch.nn.Parameter(torch.zeros(4))]
+        with self.assertRaisesRegex(ValueError, "strata.torch.Adagrad: "
+                                    "maximize=True is not supported"):
+            storch.Adagrad(p, maximize=True)
+        with self.assertRaisesRegex(ValueError, "Invalid lr_decay value"):
+            storch.Adagrad(p, lr_decay=-1)
+        with self.assertRaisesRegex(ValueError, "Invalid beta parameter at "
+                                    "index 1"):
+            storch.Lion(p, betas=(0.9, 1.0))
+        with self.assertRaisesRegex(TypeError, "strata.torch.Lion: "
+                                    "moment_dtype"):
+            storch.Lion(p, moment_dtype=torch.float16)
+        lion = storch.Lion(p)
+        lion.close()
+        p[0].grad = torch.zeros(4)
+        with self.assertRaisesRegex(strata.Error, "after close"):
+            lion.step()
 
 
 @unittest.skipIf(torch is None, "needs torch")

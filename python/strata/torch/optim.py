@@ -1,10 +1,12 @@
 """torch.optim optimizers that step with strata's fused CPU kernel.
 
-Each parameter's state is what torch.optim.Adam/AdamW keep ('step' as a
-0-dim float tensor, 'exp_avg', 'exp_avg_sq'), in tensors this optimizer owns,
-so state_dict() / load_state_dict() are interchangeable with torch's. step()
-hands the parameter, its gradient and the two moments to the kernel through
-DLPack (no copy), which updates them in place in one multi-threaded pass.
+Each parameter's state is what the matching torch optimizer keeps ('step' as
+a 0-dim float tensor; 'exp_avg' and 'exp_avg_sq' for Adam/AdamW, 'sum' for
+Adagrad, 'exp_avg' for Lion as lion-pytorch keeps it), in tensors this
+optimizer owns, so state_dict() / load_state_dict() are interchangeable with
+torch's. step() hands the parameter, its gradient and the state to the
+kernel through DLPack (no copy), which updates them in place in one
+multi-threaded pass.
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -36,39 +38,25 @@ def _with_context(e: Exception, context: str) -> Exception:
     return new
 
 
-class _StrataAdamBase(Optimizer):
-    """Adam / AdamW over fp32 CPU parameters with strata's fused kernel.
+class _StrataOptimizer(Optimizer):
+    """A torch.optim optimizer over fp32 CPU parameters whose update is one
+    of strata's fused kernels.
 
-    Thread contract: like torch's optimizers, one object is used by one thread
-    at a time.
+    Subclasses set the class attributes below and call _setup() from their
+    torch-shaped __init__. Thread contract: like torch's optimizers, one
+    object is used by one thread at a time.
     """
 
-    # Set by the subclasses: strata's algorithm name, the class name in
-    # messages, and the torch.optim class's default weight decay.
+    # strata's algorithm name and the class name in messages.
     _algo = "adamw"
     _name = "strata.torch.AdamW"
-    _default_weight_decay = 1e-2
+    # (state key in torch's state_dict, the kernel's argument), in order.
+    _state_keys = (("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq"))
+    # Flags torch's class has that the kernel cannot honor when True.
+    _refused_flags = ("amsgrad", "maximize", "capturable", "differentiable")
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=None, amsgrad=False, *, maximize=False,
-                 foreach=None, capturable=False, differentiable=False,
-                 fused=None, moment_dtype=torch.float32, bias_correction=True,
-                 threads=0):
-        if weight_decay is None:
-            weight_decay = self._default_weight_decay
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        for flag, value in (("amsgrad", amsgrad), ("maximize", maximize),
-                            ("capturable", capturable),
-                            ("differentiable", differentiable)):
+    def _setup(self, params, defaults, moment_dtype, threads, **flags):
+        for flag, value in flags.items():
             if value:
                 raise ValueError(self._refusal(flag))
         if moment_dtype not in _MOMENT_DTYPES:
@@ -83,11 +71,24 @@ class _StrataAdamBase(Optimizer):
         self._threads = threads
         self._kernels: Dict[tuple, _strata.CpuOptimizer] = {}
         self._closed = False
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        amsgrad=False, maximize=False, foreach=foreach,
-                        capturable=False, differentiable=False, fused=fused,
-                        bias_correction=bias_correction)
-        super().__init__(params, defaults)
+        Optimizer.__init__(self, params, defaults)
+
+    # The kernel's hyper-parameters for a group: (betas, eps, weight_decay,
+    # bias_correction), hashable.
+    def _kernel_key(self, group) -> tuple:
+        beta1, beta2 = group["betas"]
+        return ((float(beta1), float(beta2)), float(group["eps"]),
+                float(group["weight_decay"]),
+                bool(group.get("bias_correction", True)))
+
+    # The learning rate the kernel gets at `step` (1-based).
+    def _lr(self, group, step: int) -> float:
+        return float(group["lr"])
+
+    # What a state tensor holds before the first step.
+    def _initial_state_value(self, group) -> float:
+        return 0.0
+
 
     def _refusal(self, flag: str) -> str:
         return (f"{self._name}: {flag}=True is not supported (strata's fused "
@@ -125,43 +126,43 @@ class _StrataAdamBase(Optimizer):
     def _kernel(self, group) -> "_strata.CpuOptimizer":
         # A group loaded from a torch state_dict may carry flags strata
         # cannot honor.
-        for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
+        for flag in self._refused_flags:
             if group.get(flag, False):
                 raise ValueError(self._refusal(flag))
-        beta1, beta2 = group["betas"]
-        key = (float(beta1), float(beta2), float(group["eps"]),
-               float(group["weight_decay"]),
-               bool(group.get("bias_correction", True)))
+        key = self._kernel_key(group)
         kernel = self._kernels.pop(key, None)
         if kernel is None:
             if len(self._kernels) >= _MAX_KERNELS:
                 oldest = next(iter(self._kernels))
                 self._kernels.pop(oldest).close()
+            betas, eps, weight_decay, bias_correction = key
             kernel = _strata.CpuOptimizer(
-                algo=self._algo, betas=key[0:2], eps=key[2],
-                weight_decay=key[3], bias_correction=key[4],
+                algo=self._algo, betas=betas, eps=eps,
+                weight_decay=weight_decay, bias_correction=bias_correction,
                 threads=self._threads)
         self._kernels[key] = kernel  # most recently used last
         return kernel
 
-    def _state_of(self, p: torch.Tensor) -> dict:
+    def _state_of(self, p: torch.Tensor, group) -> dict:
         state = self.state[p]
         if len(state) == 0:
             state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros(p.shape, dtype=self._moment_dtype)
-            state["exp_avg_sq"] = torch.zeros(p.shape,
-                                              dtype=self._moment_dtype)
+            for key, _ in self._state_keys:
+                state[key] = torch.full(p.shape,
+                                        self._initial_state_value(group),
+                                        dtype=self._moment_dtype)
             return state
         # After load_state_dict: torch casts floating state to the
         # parameter's dtype, and a state_dict may hold a plain-number step.
-        for key in ("exp_avg", "exp_avg_sq"):
+        for key, _ in self._state_keys:
             t = state[key]
             if (t.dtype != self._moment_dtype or t.device.type != "cpu" or
                     not t.is_contiguous()):
                 state[key] = t.to(device="cpu", dtype=self._moment_dtype,
                                   memory_format=torch.contiguous_format)
-        if not torch.is_tensor(state["step"]):
-            state["step"] = torch.tensor(float(state["step"]))
+        step = state.get("step", 0)  # lion-pytorch's state has none
+        if not torch.is_tensor(step):
+            state["step"] = torch.tensor(float(step))
         return state
 
     @staticmethod
@@ -198,7 +199,6 @@ class _StrataAdamBase(Optimizer):
                 f"groups; the optimizer has {len(self.param_groups)}")
         for gi, group in enumerate(self.param_groups):
             kernel = self._kernel(group)
-            lr = group["lr"]
             params = group["params"]
             if working is not None and len(working[gi]) != len(params):
                 raise ValueError(
@@ -208,28 +208,59 @@ class _StrataAdamBase(Optimizer):
             for pi, p in enumerate(params):
                 if p.grad is None:
                     continue
-                self._step_one(kernel, p, lr, gi, pi,
+                self._step_one(kernel, group, p, gi, pi,
                                None if working is None else working[gi][pi])
         return loss
 
-    def _step_one(self, kernel, p, lr, gi, pi, working) -> None:
+    def _step_one(self, kernel, group, p, gi, pi, working) -> None:
         grad = p.grad
         context = f"{self._name}.step: parameter {pi} of group {gi}"
         if grad.is_sparse:
             raise RuntimeError(f"{context}: sparse gradients are not supported")
-        state = self._state_of(p)
+        state = self._state_of(p, group)
         step_t = state["step"]
+        step = int(step_t.item()) + 1
+        moments = {arg: to_dlpack(state[key]) for key, arg in self._state_keys}
         try:
-            kernel.step(to_dlpack(p), to_dlpack(grad),
-                        to_dlpack(state["exp_avg"]),
-                        to_dlpack(state["exp_avg_sq"]),
-                        step=int(step_t.item()) + 1, lr=float(lr),
+            kernel.step(to_dlpack(p), to_dlpack(grad), **moments, step=step,
+                        lr=self._lr(group, step),
                         working=(None if working is None else
                                  to_dlpack(working)),
                         check_overflow=False)
         except (TypeError, ValueError, RuntimeError) as e:
             raise _with_context(e, context) from e
         step_t += 1
+
+
+class _StrataAdamBase(_StrataOptimizer):
+    """Adam / AdamW with strata's fused kernel."""
+
+    _default_weight_decay = 1e-2
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=None, amsgrad=False, *, maximize=False,
+                 foreach=None, capturable=False, differentiable=False,
+                 fused=None, moment_dtype=torch.float32, bias_correction=True,
+                 threads=0):
+        if weight_decay is None:
+            weight_decay = self._default_weight_decay
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        amsgrad=False, maximize=False, foreach=foreach,
+                        capturable=False, differentiable=False, fused=fused,
+                        bias_correction=bias_correction)
+        self._setup(params, defaults, moment_dtype, threads, amsgrad=amsgrad,
+                    maximize=maximize, capturable=capturable,
+                    differentiable=differentiable)
 
 
 class AdamW(_StrataAdamBase):
@@ -260,6 +291,97 @@ class Adam(_StrataAdamBase):
     _default_weight_decay = 0.0
 
 
+class Adagrad(_StrataOptimizer):
+    """torch.optim.Adagrad with strata's kernel.
+
+    Same arguments as torch.optim.Adagrad (lr_decay is applied to the
+    learning rate each step, as torch does); maximize must be False; foreach
+    is accepted and ignored. The state is torch's ('step', 'sum'), created
+    at construction as torch creates it. Extra keyword arguments:
+    moment_dtype (torch.float32 or torch.bfloat16 'sum') and threads.
+    """
+
+    _algo = "adagrad"
+    _name = "strata.torch.Adagrad"
+    _state_keys = (("sum", "exp_avg_sq"),)
+    _refused_flags = ("maximize",)
+
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0,
+                 initial_accumulator_value=0, eps=1e-10, foreach=None, *,
+                 maximize=False, moment_dtype=torch.float32, threads=0):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= lr_decay:
+            raise ValueError(f"Invalid lr_decay value: {lr_decay}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not 0.0 <= initial_accumulator_value:
+            raise ValueError("Invalid initial_accumulator_value value: "
+                             f"{initial_accumulator_value}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps,
+                        weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value,
+                        foreach=foreach, maximize=False)
+        self._setup(params, defaults, moment_dtype, threads,
+                    maximize=maximize)
+        # As torch.optim.Adagrad: the state exists from construction, its
+        # 'sum' filled with the constructor's initial_accumulator_value (a
+        # group's own value is not used for it, as in torch).
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state["step"] = torch.tensor(0.0)
+                state["sum"] = torch.full(p.shape,
+                                          float(initial_accumulator_value),
+                                          dtype=self._moment_dtype)
+
+    def _kernel_key(self, group) -> tuple:
+        return ((0.9, 0.999), float(group["eps"]),
+                float(group["weight_decay"]), True)
+
+    def _lr(self, group, step: int) -> float:
+        return float(group["lr"]) / (1 + (step - 1) * group["lr_decay"])
+
+    def _initial_state_value(self, group) -> float:
+        return float(group["initial_accumulator_value"])
+
+
+class Lion(_StrataOptimizer):
+    """Lion (Chen et al. 2023) with strata's kernel, as lion-pytorch's Lion:
+    decoupled weight decay, the sign of the interpolated momentum as the
+    update, state 'exp_avg' (and 'step').
+
+    Arguments: lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, and the extra
+    keyword arguments moment_dtype (torch.float32 or torch.bfloat16) and
+    threads.
+    """
+
+    _algo = "lion"
+    _name = "strata.torch.Lion"
+    _state_keys = (("exp_avg", "exp_avg"),)
+    _refused_flags = ()
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
+                 *, moment_dtype=torch.float32, threads=0):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
+        self._setup(params, defaults, moment_dtype, threads)
+
+    def _kernel_key(self, group) -> tuple:
+        beta1, beta2 = group["betas"]
+        return ((float(beta1), float(beta2)), 1e-8,
+                float(group["weight_decay"]), True)
+
+
 def CPUAdam(model_params, lr=1e-3, bias_correction=True,
             betas: Tuple[float, float] = (0.9, 0.999), eps=1e-8,
             weight_decay=0.0, amsgrad=False, adamw_mode=True,
@@ -277,3 +399,24 @@ def CPUAdam(model_params, lr=1e-3, bias_correction=True,
                moment_dtype=(torch.float32 if fp32_optimizer_states else
                              torch.bfloat16),
                threads=threads)
+
+
+def CPUAdagrad(model_params, lr=1e-2, eps=1e-10, weight_decay=0,
+               amsgrad=False, fp32_optimizer_states=True, *, threads=0):
+    """DeepSpeedCPUAdagrad's constructor (amsgrad must be False)."""
+    if amsgrad:
+        raise ValueError("strata.torch.CPUAdagrad: amsgrad=True is not "
+                         "supported")
+    return Adagrad(model_params, lr=lr, eps=eps, weight_decay=weight_decay,
+                   moment_dtype=(torch.float32 if fp32_optimizer_states else
+                                 torch.bfloat16),
+                   threads=threads)
+
+
+def CPULion(model_params, lr=1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+            weight_decay=0, fp32_optimizer_states=True, *, threads=0):
+    """DeepSpeedCPULion's constructor."""
+    return Lion(model_params, lr=lr, betas=betas, weight_decay=weight_decay,
+                moment_dtype=(torch.float32 if fp32_optimizer_states else
+                              torch.bfloat16),
+                threads=threads)
