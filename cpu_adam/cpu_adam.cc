@@ -530,10 +530,17 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       a.row_state[i] = a.row_state[i] * b2 + omb2 * mean;
     }
     if (rows > 1) {
+      // Band by band over contiguous rows of the partials (each column still
+      // adds its bands in band order): a column at a time would stride
+      // through bands x cols doubles a line per addition.
+      col_sum_.assign(cols, 0.0);
+      for (size_t b = 0; b < grid.bands; ++b) {
+        const double* part = col_part_.data() + b * cols;
+        for (size_t j = 0; j < cols; ++j) col_sum_[j] += part[j];
+      }
       for (size_t j = 0; j < cols; ++j) {
-        double sum = 0.0;
-        for (size_t b = 0; b < grid.bands; ++b) sum += col_part_[b * cols + j];
-        const float mean = static_cast<float>(sum / static_cast<double>(rows));
+        const float mean =
+            static_cast<float>(col_sum_[j] / static_cast<double>(rows));
         const float col = a.col_state[j] * b2 + omb2 * mean;
         a.col_state[j] = col;
         col_factor_[j] = 1.0f / std::sqrt(col);
@@ -597,13 +604,12 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       }
       a.row_state[i] = m;
     }
-    if (rows > 1) {
-      for (size_t j = 0; j < cols; ++j) {
-        float m = 0.0f;
-        for (size_t b = 0; b < grid.bands; ++b) {
-          m = std::max(m, col_fpart_[b * cols + j]);
-        }
-        a.col_state[j] = m;
+    if (rows > 1) {  // band by band, as Adafactor's column sums
+      float* col = a.col_state;
+      std::fill_n(col, cols, 0.0f);
+      for (size_t b = 0; b < grid.bands; ++b) {
+        const float* part = col_fpart_.data() + b * cols;
+        for (size_t j = 0; j < cols; ++j) col[j] = std::max(col[j], part[j]);
       }
     }
   }
@@ -733,7 +739,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   std::vector<double> partial_sum_;  // per tile, reused across calls
   std::vector<uint8_t> partial_finite_;
   // Scratch of the factored optimizers (kernels.h, FactoredArrays).
-  std::vector<double> row_part_, col_part_, tile_sum_;
+  std::vector<double> row_part_, col_part_, col_sum_, tile_sum_;
   std::vector<float> row_factor_, col_factor_, row_fpart_, col_fpart_;
 };
 
