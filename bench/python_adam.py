@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Times strata.torch.AdamW.step() against torch.optim.AdamW on CPU tensors.
 
-The same parameters and gradients go through each implementation in turn
-(strata, then torch's foreach and single-tensor AdamW where that torch has
-them); each gets one untimed step (it allocates its moments), then --steps
-timed steps. Prints one JSON object: the configuration and, per
+The same parameters and gradients go through each implementation (strata,
+torch's foreach and single-tensor AdamW where that torch has them); each gets
+one untimed step (it allocates its moments), then --steps rounds of one timed
+step of each in turn. Prints one JSON object: the configuration and, per
 implementation, the best and median step time, parameters per second and the
 bytes streamed per second (fp32 moments: 16 bytes read, 12 written per
-parameter). Other jobs on the machine show up as spread between best and
-median; the best step is the least disturbed one.
+parameter), and each torch implementation's speedup against strata: best
+against best, and the median of the rounds' ratios. Other jobs on the
+machine show up as spread between best and median; the best step is the
+least disturbed one.
 
 With --bench PATH (a strata-bench binary) the same case also runs through
 `strata-bench adam` (AdamW, fp32 moments, no working copy, the same
-parameters and threads) right before and right after strata's steps, and the
+parameters and threads) right before and right after the timed rounds, and the
 JSON gives strata's rate as a ratio to the faster of the two: what the
 binding costs against the C++ optimizer on one array. The machine's memory
 bandwidth can change between runs, so both bench figures are reported.
@@ -42,18 +44,6 @@ def parse_count(text):
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
-
-
-def time_steps(opt, steps, before_timing=None):
-    opt.step()  # allocates the moments; untimed
-    if before_timing is not None:
-        before_timing(opt)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 def bench_rate(binary, n, threads, variant, steps):
@@ -97,10 +87,14 @@ def main():
                     "torch_single")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--settle", type=float, default=0.5,
+                    help="seconds of pause before each timed step")
     ap.add_argument("--bench", default=None, metavar="PATH",
                     help="a strata-bench binary: also time the same case "
                     "through `strata-bench adam`, before and after strata")
     args = ap.parse_args()
+    if not 0 <= args.settle <= 60:
+        ap.error(f"--settle: {args.settle} is out of range; accepted [0, 60]")
     if args.bench is not None and not os.access(args.bench, os.X_OK):
         ap.error(f"--bench: {args.bench!r} is not an executable file")
 
@@ -136,43 +130,52 @@ def main():
         "torch_single": lambda: torch.optim.AdamW(
             params, lr=args.lr, weight_decay=args.weight_decay, foreach=False),
     }
-    results = {}
+    # Every implementation takes one untimed step (it allocates its state),
+    # then the timed steps go round by round, one step of each in turn, so
+    # that a change of the machine's memory bandwidth during the run (this
+    # happens on shared VMs) hits every implementation alike; each round
+    # gives one speedup per implementation against strata's step of it.
+    opts = {name: makers[name]() for name in impls}
+    for opt in opts.values():
+        opt.step()
     bench = None
-    def run_bench(opt):
-        # strata's own variant and resolved thread count, on one array.
-        kernel = next(iter(opt._kernels.values()))
-        rate, bench_args = bench_rate(args.bench, n, kernel.threads,
-                                      kernel.variant, args.steps)
-        return {"args": bench_args, "params_per_s": [rate]}
-
+    if "strata" in opts:
+        kernel = next(iter(opts["strata"]._kernels.values()))
+        variant, strata_threads = kernel.variant, kernel.threads
+        if args.bench is not None:
+            rate, bench_args = bench_rate(args.bench, n, strata_threads,
+                                          variant, args.steps)
+            bench = {"args": bench_args, "params_per_s": [rate]}
+    times = {name: [] for name in impls}
+    for _ in range(args.steps):
+        for name, opt in opts.items():
+            # What the step before left behind (torch's freed temporaries,
+            # its threads winding down) settles first.
+            time.sleep(args.settle)
+            t0 = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - t0)
+    if bench is not None:
+        rate, _ = bench_rate(args.bench, n, strata_threads, variant,
+                             args.steps)
+        bench["params_per_s"].append(rate)
+    del opts
+    results = {}
     for name in impls:
-        opt = makers[name]()
-        if name == "strata" and args.bench is not None:
-            def before_timing(o):
-                nonlocal bench
-                bench = run_bench(o)
-            times = time_steps(opt, args.steps, before_timing)
-            bench["params_per_s"] += run_bench(opt)["params_per_s"]
-        else:
-            times = time_steps(opt, args.steps)
-        if name == "strata":
-            variant = next(iter(opt._kernels.values())).variant
-            strata_threads = next(iter(opt._kernels.values())).threads
-        del opt
         moment_bytes = 2 if (name == "strata" and moment == torch.bfloat16) \
             else 4
         # read p, g, m, v; write p, m, v
         bytes_per_param = 4 + 4 + 2 * moment_bytes + 4 + 2 * moment_bytes
-        best = min(times)
+        best = min(times[name])
         results[name] = {
             "best_s": best,
-            "median_s": statistics.median(times),
-            "times_s": times,
+            "median_s": statistics.median(times[name]),
+            "times_s": times[name],
             "params_per_s": n / best,
             "gb_per_s": n * bytes_per_param / best / 1e9,
         }
     if bench is not None:
-        # Before and after strata's timed steps; the ratio is to the faster.
+        # Before and after the timed rounds; the ratio is to the faster.
         bench["strata_ratio"] = (results["strata"]["params_per_s"] /
                                  max(bench["params_per_s"]))
         if args.moment_dtype != "float32":
@@ -180,6 +183,11 @@ def main():
         results["strata_bench"] = bench
     for name in impls:
         if name != "strata" and "strata" in results:
+            per_round = [t / s for t, s in zip(times[name],
+                                               times["strata"])]
+            results[name]["strata_speedup_per_round"] = per_round
+            results[name]["strata_speedup_median"] = statistics.median(
+                per_round)
             results[name]["strata_speedup"] = (results[name]["best_s"] /
                                                results["strata"]["best_s"])
 
@@ -187,6 +195,7 @@ def main():
         "params": n,
         "tensors": args.tensors,
         "steps": args.steps,
+        "settle_s": args.settle,
         "lr": args.lr,
         "weight_decay": args.weight_decay,
         "strata_moment_dtype": args.moment_dtype,

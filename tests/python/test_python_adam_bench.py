@@ -4,6 +4,7 @@ case through strata-bench adam before and after strata's steps."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import unittest
@@ -40,7 +41,14 @@ class PythonAdamBenchTest(unittest.TestCase):
         results = out["results"]
         self.assertEqual(len(results["strata"]["times_s"]), 2)
         self.assertGreater(results["strata"]["params_per_s"], 0)
-        self.assertGreater(results["torch_foreach"]["strata_speedup"], 0)
+        foreach = results["torch_foreach"]
+        self.assertGreater(foreach["strata_speedup"], 0)
+        # One ratio per round: torch's step over strata's of the same round.
+        rounds = [t / s for t, s in zip(foreach["times_s"],
+                                        results["strata"]["times_s"])]
+        self.assertEqual(foreach["strata_speedup_per_round"], rounds)
+        self.assertAlmostEqual(foreach["strata_speedup_median"],
+                               statistics.median(rounds))
         pair = results["strata_bench"]
         self.assertEqual(len(pair["params_per_s"]), 2)
         self.assertTrue(all(x > 0 for x in pair["params_per_s"]))
