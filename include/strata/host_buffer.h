@@ -6,7 +6,10 @@
 // Memory comes from mmap (so it is page aligned and returned to the OS on
 // free), with transparent huge pages requested for large buffers. size() is
 // exactly what was asked; unlike PyTorch's host allocator nothing is rounded
-// to a power of two.
+// to a power of two. A buffer of 2 MiB or more starts up to 15 pages into
+// its mapping, so that successive large buffers differ in address bits
+// 12-15 and arrays updated together never alias in the memory's banks
+// (util/host_buffer.cc, Note [Colored large buffers]).
 //
 // Pinning uses mlock. When it fails (RLIMIT_MEMLOCK, see `ulimit -l`), the
 // buffer is kept unpinned and one warning per process says so, unless
