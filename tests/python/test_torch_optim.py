@@ -237,28 +237,36 @@ class AdagradLionTest(unittest.TestCase):
                                         torch.full(p.shape, 0.25)))
         self.run_and_compare(ours, theirs, ["sum"], STEPS, 1e-6)
 
+    def handover(self, groups, first, make_second, reference, steps):
+        """first and reference train `steps` steps; second, made on a copy
+        of first's weights, loads first's state_dict and goes on `steps`
+        more beside reference. Returns second."""
+        for step in range(steps):
+            set_grads([first, reference], step)
+            first.step()
+            reference.step()
+        second_groups = clone_groups(groups)
+        for g, src in zip(second_groups, first.param_groups):
+            for p, q in zip(g["params"], src["params"]):
+                p.data.copy_(q.detach())
+        second = make_second(second_groups)
+        second.load_state_dict(copy.deepcopy(first.state_dict()))
+        for step in range(steps, 2 * steps):
+            set_grads([second, reference], step)
+            second.step()
+            reference.step()
+        for p, q in zip(params_of(second), params_of(reference)):
+            self.assertLessEqual(max_rel_err(p, q), 1e-6)
+        return second
+
     def test_adagrad_state_dict_both_ways(self):
         groups = with_hyper(make_groups(21), ADAGRAD_HYPER)
         for first_cls, second_cls in ((torch.optim.Adagrad, storch.Adagrad),
                                       (storch.Adagrad, torch.optim.Adagrad)):
-            first = first_cls(clone_groups(groups))
             reference = torch.optim.Adagrad(clone_groups(groups))
-            for step in range(5):
-                set_grads([first, reference], step)
-                first.step()
-                reference.step()
-            second_groups = clone_groups(groups)
-            for g, src in zip(second_groups, first.param_groups):
-                for p, q in zip(g["params"], src["params"]):
-                    p.data.copy_(q.detach())
-            second = second_cls(second_groups)
-            second.load_state_dict(copy.deepcopy(first.state_dict()))
-            for step in range(5, 10):
-                set_grads([second, reference], step)
-                second.step()
-                reference.step()
+            second = self.handover(groups, first_cls(clone_groups(groups)),
+                                   second_cls, reference, 5)
             for p, q in zip(params_of(second), params_of(reference)):
-                self.assertLessEqual(max_rel_err(p, q), 1e-6)
                 self.assertLessEqual(
                     max_rel_err(second.state[p]["sum"],
                                 reference.state[q]["sum"]), 1e-6)
@@ -272,24 +280,10 @@ class AdagradLionTest(unittest.TestCase):
 
     def test_lion_loads_a_state_without_step(self):
         groups = with_hyper(make_groups(23), LION_HYPER)
-        first = LionReference(clone_groups(groups))
-        reference = LionReference(clone_groups(groups))
-        for step in range(5):
-            set_grads([first, reference], step)
-            first.step()
-            reference.step()
-        second_groups = clone_groups(groups)
-        for g, src in zip(second_groups, first.param_groups):
-            for p, q in zip(g["params"], src["params"]):
-                p.data.copy_(q.detach())
-        second = storch.Lion(second_groups)
-        second.load_state_dict(copy.deepcopy(first.state_dict()))
-        for step in range(5, 10):
-            set_grads([second, reference], step)
-            second.step()
-            reference.step()
-        for p, q in zip(params_of(second), params_of(reference)):
-            self.assertLessEqual(max_rel_err(p, q), 1e-6)
+        second = self.handover(groups, LionReference(clone_groups(groups)),
+                               storch.Lion,
+                               LionReference(clone_groups(groups)), 5)
+        for p in params_of(second):  # counted from the load
             self.assertEqual(int(second.state[p]["step"].item()), 5)
 
     def test_bf16_state_and_deepspeed_constructors(self):

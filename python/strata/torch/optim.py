@@ -38,6 +38,21 @@ def _with_context(e: Exception, context: str) -> Exception:
     return new
 
 
+def _check_ranges(lr, weight_decay, betas=None, eps=None) -> None:
+    """torch.optim's range checks, with its messages."""
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if eps is not None and not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if betas is not None:
+        for i, beta in enumerate(betas[:2]):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: "
+                                 f"{beta}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
 class _StrataOptimizer(Optimizer):
     """A torch.optim optimizer over fp32 CPU parameters whose update is one
     of strata's fused kernels.
@@ -244,16 +259,7 @@ class _StrataAdamBase(_StrataOptimizer):
                  threads=0):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _check_ranges(lr, weight_decay, betas=betas, eps=eps)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False, foreach=foreach,
                         capturable=False, differentiable=False, fused=fused,
@@ -309,17 +315,12 @@ class Adagrad(_StrataOptimizer):
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0,
                  initial_accumulator_value=0, eps=1e-10, foreach=None, *,
                  maximize=False, moment_dtype=torch.float32, threads=0):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
+        _check_ranges(lr, weight_decay, eps=eps)
         if not 0.0 <= lr_decay:
             raise ValueError(f"Invalid lr_decay value: {lr_decay}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if not 0.0 <= initial_accumulator_value:
             raise ValueError("Invalid initial_accumulator_value value: "
                              f"{initial_accumulator_value}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps,
                         weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value,
@@ -365,14 +366,7 @@ class Lion(_StrataOptimizer):
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
                  *, moment_dtype=torch.float32, threads=0):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _check_ranges(lr, weight_decay, betas=betas)
         defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
         self._setup(params, defaults, moment_dtype, threads)
 
