@@ -1145,6 +1145,20 @@ void ReadDsOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
     ObjReader opt(ctx, f);
     if (!opt.present()) return;
     type = opt.Take("type");
+    if (type && type.value->is_string()) {
+      const std::string name = Lower(type.value->get<std::string>());
+      if (name == "adafactor" || name == "sm3") {
+        // CpuOptimizer runs them; the engine does not yet.
+        ctx.Error(type.path,
+                  type.value->get<std::string>() +
+                      " keeps statistics per row and column of each tensor, "
+                      "and the engine steps flat partitions: it is not an "
+                      "engine optimizer yet (CpuOptimizer and "
+                      "strata.CpuOptimizer run it on caller arrays); "
+                      "accepted here: Adam, AdamW, Adagrad, Lion");
+        return;
+      }
+    }
     algo = ReadChoice(ctx, type, kDsAlgoNames, true);
     if (!type) ctx.Error(type.path, "required: Adam, AdamW, Adagrad or Lion");
     Unsupported(ctx, opt.Take("legacy_fusion"), "no effect in strata");

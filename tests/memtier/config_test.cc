@@ -480,6 +480,15 @@ INSTANTIATE_TEST_SUITE_P(
                 R"({"optimizer": {"type": "Lamb"}})",
                 {"optimizer.type: expected one of Adam, AdamW, Adagrad, "
                  "Lion, got string \"Lamb\""}},
+        BadCase{"OptimizerFactored",
+                R"({"optimizer": {"type": "Adafactor", "params": {}}})",
+                {"optimizer.type: Adafactor keeps statistics per row and "
+                 "column of each tensor",
+                 "accepted here: Adam, AdamW, Adagrad, Lion"}},
+        BadCase{"OptimizerSm3",
+                R"({"optimizer": {"type": "sm3"}})",
+                {"optimizer.type: sm3 keeps statistics per row",
+                 "not an engine optimizer yet"}},
         // "auto" must be resolved by the caller.
         BadCase{"AutoSize",
                 R"({"zero_optimization": {"stage": 3,
