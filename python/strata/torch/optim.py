@@ -104,7 +104,6 @@ class _StrataOptimizer(Optimizer):
     def _initial_state_value(self, group) -> float:
         return 0.0
 
-
     def _refusal(self, flag: str) -> str:
         return (f"{self._name}: {flag}=True is not supported (strata's fused "
                 f"kernel implements plain {self._algo}); use torch.optim for it")
