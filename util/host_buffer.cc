@@ -24,10 +24,10 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // When those arrays lie a large power of two apart, which is where mmap puts
 // equal-sized mappings next to each other, the lines the update reads and
 // writes back fall (as far as a VM without hardware counters can tell) in
-// the same DRAM banks on different rows: on a Zen 4 VM
-// with 2 MiB pages that made the AdamW step 3x slower for 64M-element arrays
-// (0.6 against 1.8 G params/s on one core), while offsetting the arrays by
-// different multiples of 4 KiB restored it. So a buffer of 2 MiB or more
+// the same DRAM banks on different rows: on a Zen 4 VM with 2 MiB pages
+// that made the AdamW step 3x slower for 64M-element arrays (0.6 against
+// 1.8 G params/s on one core), while offsetting the arrays by different
+// multiples of 4 KiB restored it. So a buffer of 2 MiB or more
 // starts a few pages into its mapping, chosen so that bits 12-15 of its
 // address (its color) take the next value of a rotating counter: any 16
 // large buffers allocated one after another have distinct colors, wherever
@@ -167,6 +167,8 @@ StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes,
   }
   return buf;
 }
+
+size_t HostBuffer::PageBytes() const noexcept { return RoundUp(size_, kPage); }
 
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept
     : base_(std::exchange(other.base_, nullptr)),

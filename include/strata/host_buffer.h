@@ -90,7 +90,7 @@ class STRATA_EXPORT HostBuffer final {
   void Reset() noexcept;
   bool counted() const noexcept { return pinned_ || registration_ != nullptr; }
   // The pages holding [data_, data_ + size_): what is locked and counted.
-  size_t PageBytes() const noexcept { return (size_ + 4095) & ~size_t{4095}; }
+  size_t PageBytes() const noexcept;
 
   std::byte* base_ = nullptr;  // the mapping
   std::byte* data_ = nullptr;  // base_, or a few pages in (large buffers)
