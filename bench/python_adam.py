@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,8 +56,13 @@ def bench_rate(binary, n, threads, variant, steps):
             "off"]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "adam.json")
-        subprocess.run([binary] + args + ["--json", out], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run = subprocess.run([binary] + args + ["--json", out],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+        if run.returncode != 0:
+            last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            sys.exit(f"--bench: strata-bench adam exited {run.returncode}: "
+                     f"{last}")
         with open(out) as f:
             rows = json.load(f)["results"]
     rates = [r["params_per_s"] for r in rows
@@ -68,6 +74,9 @@ def bench_rate(binary, n, threads, variant, steps):
 
 
 def main():
+    # SIGTERM unwinds like Ctrl-C, so a running strata-bench is killed and
+    # its temporary directory removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default="256M",
                     help="parameters in all (K/M/G suffixes: powers of 2)")
@@ -93,6 +102,8 @@ def main():
                     help="a strata-bench binary: also time the same case "
                     "through `strata-bench adam`, before and after strata")
     args = ap.parse_args()
+    if not 1 <= args.steps <= 1000:  # strata-bench's --reps takes them too
+        ap.error(f"--steps: {args.steps} is out of range; accepted [1, 1000]")
     if not 0 <= args.settle <= 60:
         ap.error(f"--settle: {args.settle} is out of range; accepted [0, 60]")
     if args.bench is not None and not os.access(args.bench, os.X_OK):
@@ -108,6 +119,9 @@ def main():
     if not set(impls) <= known:
         ap.error(f"--impls: unknown {sorted(set(impls) - known)}; "
                  f"accepted {sorted(known)}")
+    if args.bench is not None and "strata" not in impls:
+        ap.error("--bench: pairs strata's steps with strata-bench; add "
+                 "strata to --impls")
 
     sizes = [n // args.tensors + (i < n % args.tensors)
              for i in range(args.tensors)]

@@ -73,6 +73,27 @@ class PythonAdamBenchTest(unittest.TestCase):
         r = run("--params", "1K", "--impls", "strata,sgd")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--impls: unknown ['sgd']", r.stderr)
+        r = run("--params", "1K", "--steps", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--steps: 0 is out of range; accepted [1, 1000]",
+                      r.stderr)
+        r = run("--params", "1K", "--settle", "-1")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--settle: -1.0 is out of range", r.stderr)
+        r = run("--params", "1K", "--impls", "torch_foreach", "--bench",
+                sys.executable)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--bench: pairs strata's steps with strata-bench",
+                      r.stderr)
+
+    def test_a_failing_bench_is_named(self):
+        # An executable that is not strata-bench: its failure and message
+        # come back, not a traceback.
+        r = run("--params", "1K", "--steps", "1", "--settle", "0",
+                "--impls", "strata", "--bench", "/bin/false")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--bench: strata-bench adam exited 1", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
 
 
 if __name__ == "__main__":
