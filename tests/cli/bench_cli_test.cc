@@ -204,15 +204,25 @@ std::vector<Proc> Processes() {
 
 // Processes other than this test, zombies aside, whose command line
 // mentions `needle`.
-std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
-  std::vector<pid_t> out;
+// Each as "pid (comm) state, parent ppid".
+std::vector<std::string> ProcessesMentioning(const std::string& needle) {
+  std::vector<std::string> out;
   for (const Proc& p : Processes()) {
     if (p.pid != ::getpid() && p.state != 'Z' &&
         p.cmdline.find(needle) != std::string::npos) {
-      out.push_back(p.pid);
+      out.push_back(std::to_string(p.pid) + " (" + p.comm + ") " + p.state +
+                    ", parent " + std::to_string(p.ppid));
     }
   }
   return out;
+}
+
+// A listing for a failure message: the items between braces.
+template <class Items>
+std::string Listing(const Items& items) {
+  std::string s = "{";
+  for (const auto& i : items) s += (s.size() > 1 ? ", " : "") + i;
+  return s + "}";
 }
 
 // Whether `parent` has a child named `comm`.
@@ -988,20 +998,29 @@ void ExpectInterruptCleans(int sig, bool during_fio) {
   if (!during_fio) args.push_back("--no-fio");
   Bench b(args, d.path());
   const std::string data = d.path() + "/strata-bench-io.dat";
+  // What the run said, for a failure before the signal.
+  auto said = [&] {
+    if (b.pid() > 0) ::kill(b.pid(), SIGKILL);
+    const Outcome o = b.Wait();
+    return "exit " + std::to_string(o.code) + ", stderr: " + o.err;
+  };
   if (during_fio) {
-    ASSERT_TRUE(WaitFor([&] { return HasChildNamed(b.pid(), "fio"); }, 30))
-        << "fio never started";
-  } else {
-    ASSERT_TRUE(WaitFor([&] { return fs::exists(data); }, 30))
-        << "the data file never appeared";
+    if (!WaitFor([&] { return HasChildNamed(b.pid(), "fio"); }, 30)) {
+      FAIL() << "fio never started; " << said();
+    }
+  } else if (!WaitFor([&] { return fs::exists(data); }, 30)) {
+    FAIL() << "the data file never appeared; " << said();
   }
-  ASSERT_FALSE(b.Done()) << "finished before the signal";
+  if (b.Done()) FAIL() << "finished before the signal; " << said();
   ASSERT_EQ(::kill(b.pid(), sig), 0);
   const Outcome o = b.Wait();
   EXPECT_EQ(o.code, 128 + sig) << o.err;
   EXPECT_TRUE(Has(o.err, "interrupted by SIG")) << o.err;
-  EXPECT_TRUE(Entries(d.path()).empty());
-  EXPECT_TRUE(ProcessesMentioning(d.path()).empty()) << "a child survived";
+  EXPECT_TRUE(Entries(d.path()).empty())
+      << "left behind: " << Listing(Entries(d.path())) << "; stderr: " << o.err;
+  const std::vector<std::string> left = ProcessesMentioning(d.path());
+  EXPECT_TRUE(left.empty())
+      << "survived: " << Listing(left) << "; stderr: " << o.err;
 }
 
 // Interrupted while the engine and the hops hold swap files in their
