@@ -331,9 +331,9 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 // Code 0 is zero; no subnormals. Relative error of a code: at most 2^-4 (m)
 // and 2^-5 (r) of the value, for values down to 2^-15 of the block's
 // absmax (below that m flushes to zero, r to the smallest code). The codecs
-// are integer arithmetic on the fp32 bits (round to nearest even on the
-// dropped mantissa bits), the same on every variant. The update reads the
-// old codes, computes the new moments in fp32 (the weights use them
+// are integer arithmetic on the fp32 bits (round to nearest, ties away from
+// zero, on the dropped mantissa bits), the same on every variant. The update
+// reads the old codes, computes the new moments in fp32 (the weights use them
 // unrounded), keeps them in a per-block scratch, takes their absmax, and
 // then writes the new codes and scales: one pass over memory, two over a
 // block in cache.
@@ -357,27 +357,30 @@ STRATA_CPU_ADAM_INLINE typename V::F DecodeR8(typename V::I c) {
       V::IZeroIfZero(c, V::template ISll<19>(V::IAdd(c, V::ISet(kR8Bias)))));
 }
 
-// y = m / s_m.
+// y = m / s_m. Rounds |y| to nearest on the dropped mantissa bits, ties
+// away from zero: adding half a code step carries into the exponent where it
+// must, and the bias comes off before the shift, so values below the
+// smallest code go to 0 through one max.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::I EncodeM8(typename V::F y) {
   using I = typename V::I;
   const I u = V::IBits(y);
   const I a = V::IAnd(u, V::ISet(0x7fffffffu));
-  const I odd = V::IAnd(V::template ISrl<20>(a), V::ISet(1));
-  I r = V::template ISrl<20>(V::IAdd(a, V::IAdd(odd, V::ISet(0x7ffff))));
-  r = V::IMin(V::IMax(V::ISub(r, V::ISet(kM8Bias)), V::ISet(0)), V::ISet(127));
+  const I t =
+      V::IMax(V::IAdd(a, V::ISet((1u << 19) - (kM8Bias << 20))), V::ISet(0));
+  const I r = V::IMin(V::template ISrl<20>(t), V::ISet(127));
   return V::IOr(r, V::IAnd(V::template ISrl<24>(u), V::ISet(0x80)));
 }
 
-// y = r / s_r; r >= 0 (or NaN).
+// y = r / s_r; r >= 0 (or NaN, of either sign: the largest code).
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::I EncodeR8(typename V::F y,
                                               typename V::F r) {
   using I = typename V::I;
-  const I u = V::IBits(y);
-  const I odd = V::IAnd(V::template ISrl<19>(u), V::ISet(1));
-  I c = V::template ISrl<19>(V::IAdd(u, V::IAdd(odd, V::ISet(0x3ffff))));
-  c = V::IMin(V::IMax(V::ISub(c, V::ISet(kR8Bias)), V::ISet(0)), V::ISet(255));
+  const I a = V::IAnd(V::IBits(y), V::ISet(0x7fffffffu));
+  const I t =
+      V::IMax(V::IAdd(a, V::ISet((1u << 18) - (kR8Bias << 19))), V::ISet(0));
+  const I c = V::IMin(V::template ISrl<19>(t), V::ISet(255));
   return V::IMax(c, V::IMin(V::IBits(r), V::ISet(1)));
 }
 
