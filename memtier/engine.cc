@@ -1824,8 +1824,8 @@ Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
                    " (unit " + std::to_string(u) + ") over the ranks");
 }
 
-Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data,
-                                bool device) {
+Status EngineImpl::ReduceWindow(uint32_t u, uint64_t w, const float* data) {
+  const bool device = DeviceReduce();
   const UnitState& s = units_[u];
   const uint64_t lo = w * window_elems_;
   const uint64_t hi = std::min(lo + window_elems_, s.full_elems);
@@ -1897,12 +1897,8 @@ Status EngineImpl::FlushBucket(size_t b) {
   k.unit = -1;
   k.present.clear();
   k.ended = 0;
-  return DeviceReduce()
-             ? ReduceWindow(u, k.window,
-                            reinterpret_cast<const float*>(k.dev.data()), true)
-             : ReduceWindow(u, k.window,
-                            reinterpret_cast<const float*>(k.mem.data()),
-                            false);
+  const void* data = DeviceReduce() ? k.dev.data() : k.mem.data();
+  return ReduceWindow(u, k.window, static_cast<const float*>(data));
 }
 
 Status EngineImpl::AccumulateRanked(TensorId id, uint64_t elem,

@@ -312,11 +312,9 @@ class EngineImpl final : public Engine {
   }
   // Reduce-scatters window w of a unit's gradient (`data`, fp32, the
   // window's elements) and adds this rank's part into its accumulator (or
-  // overwrites it, the first time in a step).
-  // `device`: `data` is a device bucket (Note [Gradients reduced on the
-  // device]).
-  Status ReduceWindow(uint32_t unit, uint64_t w, const float* data,
-                      bool device);
+  // overwrites it, the first time in a step). `data` is a device bucket
+  // when DeviceReduce() (Note [Gradients reduced on the device]).
+  Status ReduceWindow(uint32_t unit, uint64_t w, const float* data);
   // zero_stage 1: reduce-scatters a unit's full gradient into the shards.
   Status ReduceUnitGrad(uint32_t unit, const float* full);
   // The gradient shards of every unit, summed over ranks, before the norm.
