@@ -40,6 +40,9 @@ namespace {
 constexpr const char* kCommand = "comm";
 constexpr uint64_t kMaxMessage = uint64_t{16} << 30;  // 16 GiB
 constexpr const char* kStage3 = "stage3-fetch";
+// stage3-fetch's reduce_bucket_bytes with the collectives on device memory
+// (no gradient is handed over; the buckets only take device budget).
+constexpr uint64_t kStage3BucketBytes = uint64_t{1} << 20;
 
 struct CommFlags {
   std::string backend = "auto";
@@ -482,11 +485,13 @@ StatusOr<std::unique_ptr<Stage3Rig>> MakeStage3Rig(const Stage3Shape& s,
   auto rig = std::make_unique<Stage3Rig>();
   // With the collectives on device memory the engine takes their buffers
   // (at most a staging buffer and 64 KiB) and its two gradient buckets
-  // (reduce_bucket_bytes 1 MiB of bf16: 2 MiB of fp32 each, at most) from
-  // its budget: the arena stays as large as with host memory.
+  // (kStage3BucketBytes of bf16: twice that in fp32 each, rounded up to the
+  // ranks' alignment; twice that again is set aside) from its budget: the
+  // arena stays as large as with host memory.
   const bool on_device = c.comm_memory == "device";
   const uint64_t coll_bytes =
-      on_device ? s.staging_bytes + (64 << 10) + 2 * (uint64_t{4} << 20) : 0;
+      on_device ? s.staging_bytes + (64 << 10) + 2 * (4 * kStage3BucketBytes)
+                : 0;
   DeviceOptions d;
   d.choice = DeviceChoice::kHostEmulated;
   d.memory_budget_bytes = s.budget_bytes + coll_bytes + (uint64_t{64} << 20);
@@ -511,7 +516,7 @@ StatusOr<std::unique_ptr<Stage3Rig>> MakeStage3Rig(const Stage3Shape& s,
   o.prefetch_bytes = s.prefetch_bytes;
   o.persistence_threshold_bytes = 0;  // every unit is gathered every pass
   o.comm_memory = on_device ? CommMemory::kDevice : CommMemory::kHost;
-  if (on_device) o.reduce_bucket_bytes = 1 << 20;  // no gradient is handed over
+  if (on_device) o.reduce_bucket_bytes = kStage3BucketBytes;
   STRATA_ASSIGN_OR_RETURN(rig->engine, Engine::Create(o, rig->device.get()));
   for (uint64_t i = 0; i < s.tensors; ++i) {
     TensorSpec t;
@@ -859,7 +864,8 @@ Status ReportComm(const CommConfig& c, CommPrepared& p,
         {"optimizer_states_rest_on", "host"},
         {"grads_rest_on", "host"},
         {"comm_memory", c.comm_memory},
-        {"reduce_bucket_bytes", c.comm_memory == "device" ? 1 << 20 : 0},
+        {"reduce_bucket_bytes",
+         c.comm_memory == "device" ? kStage3BucketBytes : 0},
         {"pin_memory", true},
         {"persistence_threshold_bytes", 0},
         {"between_passes", "Step with lr 0 and no gradient"},
