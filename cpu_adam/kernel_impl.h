@@ -19,11 +19,15 @@
 // for float, F16 and Bf16 arrays, Stream (non-temporal store of a 16-bit
 // array), Fence, Add, Mul, Div, Sqrt, Fma(a, b, c) = a * b + c, Sign, and
 // for the gradient statistics D, DZero, SqAcc, DSum, Bad, BadZero, BadOr,
-// BadAny; for the 8-bit states an integer lane type I with ISet, IBits,
-// FBits, IAdd, ISub, IAnd, IOr, ISrl<k>, ISll<k> (logical), IMin, IMax
-// (signed), IZeroIfZero(c, t) = c == 0 ? 0 : t, IMaxAll (the largest lane,
-// signed), LoadU8 (kN bytes, zero-extended) and StoreU8 (the low byte of
-// each lane).
+// BadAny; an integer lane type I (fp32 bits) with ISet, IBits, FBits, IAnd,
+// IMin, IMax (signed) and IMaxAll (the largest lane, signed); and for the
+// 8-bit state codecs a 16-bit lane type H of kH lanes (kN or 2 kN) with
+// HSet, HAnd, HOr, HAdd, HSubSat (unsigned, saturating at 0), HSrl<k>,
+// HSll<k> (logical), HMin, HMax (signed), HZeroIfZero(c, t) = c == 0 ? 0 :
+// t, HLoadU8 (kH bytes, zero-extended), HStoreU8 (the low byte of each
+// lane), HTop(x) (the top 16 bits of the fp32 lanes of x[0], then x[1] when
+// kH = 2 kN) and HWiden<k> (lanes k kN to (k + 1) kN - 1 as the top halves
+// of fp32 lanes whose low halves are zero).
 #ifndef STRATA_CPU_ADAM_ISA
 #error "define STRATA_CPU_ADAM_ISA before including cpu_adam/kernel_impl.h"
 #endif
@@ -139,34 +143,51 @@ struct Scalar {
   static F Fma(F a, F b, F c) { return std::fma(a, b, c); }
   static F Sign(F a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
 
-  // Integer lanes of the 8-bit state codecs (wrapping uint32 arithmetic,
-  // logical shifts, signed min/max).
+  // fp32 bits as integers (signed min/max).
   using I = uint32_t;
   static I ISet(uint32_t x) { return x; }
   static I IBits(F x) { return FloatBits(x); }
   static F FBits(I x) { return BitsFloat(x); }
-  static I IAdd(I a, I b) { return a + b; }
-  static I ISub(I a, I b) { return a - b; }
   static I IAnd(I a, I b) { return a & b; }
-  static I IOr(I a, I b) { return a | b; }
-  template <int k>
-  static I ISrl(I a) {
-    return a >> k;
-  }
-  template <int k>
-  static I ISll(I a) {
-    return a << k;
-  }
   static I IMin(I a, I b) {
     return static_cast<int32_t>(a) < static_cast<int32_t>(b) ? a : b;
   }
   static I IMax(I a, I b) {
     return static_cast<int32_t>(a) > static_cast<int32_t>(b) ? a : b;
   }
-  static I IZeroIfZero(I c, I t) { return c == 0 ? 0 : t; }
   static uint32_t IMaxAll(I a) { return a; }
-  static I LoadU8(const uint8_t* p) { return *p; }
-  static void StoreU8(uint8_t* p, I c) { *p = static_cast<uint8_t>(c); }
+
+  // 16-bit lanes of the 8-bit codecs: one, as wide as F.
+  using H = uint16_t;
+  static constexpr size_t kH = 1;
+  static H HSet(uint16_t x) { return x; }
+  static H HAnd(H a, H b) { return a & b; }
+  static H HOr(H a, H b) { return a | b; }
+  static H HAdd(H a, H b) { return static_cast<H>(a + b); }
+  static H HSubSat(H a, H b) { return a > b ? static_cast<H>(a - b) : 0; }
+  template <int k>
+  static H HSrl(H a) {
+    return static_cast<H>(a >> k);
+  }
+  template <int k>
+  static H HSll(H a) {
+    return static_cast<H>(a << k);
+  }
+  static H HMin(H a, H b) {
+    return static_cast<int16_t>(a) < static_cast<int16_t>(b) ? a : b;
+  }
+  static H HMax(H a, H b) {
+    return static_cast<int16_t>(a) > static_cast<int16_t>(b) ? a : b;
+  }
+  static H HZeroIfZero(H c, H t) { return c == 0 ? 0 : t; }
+  static H HLoadU8(const uint8_t* p) { return *p; }
+  static void HStoreU8(uint8_t* p, H c) { *p = static_cast<uint8_t>(c); }
+  static H HTop(const F* x) { return static_cast<H>(FloatBits(x[0]) >> 16); }
+  template <int k>
+  static F HWiden(H h) {
+    static_assert(k == 0);
+    return BitsFloat(static_cast<uint32_t>(h) << 16);
+  }
 
   static void DPut(double* p, F x) { *p = x; }
   static void DAccum(double* p, F x) { *p += static_cast<double>(x); }
@@ -337,103 +358,173 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 // unrounded), keeps them in a per-block scratch, takes their absmax, and
 // then writes the new codes and scales: one pass over memory, two over a
 // block in cache.
-constexpr uint32_t kM8Bias = (127 - 15) << 3;  // exponent 2^-15 -> code 1
-constexpr uint32_t kR8Bias = (127 - 15) << 4;
+//
+// Note [Codecs on 16-bit lanes]: every code is a function of the top 16 bits
+// of its fp32 value, and every decoded value has a zero low half, so the
+// codecs work on 16-bit lanes, twice as many per register as fp32 lanes:
+// the top halves of two fp32 registers are gathered into one, coded, and
+// narrowed to bytes (HTop, HStoreU8), and the codes are widened the other
+// way (HLoadU8, HWiden). Rounding ties away from zero on the dropped bits
+// looks only at the highest of them, which is in the top half: add half a
+// code step to the top half and truncate. Measured in cache on one Zen 4
+// core (AVX-512): decoding both moments 0.135 -> 0.106 ns per element,
+// encoding them 0.178 -> 0.109, against the same codecs on fp32 lanes.
+constexpr uint16_t kM8Bias = (127 - 15) << 3;  // exponent 2^-15 -> code 1
+constexpr uint16_t kR8Bias = (127 - 15) << 4;
 constexpr float kM8Top = 1.875f;
 constexpr float kR8Top = 1.9375f;
 
+// V::kH / V::kN fp32 registers per 16-bit register: 1 or 2.
 template <class V>
-STRATA_CPU_ADAM_INLINE typename V::F DecodeM8(typename V::I c) {
-  const typename V::I mag = V::IAnd(c, V::ISet(0x7f));
-  const typename V::I bits =
-      V::IZeroIfZero(mag, V::template ISll<20>(V::IAdd(mag, V::ISet(kM8Bias))));
-  return V::FBits(
-      V::IOr(bits, V::template ISll<24>(V::IAnd(c, V::ISet(0x80)))));
+constexpr size_t kPerH = V::kH / V::kN;
+
+template <class V>
+STRATA_CPU_ADAM_INLINE void WidenH(typename V::H bits, typename V::F* out) {
+  out[0] = V::template HWiden<0>(bits);
+  if constexpr (kPerH<V> == 2) out[1] = V::template HWiden<1>(bits);
+}
+
+// The top halves of the fp32 values of m / s_m are sign, 8-bit exponent and
+// 7 mantissa bits; the code keeps the exponent's low 4 bits and 3 mantissa
+// bits: (top - (bias << 4)) >> 4, sign at bit 7.
+template <class V>
+STRATA_CPU_ADAM_INLINE void DecodeM8(typename V::H c, typename V::F* out) {
+  using H = typename V::H;
+  const H mag = V::HAnd(c, V::HSet(0x7f));
+  const H top =
+      V::HZeroIfZero(mag, V::template HSll<4>(V::HAdd(mag, V::HSet(kM8Bias))));
+  WidenH<V>(V::HOr(top, V::template HSll<8>(V::HAnd(c, V::HSet(0x80)))), out);
 }
 
 template <class V>
-STRATA_CPU_ADAM_INLINE typename V::F DecodeR8(typename V::I c) {
-  return V::FBits(
-      V::IZeroIfZero(c, V::template ISll<19>(V::IAdd(c, V::ISet(kR8Bias)))));
+STRATA_CPU_ADAM_INLINE void DecodeR8(typename V::H c, typename V::F* out) {
+  WidenH<V>(
+      V::HZeroIfZero(c, V::template HSll<3>(V::HAdd(c, V::HSet(kR8Bias)))),
+      out);
 }
 
-// y = m / s_m. Rounds |y| to nearest on the dropped mantissa bits, ties
-// away from zero: adding half a code step carries into the exponent where it
-// must, and the bias comes off before the shift, so values below the
-// smallest code go to 0 through one max.
+// y = m / s_m. Half a code step (bit 3 of the top half) is added and the
+// bias taken off by one saturating subtraction, which also sends values
+// below the smallest code to 0.
 template <class V>
-STRATA_CPU_ADAM_INLINE typename V::I EncodeM8(typename V::F y) {
-  using I = typename V::I;
-  const I u = V::IBits(y);
-  const I a = V::IAnd(u, V::ISet(0x7fffffffu));
-  const I t =
-      V::IMax(V::IAdd(a, V::ISet((1u << 19) - (kM8Bias << 20))), V::ISet(0));
-  const I r = V::IMin(V::template ISrl<20>(t), V::ISet(127));
-  return V::IOr(r, V::IAnd(V::template ISrl<24>(u), V::ISet(0x80)));
+STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(const typename V::F* y) {
+  using H = typename V::H;
+  const H top = V::HTop(y);
+  const H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)),
+                         V::HSet((kM8Bias << 4) - (1 << 3)));
+  const H r = V::HMin(V::template HSrl<4>(t), V::HSet(127));
+  return V::HOr(r, V::HAnd(V::template HSrl<8>(top), V::HSet(0x80)));
 }
 
-// y = r / s_r; r >= 0 (or NaN, of either sign: the largest code).
+// y = r / s_r; r >= 0 (or NaN, of either sign: the largest code). Code 0
+// only where r's top half, read as a signed integer, is not positive: r is
+// zero (or denormal, which the square root of a fp32 never is) or negative.
 template <class V>
-STRATA_CPU_ADAM_INLINE typename V::I EncodeR8(typename V::F y,
-                                              typename V::F r) {
-  using I = typename V::I;
-  const I a = V::IAnd(V::IBits(y), V::ISet(0x7fffffffu));
-  const I t =
-      V::IMax(V::IAdd(a, V::ISet((1u << 18) - (kR8Bias << 19))), V::ISet(0));
-  const I c = V::IMin(V::template ISrl<19>(t), V::ISet(255));
-  return V::IMax(c, V::IMin(V::IBits(r), V::ISet(1)));
+STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(const typename V::F* y,
+                                              const typename V::F* r) {
+  using H = typename V::H;
+  const H t = V::HSubSat(V::HAnd(V::HTop(y), V::HSet(0x7fff)),
+                         V::HSet((kR8Bias << 3) - (1 << 2)));
+  const H c = V::HMin(V::template HSrl<3>(t), V::HSet(255));
+  return V::HMax(c, V::HMin(V::HTop(r), V::HSet(1)));
 }
 
-// Per-block state of one Step8 block: the old scales broadcast, and the
-// running absmax (as fp32 bits) of the new moments.
+// Per-block state of one Step8 block: the multipliers of the decoded old
+// codes and of the gradient (broadcast), and the running absmax (as fp32
+// bits) of the new moments.
 template <class V>
 struct Block8Acc {
-  typename V::F sm, sr;
+  typename V::F m1;  // s_m * beta1
+  typename V::F m2;  // Adam: s_r * s_r * beta2; Lion: s_m * beta2
+  typename V::F g1;  // Lion: gscale * (1 - beta1)
+  typename V::F g2;  // Lion: gscale * (1 - beta2)
   typename V::I amax_m, amax_r;
 };
 
-// The V::kN elements at i of a block starting at b: dequantize, update (the
-// order of UpdateAt, but 1 / sqrt(bc2) multiplied, not divided), store the
-// weights and the new fp32 moments into the block scratch.
+template <class V, CpuOptimizerAlgo A>
+Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
+  const bool lion = A == CpuOptimizerAlgo::kLion;
+  const double sq = static_cast<double>(sr) * sr * p.beta2;
+  return {V::Set(sm * p.beta1),
+          V::Set(lion ? sm * p.beta2 : static_cast<float>(sq)),
+          V::Set(p.gscale * p.omb1),
+          V::Set(p.gscale * p.omb2),
+          V::ISet(0),
+          V::ISet(0)};
+}
+
+// The V::kN elements at i of a block, with their decoded old codes dm and
+// dr (scale not applied): update, store the weights and the new fp32
+// moments into the block scratch at j. The 8-bit states have no torch
+// counterpart to mirror, so the scales and betas are folded into one
+// multiplier and products fused where that saves an instruction:
+//   Adam(W): m = fma(g, 1 - b1, dm * (s_m b1));
+//            v = fma(dr, dr * (s_r^2 b2), ((1 - b2) * g) * g);
+//            r = sqrt(v);  d = fma(r, 1 / bc2_sqrt, eps);  q = (-step * m) / d
+//            p = fma(p, 1 - lr wd, q) (AdamW with decay) or p + q
+//   Lion:    u = sign(fma(g, gscale (1 - b1), dm * (s_m b1)));
+//            p = fma(u, -lr, p * (1 - lr wd));
+//            m = fma(g, gscale (1 - b2), dm * (s_m b2))  (g unscaled)
 template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
 STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
-                                      const G* grad, const uint8_t* mc,
-                                      const uint8_t* rc, W* w, float* mbuf,
+                                      const G* grad, typename V::F dm,
+                                      typename V::F dr, W* w, float* mbuf,
                                       float* rbuf, size_t i, size_t j,
                                       Block8Acc<V>& acc) {
   using F = typename V::F;
   const typename V::I abs = V::ISet(0x7fffffffu);
-  const F g0 = V::Mul(V::Load(grad + i), c.gscale);
   F x = V::Load(a.master + i);
-  const F m0 = V::Mul(DecodeM8<V>(V::LoadU8(mc + i)), acc.sm);
   F mm;
   if constexpr (A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW) {
-    F g = g0;
+    F g = V::Mul(V::Load(grad + i), c.gscale);
     if constexpr (A == CpuOptimizerAlgo::kAdam) {
       if (c.use_l2) g = V::Fma(x, c.l2, g);
     }
-    const F r0 = V::Mul(DecodeR8<V>(V::LoadU8(rc + i)), acc.sr);
-    mm = V::Fma(g, c.omb1, V::Mul(m0, c.beta1));
-    const F vv =
-        V::Add(V::Mul(V::Mul(r0, r0), c.beta2), V::Mul(V::Mul(c.omb2, g), g));
+    mm = V::Fma(g, c.omb1, V::Mul(dm, acc.m1));
+    const F vv = V::Fma(dr, V::Mul(dr, acc.m2), V::Mul(V::Mul(c.omb2, g), g));
     const F rr = V::Sqrt(vv);
-    const F denom = V::Add(V::Mul(rr, c.inv_bc2_sqrt), c.eps);
-    if constexpr (A == CpuOptimizerAlgo::kAdamW) {
-      if (c.use_decay) x = V::Mul(x, c.decay);
+    const F q =
+        V::Div(V::Mul(c.neg_step, mm), V::Fma(rr, c.inv_bc2_sqrt, c.eps));
+    if (A == CpuOptimizerAlgo::kAdamW && c.use_decay) {
+      x = V::Fma(x, c.decay, q);
+    } else {
+      x = V::Add(x, q);
     }
-    x = V::Add(x, V::Div(V::Mul(c.neg_step, mm), denom));
     V::Store(rbuf + j, rr);
     acc.amax_r = V::IMax(acc.amax_r, V::IAnd(V::IBits(rr), abs));
   } else {
     static_assert(A == CpuOptimizerAlgo::kLion);
-    const F u = V::Sign(V::Fma(g0, c.omb1, V::Mul(m0, c.beta1)));
+    (void)dr;
+    const F g = V::Load(grad + i);
+    const F u = V::Sign(V::Fma(g, acc.g1, V::Mul(dm, acc.m1)));
     if (c.use_decay) x = V::Mul(x, c.decay);
     x = V::Fma(u, c.neg_step, x);
-    mm = V::Fma(g0, c.omb2, V::Mul(m0, c.beta2));
+    mm = V::Fma(g, acc.g2, V::Mul(dm, acc.m2));
   }
   V::Store(mbuf + j, mm);
   acc.amax_m = V::IMax(acc.amax_m, V::IAnd(V::IBits(mm), abs));
   StoreMaster<V, W, kStream>(a.master, w, i, x);
+}
+
+// The V::kH elements at i of a block starting at b: decode, then update
+// each V::kN of them.
+template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
+STRATA_CPU_ADAM_INLINE void Update8H(const Consts<V>& c, const StepArrays& a,
+                                     const G* grad, const uint8_t* mc,
+                                     const uint8_t* rc, W* w, float* mbuf,
+                                     float* rbuf, size_t i, size_t j,
+                                     Block8Acc<V>& acc) {
+  typename V::F dm[kPerH<V>], dr[kPerH<V>];
+  DecodeM8<V>(V::HLoadU8(mc + i), dm);
+  if constexpr (A == CpuOptimizerAlgo::kLion) {
+    for (size_t k = 0; k < kPerH<V>; ++k) dr[k] = dm[k];  // unused
+  } else {
+    DecodeR8<V>(V::HLoadU8(rc + i), dr);
+  }
+  for (size_t k = 0; k < kPerH<V>; ++k) {
+    Update8At<V, A, G, W, kStream>(c, a, grad, dm[k], dr[k], w, mbuf, rbuf,
+                                   i + k * V::kN, j + k * V::kN, acc);
+  }
 }
 
 // The scale of a block whose new moments have absmax `bits`, and its
@@ -442,6 +533,27 @@ inline float Block8Scale(uint32_t bits, float top, float* inv) {
   const float s = BitsFloat(bits) / top;
   *inv = s > 0.0f && s < INFINITY ? 1.0f / s : 0.0f;
   return s;
+}
+
+// Codes of the V::kH scratch moments at j, written at i.
+template <class V, bool kAdam>
+STRATA_CPU_ADAM_INLINE void Encode8H(const float* mbuf, const float* rbuf,
+                                     typename V::F inv_m, typename V::F inv_r,
+                                     uint8_t* mc, uint8_t* rc, size_t i,
+                                     size_t j) {
+  typename V::F y[kPerH<V>];
+  for (size_t k = 0; k < kPerH<V>; ++k) {
+    y[k] = V::Mul(V::Load(mbuf + j + k * V::kN), inv_m);
+  }
+  V::HStoreU8(mc + i, EncodeM8<V>(y));
+  if constexpr (kAdam) {
+    typename V::F r[kPerH<V>];
+    for (size_t k = 0; k < kPerH<V>; ++k) {
+      r[k] = V::Load(rbuf + j + k * V::kN);
+      y[k] = V::Mul(r[k], inv_r);
+    }
+    V::HStoreU8(rc + i, EncodeR8<V>(y, r));
+  }
 }
 
 template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
@@ -461,16 +573,16 @@ void Step8Block(const StepParams& p, const StepArrays& a, size_t b, size_t e,
   const size_t blk = b / kCpuBlock8Elems;
   const float sm = ms[blk];
   const float sr = kAdam ? rs[blk] : 0.0f;
-  Block8Acc<V> acc{V::Set(sm), V::Set(sr), V::ISet(0), V::ISet(0)};
-  Block8Acc<Scalar> sacc{sm, sr, 0, 0};
+  Block8Acc<V> acc = MakeBlock8Acc<V, A>(p, sm, sr);
+  Block8Acc<Scalar> sacc = MakeBlock8Acc<Scalar, A>(p, sm, sr);
   size_t i = b;
-  for (; i + V::kN <= e; i += V::kN) {
-    Update8At<V, A, G, W, kStream>(cv, a, grad, mc, rc, w, mbuf, rbuf, i, i - b,
-                                   acc);
+  for (; i + V::kH <= e; i += V::kH) {
+    Update8H<V, A, G, W, kStream>(cv, a, grad, mc, rc, w, mbuf, rbuf, i, i - b,
+                                  acc);
   }
   for (; i < e; ++i) {
-    Update8At<Scalar, A, G, W, false>(cs, a, grad, mc, rc, w, mbuf, rbuf, i,
-                                      i - b, sacc);
+    Update8H<Scalar, A, G, W, false>(cs, a, grad, mc, rc, w, mbuf, rbuf, i,
+                                     i - b, sacc);
   }
   float inv_m = 0.0f, inv_r = 0.0f;
   ms[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_m), sacc.amax_m), kM8Top,
@@ -479,20 +591,12 @@ void Step8Block(const StepParams& p, const StepArrays& a, size_t b, size_t e,
     rs[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_r), sacc.amax_r), kR8Top,
                           &inv_r);
   }
-  const typename V::F vinv_m = V::Set(inv_m), vinv_r = V::Set(inv_r);
-  for (i = b; i + V::kN <= e; i += V::kN) {
-    V::StoreU8(mc + i, EncodeM8<V>(V::Mul(V::Load(mbuf + (i - b)), vinv_m)));
-    if constexpr (kAdam) {
-      const typename V::F r = V::Load(rbuf + (i - b));
-      V::StoreU8(rc + i, EncodeR8<V>(V::Mul(r, vinv_r), r));
-    }
+  for (i = b; i + V::kH <= e; i += V::kH) {
+    Encode8H<V, kAdam>(mbuf, rbuf, V::Set(inv_m), V::Set(inv_r), mc, rc, i,
+                       i - b);
   }
   for (; i < e; ++i) {
-    Scalar::StoreU8(mc + i, EncodeM8<Scalar>(mbuf[i - b] * inv_m));
-    if constexpr (kAdam) {
-      const float r = rbuf[i - b];
-      Scalar::StoreU8(rc + i, EncodeR8<Scalar>(r * inv_r, r));
-    }
+    Encode8H<Scalar, kAdam>(mbuf, rbuf, inv_m, inv_r, mc, rc, i, i - b);
   }
 }
 

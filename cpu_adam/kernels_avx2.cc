@@ -93,24 +93,9 @@ struct Avx2 {
   static I ISet(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static I IBits(F x) { return _mm256_castps_si256(x); }
   static F FBits(I x) { return _mm256_castsi256_ps(x); }
-  static I IAdd(I a, I b) { return _mm256_add_epi32(a, b); }
-  static I ISub(I a, I b) { return _mm256_sub_epi32(a, b); }
   static I IAnd(I a, I b) { return _mm256_and_si256(a, b); }
-  static I IOr(I a, I b) { return _mm256_or_si256(a, b); }
-  template <int k>
-  static I ISrl(I a) {
-    return _mm256_srli_epi32(a, k);
-  }
-  template <int k>
-  static I ISll(I a) {
-    return _mm256_slli_epi32(a, k);
-  }
   static I IMin(I a, I b) { return _mm256_min_epi32(a, b); }
   static I IMax(I a, I b) { return _mm256_max_epi32(a, b); }
-  static I IZeroIfZero(I c, I t) {
-    return _mm256_andnot_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
-                               t);
-  }
   static uint32_t IMaxAll(I a) {
     __m128i m = _mm_max_epi32(_mm256_castsi256_si128(a),
                               _mm256_extracti128_si256(a, 1));
@@ -118,17 +103,6 @@ struct Avx2 {
     m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
     return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
   }
-  static I LoadU8(const uint8_t* p) {
-    return _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
-  // REQUIRES: every lane of c in [0, 255].
-  static void StoreU8(uint8_t* p, I c) {
-    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c),
-                                       _mm256_extracti128_si256(c, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
-  }
-
   static D DZero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
   static D SqAcc(D acc, F x) {
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
@@ -242,25 +216,8 @@ struct Avx2x2 {
   [[gnu::always_inline]] static F FBits(I x) {
     return {Avx2::FBits(x.lo), Avx2::FBits(x.hi)};
   }
-  [[gnu::always_inline]] static I IAdd(I a, I b) {
-    return IMap(a, b, Avx2::IAdd);
-  }
-  [[gnu::always_inline]] static I ISub(I a, I b) {
-    return IMap(a, b, Avx2::ISub);
-  }
   [[gnu::always_inline]] static I IAnd(I a, I b) {
     return IMap(a, b, Avx2::IAnd);
-  }
-  [[gnu::always_inline]] static I IOr(I a, I b) {
-    return IMap(a, b, Avx2::IOr);
-  }
-  template <int k>
-  [[gnu::always_inline]] static I ISrl(I a) {
-    return {Avx2::ISrl<k>(a.lo), Avx2::ISrl<k>(a.hi)};
-  }
-  template <int k>
-  [[gnu::always_inline]] static I ISll(I a) {
-    return {Avx2::ISll<k>(a.lo), Avx2::ISll<k>(a.hi)};
   }
   [[gnu::always_inline]] static I IMin(I a, I b) {
     return IMap(a, b, Avx2::IMin);
@@ -268,16 +225,70 @@ struct Avx2x2 {
   [[gnu::always_inline]] static I IMax(I a, I b) {
     return IMap(a, b, Avx2::IMax);
   }
-  [[gnu::always_inline]] static I IZeroIfZero(I c, I t) {
-    return {Avx2::IZeroIfZero(c.lo, t.lo), Avx2::IZeroIfZero(c.hi, t.hi)};
-  }
   [[gnu::always_inline]] static uint32_t IMaxAll(I a) {
     return Avx2::IMaxAll(Avx2::IMax(a.lo, a.hi));
   }
-  [[gnu::always_inline]] static I LoadU8(const uint8_t* p) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return {_mm256_cvtepu8_epi32(b),
-            _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))};
+
+  // 16 lanes of 16 bits, one register: as many lanes as F.
+  using H = __m256i;
+  static constexpr size_t kH = 16;
+  [[gnu::always_inline]] static H HSet(uint16_t x) {
+    return _mm256_set1_epi16(static_cast<short>(x));
+  }
+  [[gnu::always_inline]] static H HAnd(H a, H b) {
+    return _mm256_and_si256(a, b);
+  }
+  [[gnu::always_inline]] static H HOr(H a, H b) {
+    return _mm256_or_si256(a, b);
+  }
+  [[gnu::always_inline]] static H HAdd(H a, H b) {
+    return _mm256_add_epi16(a, b);
+  }
+  [[gnu::always_inline]] static H HSubSat(H a, H b) {
+    return _mm256_subs_epu16(a, b);
+  }
+  template <int k>
+  [[gnu::always_inline]] static H HSrl(H a) {
+    return _mm256_srli_epi16(a, k);
+  }
+  template <int k>
+  [[gnu::always_inline]] static H HSll(H a) {
+    return _mm256_slli_epi16(a, k);
+  }
+  [[gnu::always_inline]] static H HMin(H a, H b) {
+    return _mm256_min_epi16(a, b);
+  }
+  [[gnu::always_inline]] static H HMax(H a, H b) {
+    return _mm256_max_epi16(a, b);
+  }
+  [[gnu::always_inline]] static H HZeroIfZero(H c, H t) {
+    return _mm256_andnot_si256(_mm256_cmpeq_epi16(c, _mm256_setzero_si256()),
+                               t);
+  }
+  [[gnu::always_inline]] static H HLoadU8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi16(Load128(p));
+  }
+  // REQUIRES: every lane of c in [0, 255].
+  [[gnu::always_inline]] static void HStoreU8(uint8_t* p, H c) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi16(_mm256_castsi256_si128(c),
+                                      _mm256_extracti128_si256(c, 1)));
+  }
+  // packus works within 128-bit halves: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7];
+  // the qword permute puts them in order.
+  [[gnu::always_inline]] static H HTop(const F* x) {
+    return _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(x->lo), 16),
+                            _mm256_srli_epi32(_mm256_castps_si256(x->hi), 16)),
+        0xd8);
+  }
+  template <int k>
+  [[gnu::always_inline]] static F HWiden(H h) {
+    static_assert(k == 0);
+    const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+    const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
   }
   // The 16 lanes widened to double, in lane order.
   struct DL {
@@ -317,18 +328,6 @@ struct Avx2x2 {
       _mm256_storeu_pd(p + 4 * k,
                        _mm256_add_pd(_mm256_loadu_pd(p + 4 * k), w.d[k]));
     }
-  }
-
-  // REQUIRES: every lane of c in [0, 255].
-  [[gnu::always_inline]] static void StoreU8(uint8_t* p, I c) {
-    // packus works within 128-bit halves: [lo0-3 hi0-3 | lo4-7 hi4-7] as
-    // 16-bit, then bytes; a dword permute puts the four groups in order.
-    const __m256i w = _mm256_packus_epi32(c.lo, c.hi);
-    const __m256i b = _mm256_packus_epi16(w, w);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(
-        b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm256_castsi256_si128(ordered));
   }
 };
 

@@ -102,32 +102,61 @@ struct Avx512 {
   static I ISet(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static I IBits(F x) { return _mm512_castps_si512(x); }
   static F FBits(I x) { return _mm512_castsi512_ps(x); }
-  static I IAdd(I a, I b) { return _mm512_add_epi32(a, b); }
-  static I ISub(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I IAnd(I a, I b) { return _mm512_and_si512(a, b); }
-  static I IOr(I a, I b) { return _mm512_or_si512(a, b); }
-  template <int k>
-  static I ISrl(I a) {
-    return _mm512_srli_epi32(a, k);
-  }
-  template <int k>
-  static I ISll(I a) {
-    return _mm512_slli_epi32(a, k);
-  }
   static I IMin(I a, I b) { return _mm512_min_epi32(a, b); }
   static I IMax(I a, I b) { return _mm512_max_epi32(a, b); }
-  static I IZeroIfZero(I c, I t) {
-    return _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, c), t);
-  }
   static uint32_t IMaxAll(I a) {
     return static_cast<uint32_t>(_mm512_reduce_max_epi32(a));
   }
-  static I LoadU8(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+
+  // 32 lanes of 16 bits: two F's worth.
+  using H = __m512i;
+  static constexpr size_t kH = 32;
+  static H HSet(uint16_t x) { return _mm512_set1_epi16(static_cast<short>(x)); }
+  static H HAnd(H a, H b) { return _mm512_and_si512(a, b); }
+  static H HOr(H a, H b) { return _mm512_or_si512(a, b); }
+  static H HAdd(H a, H b) { return _mm512_add_epi16(a, b); }
+  static H HSubSat(H a, H b) { return _mm512_subs_epu16(a, b); }
+  template <int k>
+  static H HSrl(H a) {
+    return _mm512_srli_epi16(a, k);
   }
-  static void StoreU8(uint8_t* p, I c) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));
+  template <int k>
+  static H HSll(H a) {
+    return _mm512_slli_epi16(a, k);
+  }
+  static H HMin(H a, H b) { return _mm512_min_epi16(a, b); }
+  static H HMax(H a, H b) { return _mm512_max_epi16(a, b); }
+  static H HZeroIfZero(H c, H t) {
+    return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(c, c), t);
+  }
+  static H HLoadU8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi16(Load256(p));
+  }
+  static void HStoreU8(uint8_t* p, H c) {
+    Store256(p, _mm512_cvtepi16_epi8(c));
+  }
+  // One two-source word permute (odd words of x[0], then of x[1]); measured
+  // faster on Zen 4 than two shifts, a pack and a qword permute.
+  static H HTop(const F* x) {
+    const __m512i odd = _mm512_set_epi16(
+        63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+        27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(_mm512_castps_si512(x[0]), odd,
+                                     _mm512_castps_si512(x[1]));
+  }
+  // One zero-masked word permute (each of 16 words under a zero word);
+  // measured faster on Zen 4 than a widening move and a shift.
+  template <int k>
+  static F HWiden(H h) {
+    static_assert(k == 0 || k == 1);
+    const __m512i idx = _mm512_set_epi16(
+        16 * k + 15, 0, 16 * k + 14, 0, 16 * k + 13, 0, 16 * k + 12, 0,
+        16 * k + 11, 0, 16 * k + 10, 0, 16 * k + 9, 0, 16 * k + 8, 0,
+        16 * k + 7, 0, 16 * k + 6, 0, 16 * k + 5, 0, 16 * k + 4, 0, 16 * k + 3,
+        0, 16 * k + 2, 0, 16 * k + 1, 0, 16 * k, 0);
+    return _mm512_castsi512_ps(
+        _mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx, h));
   }
 
   // The 16 lanes widened to double, in lane order.
