@@ -344,14 +344,19 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 //
 // Note [8-bit states]: each block of kCpuBlock8Elems elements has one fp32
 // scale per moment, and each element one byte per moment:
-//   m: sign and a 7-bit E4M3 float of |m| / s_m, s_m = absmax(m) / 1.875
-//      (the largest code, 1.875, is the block's absmax exactly);
+//   m: sign and a 7-bit E4M3 float of |m| / s_m, s_m the smallest power of
+//      two with absmax(m) / s_m <= 1.875 (the largest code);
 //   v: stored as r = sqrt(v), an unsigned 8-bit E4M4 float of r / s_r,
-//      s_r = absmax(r) / 1.9375, and never rounded to code 0 unless r is 0
-//      (a zero denominator would turn a tiny first moment into a huge step).
-// Code 0 is zero; no subnormals. Relative error of a code: at most 2^-4 (m)
-// and 2^-5 (r) of the value, for values down to 2^-15 of the block's
-// absmax (below that m flushes to zero, r to the smallest code). The codecs
+//      s_r the smallest power of two with absmax(r) / s_r <= 1.9375, and
+//      never rounded to code 0 unless r is 0 (a zero denominator would turn
+//      a tiny first moment into a huge step).
+// The scales' exponents are clamped to [-111, 127]. Dividing by a power of
+// two is exact and only moves the exponent, so the encoders need no
+// multiply: the scale's exponent is folded into their bias. Decoding takes
+// any fp32 scale. Code 0 is zero; no subnormals. Relative error of a code:
+// at most 2^-4 (m) and 2^-5 (r) of the value, for values down to 2^-14 of
+// the block's absmax (below that m flushes to zero, r to the smallest
+// code). The codecs
 // are integer arithmetic on the fp32 bits (round to nearest, ties away from
 // zero, on the dropped mantissa bits), the same on every variant. The update
 // reads the old codes, computes the new moments in fp32 (the weights use them
@@ -371,8 +376,13 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 // encoding them 0.178 -> 0.109, against the same codecs on fp32 lanes.
 constexpr uint16_t kM8Bias = (127 - 15) << 3;  // exponent 2^-15 -> code 1
 constexpr uint16_t kR8Bias = (127 - 15) << 4;
-constexpr float kM8Top = 1.875f;
-constexpr float kR8Top = 1.9375f;
+// The largest codes' mantissa bits, as fp32 mantissa bits (1.875, 1.9375).
+constexpr uint32_t kM8TopMant = 0x700000;
+constexpr uint32_t kR8TopMant = 0x780000;
+// The encoders' subtrahends for a scale of 1 (k = 0): the bias, less half a
+// code step (bit 3 of the top half for m, bit 2 for r).
+constexpr int kM8Sub = (kM8Bias << 4) - (1 << 3);
+constexpr int kR8Sub = (kR8Bias << 3) - (1 << 2);
 
 // V::kH / V::kN fp32 registers per 16-bit register: 1 or 2.
 template <class V>
@@ -403,30 +413,32 @@ STRATA_CPU_ADAM_INLINE void DecodeR8(typename V::H c, typename V::F* out) {
       out);
 }
 
-// y = m / s_m. Half a code step (bit 3 of the top half) is added and the
-// bias taken off by one saturating subtraction, which also sends values
-// below the smallest code to 0.
+// The code of m / s_m, s_m = 2^k: sub = kM8Sub + 128 k takes off the bias
+// and the scale's exponent (the top half's exponent field starts at bit 7)
+// and adds half a code step, in one saturating subtraction that also sends
+// values below the smallest code to 0.
 template <class V>
-STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(const typename V::F* y) {
+STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(const typename V::F* m,
+                                              typename V::H sub) {
   using H = typename V::H;
-  const H top = V::HTop(y);
-  const H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)),
-                         V::HSet((kM8Bias << 4) - (1 << 3)));
+  const H top = V::HTop(m);
+  const H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
   const H r = V::HMin(V::template HSrl<4>(t), V::HSet(127));
   return V::HOr(r, V::HAnd(V::template HSrl<8>(top), V::HSet(0x80)));
 }
 
-// y = r / s_r; r >= 0 (or NaN, of either sign: the largest code). Code 0
-// only where r's top half, read as a signed integer, is not positive: r is
-// zero (or denormal, which the square root of a fp32 never is) or negative.
+// The code of r / s_r, sub = kR8Sub + 128 k; r >= 0 (or NaN, of either
+// sign: the largest code). Code 0 only where r's top half, read as a signed
+// integer, is not positive: r is zero (or denormal, which the square root of
+// a fp32 never is) or negative.
 template <class V>
-STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(const typename V::F* y,
-                                              const typename V::F* r) {
+STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(const typename V::F* r,
+                                              typename V::H sub) {
   using H = typename V::H;
-  const H t = V::HSubSat(V::HAnd(V::HTop(y), V::HSet(0x7fff)),
-                         V::HSet((kR8Bias << 3) - (1 << 2)));
+  const H top = V::HTop(r);
+  const H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
   const H c = V::HMin(V::template HSrl<3>(t), V::HSet(255));
-  return V::HMax(c, V::HMin(V::HTop(r), V::HSet(1)));
+  return V::HMax(c, V::HMin(top, V::HSet(1)));
 }
 
 // Per-block state of one Step8 block: the multipliers of the decoded old
@@ -527,32 +539,39 @@ STRATA_CPU_ADAM_INLINE void Update8H(const Consts<V>& c, const StepArrays& a,
   }
 }
 
-// The scale of a block whose new moments have absmax `bits`, and its
-// inverse (0 for an all-zero or non-finite block).
-inline float Block8Scale(uint32_t bits, float top, float* inv) {
-  const float s = BitsFloat(bits) / top;
-  *inv = s > 0.0f && s < INFINITY ? 1.0f / s : 0.0f;
-  return s;
+// The scale of a block whose new moments have absmax `bits` (the fp32 bits
+// of a non-negative value or a NaN), and the encoders' subtrahend for it
+// (`base` + 128 k). A zero or non-finite absmax keeps absmax / top as the
+// scale (0, inf or NaN, as a scale of its own kind would) and codes
+// everything 0 but r's floor.
+inline float Block8Scale(uint32_t bits, uint32_t top_mant, int base,
+                         uint16_t* sub) {
+  const uint32_t field = bits >> 23;
+  if (bits == 0 || field >= 255) {
+    *sub = 0xffff;
+    const float top = BitsFloat((127u << 23) | top_mant);
+    return BitsFloat(bits) / top;
+  }
+  int k = static_cast<int>(field) - 127 + ((bits & 0x7fffffu) > top_mant);
+  k = std::clamp(k, -111, 127);
+  *sub = static_cast<uint16_t>(base + 128 * k);
+  return BitsFloat(static_cast<uint32_t>(k + 127) << 23);
 }
 
 // Codes of the V::kH scratch moments at j, written at i.
 template <class V, bool kAdam>
 STRATA_CPU_ADAM_INLINE void Encode8H(const float* mbuf, const float* rbuf,
-                                     typename V::F inv_m, typename V::F inv_r,
+                                     typename V::H sub_m, typename V::H sub_r,
                                      uint8_t* mc, uint8_t* rc, size_t i,
                                      size_t j) {
-  typename V::F y[kPerH<V>];
-  for (size_t k = 0; k < kPerH<V>; ++k) {
-    y[k] = V::Mul(V::Load(mbuf + j + k * V::kN), inv_m);
-  }
-  V::HStoreU8(mc + i, EncodeM8<V>(y));
+  typename V::F x[kPerH<V>];
+  for (size_t k = 0; k < kPerH<V>; ++k) x[k] = V::Load(mbuf + j + k * V::kN);
+  V::HStoreU8(mc + i, EncodeM8<V>(x, sub_m));
   if constexpr (kAdam) {
-    typename V::F r[kPerH<V>];
     for (size_t k = 0; k < kPerH<V>; ++k) {
-      r[k] = V::Load(rbuf + j + k * V::kN);
-      y[k] = V::Mul(r[k], inv_r);
+      x[k] = V::Load(rbuf + j + k * V::kN);
     }
-    V::HStoreU8(rc + i, EncodeR8<V>(y, r));
+    V::HStoreU8(rc + i, EncodeR8<V>(x, sub_r));
   }
 }
 
@@ -584,19 +603,19 @@ void Step8Block(const StepParams& p, const StepArrays& a, size_t b, size_t e,
     Update8H<Scalar, A, G, W, false>(cs, a, grad, mc, rc, w, mbuf, rbuf, i,
                                      i - b, sacc);
   }
-  float inv_m = 0.0f, inv_r = 0.0f;
-  ms[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_m), sacc.amax_m), kM8Top,
-                        &inv_m);
+  uint16_t sub_m = 0, sub_r = 0;
+  ms[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_m), sacc.amax_m),
+                        kM8TopMant, kM8Sub, &sub_m);
   if constexpr (kAdam) {
-    rs[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_r), sacc.amax_r), kR8Top,
-                          &inv_r);
+    rs[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_r), sacc.amax_r),
+                          kR8TopMant, kR8Sub, &sub_r);
   }
   for (i = b; i + V::kH <= e; i += V::kH) {
-    Encode8H<V, kAdam>(mbuf, rbuf, V::Set(inv_m), V::Set(inv_r), mc, rc, i,
+    Encode8H<V, kAdam>(mbuf, rbuf, V::HSet(sub_m), V::HSet(sub_r), mc, rc, i,
                        i - b);
   }
   for (; i < e; ++i) {
-    Encode8H<Scalar, kAdam>(mbuf, rbuf, inv_m, inv_r, mc, rc, i, i - b);
+    Encode8H<Scalar, kAdam>(mbuf, rbuf, sub_m, sub_r, mc, rc, i, i - b);
   }
 }
 

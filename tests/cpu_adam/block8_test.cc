@@ -102,7 +102,9 @@ struct Problem8 {
     EXPECT_TRUE(ConvertCpuArray(g32.data(), CpuDType::kFloat32, grad.data(),
                                 grad_dtype, n)
                     .ok());
-    // Random codes and positive scales: step 1 already dequantizes.
+    // Random codes and positive scales: step 1 already dequantizes. The
+    // scales are not powers of two, as in states written before the
+    // encoders chose powers of two: decoding takes any scale.
     auto* mb = reinterpret_cast<uint8_t*>(m.data());
     auto* vb = reinterpret_cast<uint8_t*>(v.data());
     for (size_t i = 0; i < n; ++i) {
@@ -111,8 +113,12 @@ struct Problem8 {
     }
     const size_t off = (n + 3) / 4 * 4;
     for (size_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-      const float sm = std::ldexp(1.0f, -static_cast<int>(rng() % 12));
-      const float sv = std::ldexp(1.0f, -static_cast<int>(rng() % 12));
+      const float sm =
+          std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024,
+                     -static_cast<int>(rng() % 12));
+      const float sv =
+          std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024,
+                     -static_cast<int>(rng() % 12));
       std::memcpy(mb + off + 4 * b, &sm, 4);
       std::memcpy(vb + off + 4 * b, &sv, 4);
     }
@@ -307,9 +313,15 @@ TEST(Block8Test, RoundTripWithinTheStatedError) {
     for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
       amax = std::max(amax, std::fabs(static_cast<double>(g[i])));
     }
-    // The largest code is the block's absmax.
-    EXPECT_NEAR(sm * 1.875, amax, amax * 1e-6);
-    EXPECT_NEAR(sv * 1.9375, amax, amax * 1e-6);
+    // The scales are the smallest powers of two that fit the absmax under
+    // the largest code.
+    int e = 0;
+    EXPECT_EQ(std::frexp(sm, &e), 0.5f) << b;
+    EXPECT_EQ(std::frexp(sv, &e), 0.5f) << b;
+    EXPECT_LE(amax, sm * 1.875) << b;
+    EXPECT_GT(amax, sm * 1.875 / 2) << b;
+    EXPECT_LE(amax, sv * 1.9375) << b;
+    EXPECT_GT(amax, sv * 1.9375 / 2) << b;
     for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
       const double x = g[i];
       const double dm = DecodeM(mb[i], sm);
@@ -321,18 +333,62 @@ TEST(Block8Test, RoundTripWithinTheStatedError) {
       }
       // r never rounds to zero: at least the smallest code.
       EXPECT_GT(dr, 0.0) << i;
-      if (std::fabs(x) >= amax * std::ldexp(1.0, -15)) {
+      if (std::fabs(x) >= amax * std::ldexp(1.0, -14)) {
         EXPECT_LE(std::fabs(dm - x), std::fabs(x) / 16 * (1 + 1e-6)) << i;
         EXPECT_LE(std::fabs(dr - std::fabs(x)), std::fabs(x) / 32 * (1 + 1e-6))
             << i;
         EXPECT_EQ(dm < 0, x < 0) << i;
         ++checked;
       } else {
-        EXPECT_LE(std::fabs(dm), amax * std::ldexp(1.0, -15) * (1 + 1e-6)) << i;
+        // Below the stated range: flushed, or coded no larger than the
+        // range's edge rounded up.
+        EXPECT_LE(std::fabs(dm), amax * std::ldexp(1.0, -14) * (1 + 1.0 / 16))
+            << i;
       }
     }
   }
   EXPECT_GT(checked, n / 2);
+}
+
+// The scales' exponents stop at 2^-111 (below, the encoders' bias would
+// leave its 16 bits) and at 2^127 (2^128 is not a fp32): a block of tiny
+// first moments is coded against 2^-111, one of huge ones clamps to the
+// largest code.
+TEST(Block8Test, ScalesClampAtTheEndsOfTheExponentRange) {
+  CpuOptimizerOptions o;
+  o.algo = CpuOptimizerAlgo::kAdamW;
+  o.beta1 = 0.0;  // m = g after one step
+  o.beta2 = 0.0;
+  o.threads = 1;
+  auto opt = NewCpuOptimizer(o);
+  ASSERT_TRUE(opt.ok());
+  const size_t n = 2 * kBlock;
+  Problem8 p(n, CpuDType::kFloat32, false, 5);
+  for (size_t i = 0; i < kBlock; ++i) {
+    p.SetGrad(i, i % 2 ? 1e-36f : -3e-37f);  // block 0: tiny
+  }
+  p.SetGrad(kBlock / 2, 1e-40f);  // a denormal: flushes to 0
+  for (size_t i = kBlock; i < n; ++i) {
+    p.SetGrad(i, i % 2 ? 3.3e38f : -1e38f);  // block 1: huge
+  }
+  std::fill(p.m.begin(), p.m.end(), 0u);
+  std::fill(p.v.begin(), p.v.end(), 0u);
+  CpuStepArgs args;
+  args.lr = 0.0;
+  auto r = (*opt)->Step(p.Tensors(), args);
+  ASSERT_TRUE(r.ok() && r->applied);
+  const auto* mb = reinterpret_cast<const uint8_t*>(p.m.data());
+  const size_t off = (n + 3) / 4 * 4;
+  float s0, s1;
+  std::memcpy(&s0, mb + off, 4);
+  std::memcpy(&s1, mb + off + 4, 4);
+  EXPECT_EQ(s0, std::ldexp(1.0f, -111));
+  EXPECT_EQ(s1, std::ldexp(1.0f, 127));
+  EXPECT_NEAR(DecodeM(mb[1], s0), 1e-36, 1e-36 / 16);
+  EXPECT_NEAR(DecodeM(mb[0], s0), -3e-37, 3e-37 / 16);
+  EXPECT_EQ(DecodeM(mb[kBlock / 2], s0), 0.0);
+  EXPECT_EQ(mb[kBlock + 1], 0x7f);  // 3.3e38 / 2^127 > 1.875: the largest
+  EXPECT_NEAR(DecodeM(mb[kBlock], s1), -1e38, 1e38 / 16);
 }
 
 TEST(Block8Test, RejectsAdagradAndNonStateUses) {
