@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "cpu_adam/kernels.h"
 #include "util/half.h"
@@ -388,6 +389,14 @@ constexpr int kR8Sub = (kR8Bias << 3) - (1 << 2);
 template <class V>
 constexpr size_t kPerH = V::kH / V::kN;
 
+// Calls f(k) for k = 0, ..., kPerH<V> - 1, unrolled: as a loop GCC kept the
+// two iterations and spilled their registers to the stack.
+template <class V, class Fn>
+STRATA_CPU_ADAM_INLINE void ForEachF(Fn&& f) {
+  [&]<size_t... k>(std::index_sequence<k...>) { (f(k), ...); }
+  (std::make_index_sequence<kPerH<V>>());
+}
+
 template <class V>
 STRATA_CPU_ADAM_INLINE void WidenH(typename V::H bits, typename V::F* out) {
   out[0] = V::template HWiden<0>(bits);
@@ -529,14 +538,14 @@ STRATA_CPU_ADAM_INLINE void Update8H(const Consts<V>& c, const StepArrays& a,
   typename V::F dm[kPerH<V>], dr[kPerH<V>];
   DecodeM8<V>(V::HLoadU8(mc + i), dm);
   if constexpr (A == CpuOptimizerAlgo::kLion) {
-    for (size_t k = 0; k < kPerH<V>; ++k) dr[k] = dm[k];  // unused
+    ForEachF<V>([&](size_t k) { dr[k] = dm[k]; });  // unused
   } else {
     DecodeR8<V>(V::HLoadU8(rc + i), dr);
   }
-  for (size_t k = 0; k < kPerH<V>; ++k) {
+  ForEachF<V>([&](size_t k) {
     Update8At<V, A, G, W, kStream>(c, a, grad, dm[k], dr[k], w, mbuf, rbuf,
                                    i + k * V::kN, j + k * V::kN, acc);
-  }
+  });
 }
 
 // The scale of a block whose new moments have absmax `bits` (the fp32 bits
@@ -565,19 +574,21 @@ STRATA_CPU_ADAM_INLINE void Encode8H(const float* mbuf, const float* rbuf,
                                      uint8_t* mc, uint8_t* rc, size_t i,
                                      size_t j) {
   typename V::F x[kPerH<V>];
-  for (size_t k = 0; k < kPerH<V>; ++k) x[k] = V::Load(mbuf + j + k * V::kN);
+  ForEachF<V>([&](size_t k) { x[k] = V::Load(mbuf + j + k * V::kN); });
   V::HStoreU8(mc + i, EncodeM8<V>(x, sub_m));
   if constexpr (kAdam) {
-    for (size_t k = 0; k < kPerH<V>; ++k) {
-      x[k] = V::Load(rbuf + j + k * V::kN);
-    }
+    ForEachF<V>([&](size_t k) { x[k] = V::Load(rbuf + j + k * V::kN); });
     V::HStoreU8(rc + i, EncodeR8<V>(x, sub_r));
   }
 }
 
 template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
-void Step8Block(const StepParams& p, const StepArrays& a, size_t b, size_t e,
-                float* mbuf, float* rbuf) {
+void Step8Block(const StepParams& p, const StepArrays& arrays, size_t b,
+                size_t e, float* mbuf, float* rbuf) {
+  // A copy whose address never escapes: through a reference, the array
+  // pointers were reloaded after every vector store (which may alias
+  // anything).
+  const StepArrays a = arrays;
   constexpr bool kAdam =
       A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW;
   const Consts<V> cv(p);
