@@ -582,13 +582,18 @@ STRATA_CPU_ADAM_INLINE void Encode8H(const float* mbuf, const float* rbuf,
   }
 }
 
+// Note [Local copies of the arrays]: a vector store may alias any object,
+// so through a reference to StepArrays (or FactoredArrays and
+// FactoredParams) GCC reloaded the array pointers and the flags after every
+// vector store in the loops. The kernels that read them per element work on
+// local copies whose addresses never escape, which stay in registers.
+// Measured in cache on one Zen 4 core: 8-bit AdamW 2.04 -> 2.21 G params/s
+// (with the unrolling of ForEachF), Adafactor 1.77 -> 1.89, SM3 3.09 ->
+// 3.29 (512 columns).
 template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
 void Step8Block(const StepParams& p, const StepArrays& arrays, size_t b,
                 size_t e, float* mbuf, float* rbuf) {
-  // A copy whose address never escapes: through a reference, the array
-  // pointers were reloaded after every vector store (which may alias
-  // anything).
-  const StepArrays a = arrays;
+  const StepArrays a = arrays;  // Note [Local copies of the arrays]
   constexpr bool kAdam =
       A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW;
   const Consts<V> cv(p);
@@ -893,8 +898,11 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(const FConsts<V>& c,
 }
 
 template <class V, class G, bool kVec, bool kParam>
-double AfStatsT(const FactoredParams& p, const FactoredArrays& a,
+double AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
                 const TileRect& t) {
+  // See Note [Local copies of the arrays].
+  const FactoredParams p = params;
+  const FactoredArrays a = arrays;
   const FConsts<V> cv(p);
   const FConsts<Scalar> cs(p);
   const G* grad = static_cast<const G*>(a.grad);
@@ -956,8 +964,11 @@ STRATA_CPU_ADAM_INLINE typename V::F AfUpdateAt(const FConsts<V>& c,
 }
 
 template <class V, class G>
-double AfSumsqT(const FactoredParams& p, const FactoredArrays& a,
+double AfSumsqT(const FactoredParams& params, const FactoredArrays& arrays,
                 const TileRect& t) {
+  // See Note [Local copies of the arrays].
+  const FactoredParams p = params;
+  const FactoredArrays a = arrays;
   const FConsts<V> cv(p);
   const FConsts<Scalar> cs(p);
   const G* grad = static_cast<const G*>(a.grad);
@@ -1015,8 +1026,11 @@ struct AfApplyOp {
 };
 
 template <class V, class G, class M, class W>
-void AfApplyT(const FactoredParams& p, const FactoredArrays& a,
+void AfApplyT(const FactoredParams& params, const FactoredArrays& arrays,
               const TileRect& t) {
+  // See Note [Local copies of the arrays].
+  const FactoredParams p = params;
+  const FactoredArrays a = arrays;
   const FConsts<V> cv(p);
   const FConsts<Scalar> cs(p);
   for (size_t i = t.r0; i < t.r1; ++i) {
@@ -1084,7 +1098,11 @@ struct Sm3Op {
 };
 
 template <class V, class G, class M, class W, bool kVec>
-void Sm3T(const FactoredParams& p, const FactoredArrays& a, const TileRect& t) {
+void Sm3T(const FactoredParams& params, const FactoredArrays& arrays,
+          const TileRect& t) {
+  // See Note [Local copies of the arrays].
+  const FactoredParams p = params;
+  const FactoredArrays a = arrays;
   const FConsts<V> cv(p);
   const FConsts<Scalar> cs(p);
   float* colf = kVec ? nullptr : a.col_fpart + t.band * a.cols;
