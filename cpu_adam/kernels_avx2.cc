@@ -265,6 +265,12 @@ struct Avx2x2 {
     return _mm256_andnot_si256(_mm256_cmpeq_epi16(c, _mm256_setzero_si256()),
                                t);
   }
+  [[gnu::always_inline]] static H HLoad(const uint16_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  [[gnu::always_inline]] static void HStore(uint16_t* p, H h) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+  }
   [[gnu::always_inline]] static H HLoadU8(const uint8_t* p) {
     return _mm256_cvtepu8_epi16(Load128(p));
   }

@@ -130,6 +130,8 @@ struct Avx512 {
   static H HZeroIfZero(H c, H t) {
     return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(c, c), t);
   }
+  static H HLoad(const uint16_t* p) { return _mm512_loadu_si512(p); }
+  static void HStore(uint16_t* p, H h) { _mm512_storeu_si512(p, h); }
   static H HLoadU8(const uint8_t* p) {
     return _mm512_cvtepu8_epi16(Load256(p));
   }
