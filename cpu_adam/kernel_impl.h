@@ -426,30 +426,34 @@ STRATA_CPU_ADAM_INLINE void DecodeR8(typename V::H c, typename V::F* out) {
       out);
 }
 
-// The code of m / s_m from the top half of m, s_m = 2^k: sub = kM8Sub + 128 k
-// takes off the bias and the scale's exponent (the top half's exponent field
-// starts at bit 7) and adds half a code step, in one saturating subtraction
-// that also sends values below the smallest code to 0.
+// The magnitude code of a moment / 2^k from the moment's top half: sub =
+// bias + 128 k - half a code step takes off the codes' bias and the scale's
+// exponent (the top half's exponent field starts at bit 7) and rounds, in
+// one saturating subtraction that also sends values below the smallest code
+// to 0; kShift drops the mantissa bits the code does not keep.
+template <class V, int kShift, uint16_t kMax>
+STRATA_CPU_ADAM_INLINE typename V::H MagnitudeCode(typename V::H top,
+                                                   typename V::H sub) {
+  const typename V::H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
+  return V::HMin(V::template HSrl<kShift>(t), V::HSet(kMax));
+}
+
+// m / s_m, sub = kM8Sub + 128 k: 3 mantissa bits, the sign at bit 7.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(typename V::H top,
                                               typename V::H sub) {
-  using H = typename V::H;
-  const H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
-  const H r = V::HMin(V::template HSrl<4>(t), V::HSet(127));
-  return V::HOr(r, V::HAnd(V::template HSrl<8>(top), V::HSet(0x80)));
+  return V::HOr(MagnitudeCode<V, 4, 127>(top, sub),
+                V::HAnd(V::template HSrl<8>(top), V::HSet(0x80)));
 }
 
-// The code of r / s_r from the top half of r, sub = kR8Sub + 128 k; r >= 0 (or
-// NaN, of either sign: the largest code). Code 0 only where r's top half, read
-// as a signed integer, is not positive: r is zero (or denormal, which the
-// square root of a fp32 never is) or negative.
+// r / s_r, sub = kR8Sub + 128 k: 4 mantissa bits; r >= 0 (or NaN, of either
+// sign: the largest code). Code 0 only where r's top half, read as a signed
+// integer, is not positive: r is zero (or denormal, which the square root
+// of a fp32 never is) or negative.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(typename V::H top,
                                               typename V::H sub) {
-  using H = typename V::H;
-  const H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
-  const H c = V::HMin(V::template HSrl<3>(t), V::HSet(255));
-  return V::HMax(c, V::HMin(top, V::HSet(1)));
+  return V::HMax(MagnitudeCode<V, 3, 255>(top, sub), V::HMin(top, V::HSet(1)));
 }
 
 // Per-block state of one Step8 block: the multipliers of the decoded old
