@@ -33,6 +33,7 @@
 #endif
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -471,9 +472,14 @@ struct Block8Acc {
 template <class V, CpuOptimizerAlgo A>
 Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
   const bool lion = A == CpuOptimizerAlgo::kLion;
+  // The scales come from memory (a checkpoint, say). s_r^2 b2 exceeds the
+  // fp32 range only for s_r above 2^64, which no fp32 v gives (r = sqrt(v)
+  // < 2^64); converting such a double to float would be undefined, so it
+  // becomes inf, as an fp32 product would.
   const double sq = static_cast<double>(sr) * sr * p.beta2;
+  const float m2 = sq > FLT_MAX ? INFINITY : static_cast<float>(sq);
   return {V::Set(sm * p.beta1),
-          V::Set(lion ? sm * p.beta2 : static_cast<float>(sq)),
+          V::Set(lion ? sm * p.beta2 : m2),
           V::Set(p.gscale * p.omb1),
           V::Set(p.gscale * p.omb2),
           V::ISet(0),
