@@ -360,15 +360,14 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 // any fp32 scale. Code 0 is zero; no subnormals. Relative error of a code:
 // at most 2^-4 (m) and 2^-5 (r) of the value, for values down to 2^-14 of
 // the block's absmax (below that m flushes to zero, r to the smallest
-// code). The codecs
-// are integer arithmetic on the fp32 bits (round to nearest, ties away from
-// zero, on the dropped mantissa bits), the same on every variant. The update
-// reads the old codes, computes the new moments in fp32 (the weights use them
-// unrounded), keeps the top halves of their fp32 values (all the encoders
-// need) in a per-block scratch, takes their absmax, and then writes the new
-// codes and scales: one pass over memory, two over a block in cache. (A
-// scratch of whole fp32 values, twice the size, left the step 4% slower
-// from memory on one Zen 4 core: 1.58 against 1.65 G params/s.)
+// code). The codecs are integer arithmetic on the fp32 bits (round to
+// nearest, ties away from zero, on the dropped mantissa bits), the same on
+// every variant. The update reads the old codes, computes the new moments
+// in fp32 (the weights use them unrounded), keeps the top halves of their fp32
+// values (all the encoders need) in a per-block scratch, takes their absmax,
+// and then writes the new codes and scales: one pass over memory, two over a
+// block in cache. (A scratch of whole fp32 values, twice the size, left the
+// step 4% slower from memory on one Zen 4 core: 1.58 against 1.65 G params/s.)
 //
 // Note [Codecs on 16-bit lanes]: every code is a function of the top 16 bits
 // of its fp32 value, and every decoded value has a zero low half, so the
