@@ -158,14 +158,23 @@ struct Avx2x2 {
   [[gnu::always_inline]] static F Load(const T* p) {
     return {Avx2::Load(p), Avx2::Load(p + 8)};
   }
-  [[gnu::always_inline]] static F Load(const Bf16* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    // Lanes 0-7 from the low 128 bits, 8-15 from the high, each widened
-    // by putting the 16 bits on top of a zero low half.
+  // 16 lanes of 16 bits as the top halves of 16 fp32 lanes: lanes 0-7 from
+  // the low 128 bits, 8-15 from the high, each widened by putting the 16
+  // bits on top of a zero low half (a bf16 value, or an 8-bit code's).
+  [[gnu::always_inline]] static F WidenTop(__m256i h) {
     const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
     const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
             _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+  }
+  [[gnu::always_inline]] static F Load(const Bf16* p) {
+    return WidenTop(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // The low 16 bits of 16 dword lanes (each at most 0xffff), in order:
+  // packus works within 128-bit halves, [lo 0-3, hi 0-3 | lo 4-7, hi 4-7],
+  // and the qword permute puts them in order.
+  [[gnu::always_inline]] static __m256i PackLow16(__m256i lo, __m256i hi) {
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
   }
   [[gnu::always_inline]] static void Store(float* p, F x) {
     Avx2::Store(p, x.lo);
@@ -174,11 +183,9 @@ struct Avx2x2 {
   [[gnu::always_inline]] static __m256i PackF16(F x) {
     return _mm256_set_m128i(ToF16(x.hi), ToF16(x.lo));
   }
-  // One pack and one permute for 16 lanes: packus gives [lo 0-3, hi 0-3 |
-  // lo 4-7, hi 4-7] as 16-bit words; the qword permute puts them in order.
+  // One pack and one permute for 16 lanes.
   [[gnu::always_inline]] static __m256i PackBf16(F x) {
-    return _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(ToBf16Lanes(x.lo), ToBf16Lanes(x.hi)), 0xd8);
+    return PackLow16(ToBf16Lanes(x.lo), ToBf16Lanes(x.hi));
   }
   [[gnu::always_inline]] static void Store(F16* p, F x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), PackF16(x));
@@ -280,21 +287,14 @@ struct Avx2x2 {
                      _mm_packus_epi16(_mm256_castsi256_si128(c),
                                       _mm256_extracti128_si256(c, 1)));
   }
-  // packus works within 128-bit halves: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7];
-  // the qword permute puts them in order.
   [[gnu::always_inline]] static H HTop(const F* x) {
-    return _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(x->lo), 16),
-                            _mm256_srli_epi32(_mm256_castps_si256(x->hi), 16)),
-        0xd8);
+    return PackLow16(_mm256_srli_epi32(_mm256_castps_si256(x->lo), 16),
+                     _mm256_srli_epi32(_mm256_castps_si256(x->hi), 16));
   }
   template <int k>
   [[gnu::always_inline]] static F HWiden(H h) {
     static_assert(k == 0);
-    const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
-    const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
-    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
-            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+    return WidenTop(h);
   }
   // The 16 lanes widened to double, in lane order.
   struct DL {
