@@ -488,9 +488,9 @@ Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
 // The V::kN elements at i of a block, with their decoded old codes dm and
 // dr (scale not applied): update, store the weights, and return the new
 // moments in mm and rr (Adam only) with their absmax taken. The 8-bit
-// states have no torch
-// counterpart to mirror, so the scales and betas are folded into one
-// multiplier and products fused where that saves an instruction:
+// states have no torch counterpart to mirror, so the scales and betas are
+// folded into one multiplier and products fused where that saves an
+// instruction:
 //   Adam(W): m = fma(g, 1 - b1, dm * (s_m b1));
 //            v = fma(dr, dr * (s_r^2 b2), ((1 - b2) * g) * g);
 //            r = sqrt(v);  d = fma(r, 1 / bc2_sqrt, eps);  q = (-step * m) / d
@@ -525,8 +525,7 @@ STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
     acc.amax_r = V::IMax(acc.amax_r, V::IAnd(V::IBits(rr), abs));
   } else {
     static_assert(A == CpuOptimizerAlgo::kLion);
-    (void)dr;
-    rr = dr;
+    rr = dr;  // unused: Lion keeps no second moment
     const F g = V::Load(grad + i);
     const F u = V::Sign(V::Fma(g, acc.g1, V::Mul(dm, acc.m1)));
     if (c.use_decay) x = V::Mul(x, c.decay);
