@@ -158,14 +158,17 @@ struct Avx2x2 {
   [[gnu::always_inline]] static F Load(const T* p) {
     return {Avx2::Load(p), Avx2::Load(p + 8)};
   }
-  // 16 lanes of 16 bits as the top halves of 16 fp32 lanes: lanes 0-7 from
-  // the low 128 bits, 8-15 from the high, each widened by putting the 16
-  // bits on top of a zero low half (a bf16 value, or an 8-bit code's).
+  // 16 lanes of 16 bits as the top halves of 16 fp32 lanes (a bf16 value,
+  // or an 8-bit code's), each on top of a zero low half. The unpacks work
+  // within 128-bit halves, so the qword permute first puts lanes 0-3 and
+  // 8-11 in the low half: one permute and two unpacks, where two
+  // zero-extensions, an extract and two shifts were 2-4% slower (in cache,
+  // bf16-moment AdamW 1.35 -> 1.41 G params/s on one Zen 4 core).
   [[gnu::always_inline]] static F WidenTop(__m256i h) {
-    const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
-    const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
-    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
-            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+    const __m256i q = _mm256_permute4x64_epi64(h, 0xd8);
+    const __m256i z = _mm256_setzero_si256();
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, q)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, q))};
   }
   [[gnu::always_inline]] static F Load(const Bf16* p) {
     return WidenTop(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
