@@ -7,7 +7,8 @@
 // per-block scales: loaded and stored back unchanged), or written only with
 // non-temporal stores (the 16-bit working copy). Two kernels run over it:
 //
-//   fused   every stream advanced together, one 64-element chunk at a time,
+//   fused   every stream advanced together, one chunk at a time (64
+//           elements with AVX-512), each chunk's loads before its stores,
 //           as the optimizer's single pass does;
 //   stream  STREAM-style: within each tile, one plain loop per stream (one
 //           read-modify-write loop per updated array), so at most one array
@@ -72,9 +73,9 @@ BoundIsa BestBoundIsa();
 
 // Runs elements [begin, end) of the pass with `isa`'s `kernel`. REQUIRES:
 // the CPU supports `isa`; begin is a multiple of every per_elems (a tile
-// start). Non-temporal stores are fenced before return. Memory is left as
-// it was (updates store back what they loaded; stream writes store bytes of
-// another stream's same chunk).
+// start). Non-temporal stores are fenced before return. Updated and read
+// arrays are left as they were (updates store back what they loaded);
+// stream writes store zeros.
 void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
                    size_t begin, size_t end);
 
