@@ -202,8 +202,9 @@ struct Avx2x2 {
   //     carried through the sign bit (0x7fff8001 and up, either sign).
   // So a result whose exponent is 2..254 is the contract's, and any other
   // sends the 16 lanes through the exact rounding (zeros too: telling +0
-  // from a NaN that wrapped to it would cost what it saves). One compare of
-  // the 16-bit exponents and a branch replace the 6 operations per 8 lanes.
+  // from a NaN that wrapped to it would cost what it saves). An and, an add
+  // and a compare of the 16-bit exponents and a branch per 16 lanes replace
+  // the 6 operations per 8 lanes.
   [[gnu::noinline]] static __m256i PackBf16Exact(__m256 lo, __m256 hi) {
     return PackLow16(ToBf16Lanes(lo), ToBf16Lanes(hi));
   }
