@@ -7,9 +7,9 @@
 // per-block scales: loaded and stored back unchanged), or written only with
 // non-temporal stores (the 16-bit working copy). Two kernels run over it:
 //
-//   fused   every stream advanced together, one chunk at a time (64
-//           elements with AVX-512), each chunk's loads before its stores,
-//           as the optimizer's single pass does;
+//   fused   every stream advanced together, 64 elements at a time, each
+//           chunk's loads before its stores, as the optimizer's single
+//           pass does;
 //   stream  STREAM-style: within each tile, one plain loop per stream (one
 //           read-modify-write loop per updated array), so at most one array
 //           is in flight at a time.

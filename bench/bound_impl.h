@@ -101,7 +101,9 @@ void Fused(const BoundArrays& a, size_t begin, size_t end) {
   }
   size_t i = begin;
   for (; i + kChunk <= end; i += kChunk) {
-    // Unrolled with the bounds known, so that r stays in registers.
+    // Unrolled with the bounds known, so that r stays in registers (the
+    // pragmas' counts are kMaxBoundStreams and at most kRegs).
+    static_assert(kMaxBoundStreams == 10);
     typename V::R r[kMaxBoundStreams][kRegs] = {};
 #pragma GCC unroll 10
     for (int s = 0; s < kMaxBoundStreams; ++s) {
