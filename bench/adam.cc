@@ -18,6 +18,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -532,15 +533,21 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       args.lr = 1e-5;
       args.check_overflow = false;  // the fused pass alone; stats timed apart
       std::vector<double> best(cfg.variants.size(), 1e30);
-      double best_fused = 1e30, best_stream = 1e30;
+      // Best seconds of each bound kernel, indexed as kBoundKernels.
+      static_assert(kBoundKernels[0] == BoundKernel::kFused &&
+                    kBoundKernels[1] == BoundKernel::kFusedPrefetch &&
+                    kBoundKernels[2] == BoundKernel::kStream);
+      double best_bounds[std::size(kBoundKernels)];
+      std::fill(std::begin(best_bounds), std::end(best_bounds), 1e30);
       for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
         STRATA_RETURN_IF_ERROR(CheckInterrupted());
-        for (BoundKernel k : {BoundKernel::kFused, BoundKernel::kStream}) {
+        for (size_t k = 0; k < std::size(kBoundKernels); ++k) {
           const auto t0 = Clock::now();
-          for (const BoundArrays& ba : passes) bound.Run(k, ba, n);
+          for (const BoundArrays& ba : passes) {
+            bound.Run(kBoundKernels[k], ba, n);
+          }
           const auto t1 = Clock::now();
-          double& b = k == BoundKernel::kFused ? best_fused : best_stream;
-          if (r > 0) b = std::min(b, Seconds(t0, t1));
+          if (r > 0) best_bounds[k] = std::min(best_bounds[k], Seconds(t0, t1));
         }
         for (size_t k = 0; k < cfg.variants.size(); ++k) {
           args.step = ++*step;
@@ -560,7 +567,14 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
         if (!stats.ok()) return stats.status();
         if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
       }
-      const double best_bound = std::min(best_fused, best_stream);
+      const size_t fastest = static_cast<size_t>(
+          std::min_element(std::begin(best_bounds), std::end(best_bounds)) -
+          std::begin(best_bounds));
+      const double best_bound = best_bounds[fastest];
+      nlohmann::json prefetch_elems = nlohmann::json::array();  // per pass
+      for (const BoundArrays& ba : passes) {
+        prefetch_elems.push_back(BoundPrefetchElems(ba));
+      }
       const double gb = n * bound_bytes / 1e9;
       const double bound_gbps = gb / best_bound;
       for (size_t k = 0; k < cfg.variants.size(); ++k) {
@@ -589,9 +603,12 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
             {"params_per_s", pps},
             {"gbps", gbps},
             {"bound_gbps", bound_gbps},
-            {"bound_fused_gbps", gb / best_fused},
-            {"bound_stream_gbps", gb / best_stream},
-            {"bound_kernel", best_fused <= best_stream ? "fused" : "stream"},
+            {"bound_fused_gbps", gb / best_bounds[0]},
+            {"bound_fused_prefetch_gbps", gb / best_bounds[1]},
+            {"bound_stream_gbps", gb / best_bounds[2]},
+            {"bound_prefetch_elems", prefetch_elems},
+            {"bound_kernel",
+             std::string(BoundKernelName(kBoundKernels[fastest]))},
             {"bound_isa", bound_isa},
             {"bound_seconds", best_bound},
             {"ratio_to_bound", ratio}};

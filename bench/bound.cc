@@ -10,11 +10,15 @@
 namespace strata::bench {
 
 // Defined in bound_<isa>.cc, each compiled with its ISA's flags.
-void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end);
+// `ahead`: prefetch distance in elements, 0 for none.
+void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end,
+                      size_t ahead);
 void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end);
-void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end);
+void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end,
+                    size_t ahead);
 void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end);
-void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end);
+void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
+                      size_t ahead);
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end);
 
 double BoundArrays::BytesPerElem() const {
@@ -29,7 +33,21 @@ double BoundArrays::BytesPerElem() const {
 }
 
 std::string_view BoundKernelName(BoundKernel k) {
-  return k == BoundKernel::kFused ? "fused" : "stream";
+  switch (k) {
+    case BoundKernel::kFused:
+      return "fused";
+    case BoundKernel::kFusedPrefetch:
+      return "fused_prefetch";
+    case BoundKernel::kStream:
+      break;
+  }
+  return "stream";
+}
+
+size_t BoundPrefetchElems(const BoundArrays& a) {
+  const double bytes = std::max(1.0, a.BytesPerElem());
+  const size_t elems = static_cast<size_t>(16384.0 / bytes);
+  return std::clamp<size_t>((elems + 63) / 64 * 64, 256, 4096);
 }
 
 std::string_view BoundIsaName(BoundIsa isa) {
@@ -58,18 +76,20 @@ BoundIsa BestBoundIsa() {
 
 void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
                    size_t begin, size_t end) {
-  const bool fused = kernel == BoundKernel::kFused;
+  const bool fused = kernel != BoundKernel::kStream;
+  const size_t ahead =
+      kernel == BoundKernel::kFusedPrefetch ? BoundPrefetchElems(a) : 0;
   switch (isa) {
     case BoundIsa::kAvx512:
-      return fused ? BoundAvx512Fused(a, begin, end)
+      return fused ? BoundAvx512Fused(a, begin, end, ahead)
                    : BoundAvx512Stream(a, begin, end);
     case BoundIsa::kAvx2:
-      return fused ? BoundAvx2Fused(a, begin, end)
+      return fused ? BoundAvx2Fused(a, begin, end, ahead)
                    : BoundAvx2Stream(a, begin, end);
     case BoundIsa::kScalar:
       break;
   }
-  return fused ? BoundScalarFused(a, begin, end)
+  return fused ? BoundScalarFused(a, begin, end, ahead)
                : BoundScalarStream(a, begin, end);
 }
 

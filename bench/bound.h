@@ -10,6 +10,11 @@
 //   fused   every stream advanced together, 64 elements at a time, each
 //           chunk's loads before its stores, as the optimizer's single
 //           pass does;
+//   fused_prefetch
+//           the same, also prefetching every loaded stream about 16 KiB of
+//           the pass ahead (BoundPrefetchElems), as the optimizer's loops
+//           prefetch: where memory latency is high, the hardware
+//           prefetchers alone leave bandwidth unused;
 //   stream  STREAM-style: within each tile, one plain loop per stream (one
 //           read-modify-write loop per updated array), so at most one array
 //           is in flight at a time.
@@ -60,7 +65,10 @@ struct BoundArrays {
   double BytesPerElem() const;
 };
 
-enum class BoundKernel { kFused, kStream };
+enum class BoundKernel { kFused, kFusedPrefetch, kStream };
+
+inline constexpr BoundKernel kBoundKernels[] = {
+    BoundKernel::kFused, BoundKernel::kFusedPrefetch, BoundKernel::kStream};
 
 std::string_view BoundKernelName(BoundKernel k);
 
@@ -70,6 +78,11 @@ std::string_view BoundIsaName(BoundIsa isa);
 
 // The widest ISA this CPU reports (CPUID), kScalar off x86.
 BoundIsa BestBoundIsa();
+
+// How far ahead fused_prefetch prefetches, in elements: 16 KiB of the
+// pass (BytesPerElem() bytes per element), rounded up to a multiple of
+// 64 and kept within [256, 4096].
+size_t BoundPrefetchElems(const BoundArrays& a);
 
 // Runs elements [begin, end) of the pass with `isa`'s `kernel`. REQUIRES:
 // the CPU supports `isa`; begin is a multiple of every per_elems (a tile

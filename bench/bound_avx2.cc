@@ -31,8 +31,9 @@ struct Avx2 {
 }  // namespace
 }  // namespace avx2
 
-void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end) {
-  avx2::Fused<avx2::Avx2>(a, begin, end);
+void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end,
+                    size_t ahead) {
+  avx2::Fused<avx2::Avx2>(a, begin, end, ahead);
 }
 void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end) {
   avx2::Stream<avx2::Avx2>(a, begin, end);

@@ -34,8 +34,9 @@ struct Avx512 {
 }  // namespace
 }  // namespace avx512
 
-void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end) {
-  avx512::Fused<avx512::Avx512>(a, begin, end);
+void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
+                      size_t ahead) {
+  avx512::Fused<avx512::Avx512>(a, begin, end, ahead);
 }
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end) {
   avx512::Stream<avx512::Avx512>(a, begin, end);

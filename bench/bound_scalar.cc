@@ -27,8 +27,9 @@ struct Scalar {
 }  // namespace
 }  // namespace scalar
 
-void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end) {
-  scalar::Fused<scalar::Scalar>(a, begin, end);
+void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end,
+                      size_t ahead) {
+  scalar::Fused<scalar::Scalar>(a, begin, end, ahead);
 }
 void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end) {
   scalar::Stream<scalar::Scalar>(a, begin, end);

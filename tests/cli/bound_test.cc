@@ -93,7 +93,7 @@ struct Pass {
 TEST(BoundTest, RangesLeaveReadAndUpdatedArraysAndWriteExactlyTheirSpan) {
   const size_t n = 3 * kBlock + 100;
   for (BoundIsa isa : SupportedIsas()) {
-    for (BoundKernel kernel : {BoundKernel::kFused, BoundKernel::kStream}) {
+    for (BoundKernel kernel : kBoundKernels) {
       for (size_t wshift : {0, 1}) {
         // Starts at block boundaries; ends inside a chunk, at a chunk
         // boundary, at a block boundary and at n.
@@ -124,7 +124,7 @@ TEST(BoundTest, RangesLeaveReadAndUpdatedArraysAndWriteExactlyTheirSpan) {
 TEST(BoundTest, RunnerCoversTheWholePassOnEveryThreadCount) {
   const size_t n = 5 * kBlock + 7;
   for (int threads : {1, 2, 3}) {
-    for (BoundKernel kernel : {BoundKernel::kFused, BoundKernel::kStream}) {
+    for (BoundKernel kernel : kBoundKernels) {
       SCOPED_TRACE(std::to_string(threads) + " threads, " +
                    std::string(BoundKernelName(kernel)));
       Pass p(n, 0, 7);
@@ -144,4 +144,24 @@ TEST(BoundTest, BytesPerElementCountUpdatesTwiceAndItemsPerBlock) {
 }
 
 }  // namespace
+TEST(BoundTest, PrefetchDistanceIsAbout16KiBOfThePass) {
+  float f[1];
+  uint8_t b[1];
+  BoundArrays fp32_adamw;  // 30 bytes per element
+  fp32_adamw.Add(f, 4, BoundAccess::kUpdate);
+  fp32_adamw.Add(f, 4, BoundAccess::kRead);
+  fp32_adamw.Add(f, 4, BoundAccess::kUpdate);
+  fp32_adamw.Add(f, 4, BoundAccess::kUpdate);
+  fp32_adamw.Add(f, 2, BoundAccess::kStreamWrite);
+  EXPECT_EQ(576u, BoundPrefetchElems(fp32_adamw));  // 546, rounded up
+  BoundArrays bytes;  // 1 byte per element: capped
+  bytes.Add(b, 1, BoundAccess::kRead);
+  EXPECT_EQ(4096u, BoundPrefetchElems(bytes));
+  BoundArrays wide;  // 80 bytes per element: floored
+  for (int k = 0; k < 10; ++k) wide.Add(f, 4, BoundAccess::kUpdate);
+  EXPECT_EQ(256u, BoundPrefetchElems(wide));
+  EXPECT_EQ(4096u, BoundPrefetchElems(BoundArrays{}));  // no streams
+  EXPECT_EQ("fused_prefetch", BoundKernelName(BoundKernel::kFusedPrefetch));
+}
+
 }  // namespace strata::bench
