@@ -363,6 +363,101 @@ TEST(Block8Test, RoundTripWithinTheStatedError) {
   EXPECT_GT(checked, n / 2);
 }
 
+// Step after step, on every variant: each step's codes decode, with that
+// step's scales, to the moments the documented update gives from the
+// previous step's decoded codes, within the format's stated error, and
+// each scale is the smallest power of two that fits. The gradients of
+// every other block jump by 4x on alternate steps, so some blocks' scales
+// move and the others' stay (the update then writes its codes against the
+// old scale and skips the encoding pass): both happen, and both are
+// checked.
+TEST(Block8Test, StepAfterStepStaysWithinTheStatedError) {
+  const double b1 = 0.9, b2 = 0.999;
+  const size_t n = 6 * kBlock + 17;
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  const size_t off = (n + 3) / 4 * 4;
+  for (CpuKernelVariant variant : cpu_adam_test::SupportedVariants()) {
+    SCOPED_TRACE(CpuKernelVariantName(variant).data());
+    CpuOptimizerOptions o;
+    o.algo = CpuOptimizerAlgo::kAdamW;
+    o.beta1 = b1;
+    o.beta2 = b2;
+    o.threads = 1;
+    o.variant = variant;
+    auto opt = NewCpuOptimizer(o);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    Problem8 p(n, CpuDType::kFloat32, false, 21);
+    std::fill(p.m.begin(), p.m.end(), 0u);
+    std::fill(p.v.begin(), p.v.end(), 0u);
+    const auto* mb = reinterpret_cast<const uint8_t*>(p.m.data());
+    const auto* vb = reinterpret_cast<const uint8_t*>(p.v.data());
+    auto scale = [&](const uint8_t* bytes, size_t b) {
+      float s;
+      std::memcpy(&s, bytes + off + 4 * b, 4);
+      return s;
+    };
+    std::vector<double> dm(n, 0.0), dr(n, 0.0);  // decoded previous states
+    std::vector<float> old_sm(blocks, 0.0f);
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> mag(0.25, 1.0);
+    size_t kept = 0, moved = 0;
+    for (int step = 1; step <= 8; ++step) {
+      std::vector<double> g(n);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t b = i / kBlock;
+        const double amp = std::ldexp(1.0, -static_cast<int>(b % 3) - 4) *
+                           ((b % 2 == 0 && step % 2 == 0) ? 4.0 : 1.0);
+        g[i] = static_cast<float>(amp * mag(rng) * ((rng() & 1) ? 1 : -1));
+        p.SetGrad(i, static_cast<float>(g[i]));
+      }
+      CpuStepArgs args;
+      args.lr = 0.0;
+      args.step = step;
+      args.check_overflow = false;
+      auto r = (*opt)->Step(p.Tensors(), args);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      for (size_t b = 0; b < blocks; ++b) {
+        const size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+        std::vector<double> m(hi - lo), rt(hi - lo);
+        double amax_m = 0, amax_r = 0;
+        for (size_t i = lo; i < hi; ++i) {
+          m[i - lo] = b1 * dm[i] + (1 - b1) * g[i];
+          rt[i - lo] = std::sqrt(b2 * dr[i] * dr[i] + (1 - b2) * g[i] * g[i]);
+          amax_m = std::max(amax_m, std::fabs(m[i - lo]));
+          amax_r = std::max(amax_r, rt[i - lo]);
+        }
+        const float sm = scale(mb, b), sv = scale(vb, b);
+        int e = 0;
+        ASSERT_EQ(std::frexp(sm, &e), 0.5f)
+            << "step " << step << " block " << b;
+        ASSERT_EQ(std::frexp(sv, &e), 0.5f)
+            << "step " << step << " block " << b;
+        EXPECT_LE(amax_m, sm * 1.875 * (1 + 1e-6)) << step << " " << b;
+        EXPECT_GT(amax_m, sm * 1.875 / 2 * (1 - 1e-6)) << step << " " << b;
+        EXPECT_LE(amax_r, sv * 1.9375 * (1 + 1e-6)) << step << " " << b;
+        EXPECT_GT(amax_r, sv * 1.9375 / 2 * (1 - 1e-6)) << step << " " << b;
+        if (step > 1) (sm == old_sm[b] ? kept : moved) += 1;
+        old_sm[b] = sm;
+        for (size_t i = lo; i < hi; ++i) {
+          const double x = m[i - lo], y = rt[i - lo];
+          dm[i] = DecodeM(mb[i], sm);
+          dr[i] = DecodeR(vb[i], sv);
+          if (std::fabs(x) >= amax_m * std::ldexp(1.0, -14)) {
+            ASSERT_LE(std::fabs(dm[i] - x), std::fabs(x) / 16 * (1 + 1e-5))
+                << "step " << step << " m[" << i << "]";
+          }
+          if (y >= amax_r * std::ldexp(1.0, -14)) {
+            ASSERT_LE(std::fabs(dr[i] - y), y / 32 * (1 + 1e-5))
+                << "step " << step << " r[" << i << "]";
+          }
+        }
+      }
+    }
+    EXPECT_GT(kept, blocks);
+    EXPECT_GT(moved, blocks);
+  }
+}
+
 // The scales' exponents stop at 2^-111 (below, the encoders' bias would
 // leave its 16 bits) and at 2^127 (2^128 is not a fp32): a block of tiny
 // first moments is coded against 2^-111, one of huge ones clamps to the
