@@ -872,6 +872,51 @@ TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {
   }
 }
 
+// Every bound kernel's figure is in each row, the ratio is against the
+// fastest, and fused_prefetch's distance is given for every pass (three
+// for Adafactor).
+TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
+  ScratchDir d;
+  const std::string json = d.path() + "/a.json";
+  const Outcome o = RunBench(
+      {"adam", "--params", "64K", "--threads", "1", "--torch", "off", "--reps",
+       "1", "--variants", "scalar", "--moments", "fp32,int8", "--optimizer",
+       "adamw,adafactor", "--cols", "256", "--json", json},
+      d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  int rows = 0;
+  for (const auto& row : j["results"]) {
+    if (row["optimizer"] == "grad_stats") continue;  // no bound
+    ++rows;
+    SCOPED_TRACE(row.dump());
+    const double f = row["bound_fused_gbps"].get<double>();
+    const double fp = row["bound_fused_prefetch_gbps"].get<double>();
+    const double st = row["bound_stream_gbps"].get<double>();
+    const double best = std::max({f, fp, st});
+    EXPECT_GT(std::min({f, fp, st}), 0.0) << row.dump();
+    EXPECT_NEAR(row["bound_gbps"].get<double>(), best, best * 1e-9)
+        << row.dump();
+    const std::string kernel = row["bound_kernel"].get<std::string>();
+    EXPECT_EQ(kernel, best == f    ? "fused"
+                      : best == fp ? "fused_prefetch"
+                                   : "stream")
+        << row.dump();
+    const auto& ahead = row["bound_prefetch_elems"];
+    ASSERT_TRUE(ahead.is_array()) << row.dump();
+    EXPECT_EQ(ahead.size(),
+              row["optimizer"].get<std::string>() == "adafactor" ? 3u : 1u)
+        << row.dump();
+    for (const auto& a : ahead) {
+      ASSERT_TRUE(a.is_number_unsigned()) << row.dump();
+      const uint64_t e = a.get<uint64_t>();
+      EXPECT_TRUE(e >= 256 && e <= 4096 && e % 64 == 0) << row.dump();
+    }
+  }
+  EXPECT_EQ(rows, 3);  // adamw fp32 and int8, adafactor
+}
+
 // ---- Hostile paths: no shell, ever -----------------------------------------
 
 TEST(BenchCliTest, ShellMetacharactersInDirAreJustPaths) {
