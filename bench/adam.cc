@@ -534,9 +534,6 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       args.check_overflow = false;  // the fused pass alone; stats timed apart
       std::vector<double> best(cfg.variants.size(), 1e30);
       // Best seconds of each bound kernel, indexed as kBoundKernels.
-      static_assert(kBoundKernels[0] == BoundKernel::kFused &&
-                    kBoundKernels[1] == BoundKernel::kFusedPrefetch &&
-                    kBoundKernels[2] == BoundKernel::kStream);
       double best_bounds[std::size(kBoundKernels)];
       std::fill(std::begin(best_bounds), std::end(best_bounds), 1e30);
       for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
@@ -614,15 +611,17 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
             {"params_per_s", pps},
             {"gbps", gbps},
             {"bound_gbps", bound_gbps},
-            {"bound_fused_gbps", gb / best_bounds[0]},
-            {"bound_fused_prefetch_gbps", gb / best_bounds[1]},
-            {"bound_stream_gbps", gb / best_bounds[2]},
             {"bound_prefetch_elems", prefetch_elems},
             {"bound_kernel",
              std::string(BoundKernelName(kBoundKernels[fastest]))},
             {"bound_isa", bound_isa},
             {"bound_seconds", best_bound},
             {"ratio_to_bound", ratio}};
+        for (size_t b = 0; b < std::size(kBoundKernels); ++b) {
+          // bound_fused_gbps, bound_fused_prefetch_gbps, bound_stream_gbps
+          row["bound_" + std::string(BoundKernelName(kBoundKernels[b])) +
+              "_gbps"] = gb / best_bounds[b];
+        }
         if (cfg.variants[k] == BestCpuKernelVariant()) {
           if (mom == CpuDType::kFloat32) fp32_rate = pps;
           if (mom != CpuDType::kFloat32 && fp32_rate > 0) {

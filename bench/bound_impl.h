@@ -69,6 +69,12 @@ inline void Vecs(char* p, bool nt, typename V::R& carry) {
   }
 }
 
+// Whether the fused kernel loads a stream's chunks (and prefetches them):
+// element streams that are read or updated.
+inline bool Loaded(const BoundStream& s) {
+  return s.per_elems <= 1 && s.access != BoundAccess::kStreamWrite;
+}
+
 inline bool NtAllowed(const BoundStream& s, size_t begin, size_t vec) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(Bytes(s)) +
                       begin * static_cast<size_t>(s.elem_bytes);
@@ -113,9 +119,7 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
   for (; i + kChunk <= end; i += kChunk) {
     if (ahead > 0) {
       for (int s = 0; s < count; ++s) {
-        if (st[s].per_elems > 1 || st[s].access == BoundAccess::kStreamWrite) {
-          continue;
-        }
+        if (!Loaded(st[s])) continue;
         const uintptr_t at =
             reinterpret_cast<uintptr_t>(Bytes(st[s])) +
             (i + ahead) * static_cast<size_t>(st[s].elem_bytes);
@@ -131,9 +135,7 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
 #pragma GCC unroll 10
     for (int s = 0; s < kMaxBoundStreams; ++s) {
       if (s >= count) break;
-      if (st[s].per_elems > 1 || st[s].access == BoundAccess::kStreamWrite) {
-        continue;
-      }
+      if (!Loaded(st[s])) continue;
       const char* p = Bytes(st[s]) + i * static_cast<size_t>(st[s].elem_bytes);
 #pragma GCC unroll 8
       for (int k = 0; k < kRegs; ++k) {

@@ -703,12 +703,10 @@ void Step8Block(const StepParams& p, const StepArrays& arrays, size_t b,
   Block8Acc<V> acc = MakeBlock8Acc<V, A>(p, sm, sr);
   Block8Acc<Scalar> sacc = MakeBlock8Acc<Scalar, A>(p, sm, sr);
   // Note [Codes against the old scale]. Without a usable old scale the
-  // update still writes codes (against 0xffff), which the encoding pass
-  // then replaces.
+  // update still writes codes, which the encoding pass then replaces.
   uint16_t old_m = 0xffff, old_r = 0xffff;
   bool keep = Block8OldSub(sm, kM8Sub, &old_m);
   if constexpr (kAdam) keep = Block8OldSub(sr, kR8Sub, &old_r) && keep;
-  if (!keep) old_m = old_r = 0xffff;
   const typename V::H vold_m = V::HSet(old_m), vold_r = V::HSet(old_r);
   size_t i = b;
   for (; i + V::kH <= e; i += V::kH) {
