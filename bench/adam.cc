@@ -2,16 +2,17 @@
 // machine's bound measured in the same run.
 //
 // For each thread count T, optimizer and moment dtype, each repetition times
-//   bounds two streaming kernels over the same arrays, the same bytes and
+//   bounds three streaming kernels over the same arrays, the same bytes and
 //          store kinds as the optimizer and no arithmetic (bench/bound.h):
-//          "fused" (all arrays in one pass, as a Step) and "stream" (one
-//          STREAM-style loop per array), always with the widest ISA the CPU
-//          reports, on T threads split as a Step splits; for the
-//          multi-pass Adafactor the sum of one bound per pass;
+//          "fused" (all arrays in one pass, as a Step), "fused_prefetch"
+//          (the same, prefetching ahead) and "stream" (one STREAM-style
+//          loop per array), always with the widest ISA the CPU reports, on
+//          T threads split as a Step splits, each pass of a multi-pass
+//          step (Adafactor) timed apart and bounded by its fastest kernel;
 //   step   one CpuOptimizer::Step per variant over all N parameters;
 // and the best repetition of each is kept (other jobs share the machine;
 // the best run is the one least disturbed). ratio_to_bound =
-// time(faster bound) / time(step). The separate gradient-statistics pass
+// time(bound) / time(step). The separate gradient-statistics pass
 // (squared norm + inf/nan) is timed too. When a python3 with torch is found,
 // the same N parameters go through torch.optim.Adam for its figure.
 #include <algorithm>
@@ -458,6 +459,79 @@ std::vector<std::pair<CpuDType, const char*>> MomentsFor(
   return out;
 }
 
+// The best seconds of every bound kernel over every pass of one step, and
+// what they add up to. A multi-pass step (Adafactor) is bounded by the
+// fastest kernel of each pass: its read-only passes ran fastest as one plain
+// loop per array and its update fused, so the fastest single kernel over
+// all passes was up to 5% slower than that sum.
+class BoundBest {
+ public:
+  explicit BoundBest(size_t passes)
+      : best_(passes, std::vector<double>(std::size(kBoundKernels), 1e30)) {}
+
+  void Note(size_t pass, size_t kernel, double seconds) {
+    best_[pass][kernel] = std::min(best_[pass][kernel], seconds);
+  }
+  // Kernel k's time for the whole step: the sum of its best per pass.
+  double KernelSeconds(size_t k) const {
+    double sum = 0;
+    for (const auto& pass : best_) sum += pass[k];
+    return sum;
+  }
+  // The fastest kernel of pass p, indexed as kBoundKernels.
+  size_t Fastest(size_t p) const {
+    return static_cast<size_t>(
+        std::min_element(best_[p].begin(), best_[p].end()) - best_[p].begin());
+  }
+  double PassSeconds(size_t p) const { return best_[p][Fastest(p)]; }
+  // The bound: every pass at its fastest kernel.
+  double Seconds() const {
+    double sum = 0;
+    for (size_t p = 0; p < best_.size(); ++p) sum += PassSeconds(p);
+    return sum;
+  }
+  // The kernel every pass's bound came from, or "mixed".
+  std::string KernelName() const {
+    const size_t k = Fastest(0);
+    for (size_t p = 1; p < best_.size(); ++p) {
+      if (Fastest(p) != k) return "mixed";
+    }
+    return std::string(BoundKernelName(kBoundKernels[k]));
+  }
+
+ private:
+  std::vector<std::vector<double>> best_;  // [pass][kernel]
+};
+
+// The bound's figures of one row: each kernel's GB/s over the whole step,
+// and each pass's bytes, fastest kernel, GB/s and prefetch distance.
+void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
+                  uint64_t n, double bound_bytes, nlohmann::json& row) {
+  const double gb = n * bound_bytes / 1e9;
+  for (size_t k = 0; k < std::size(kBoundKernels); ++k) {
+    // bound_fused_gbps, bound_fused_prefetch_gbps, bound_stream_gbps
+    row["bound_" + std::string(BoundKernelName(kBoundKernels[k])) + "_gbps"] =
+        gb / bb.KernelSeconds(k);
+  }
+  nlohmann::json bytes = nlohmann::json::array(),
+                 kernel = nlohmann::json::array(),
+                 gbps = nlohmann::json::array(),
+                 ahead = nlohmann::json::array();
+  for (size_t p = 0; p < passes.size(); ++p) {
+    const double b = passes[p].BytesPerElem();
+    bytes.push_back(b);
+    kernel.push_back(
+        std::string(BoundKernelName(kBoundKernels[bb.Fastest(p)])));
+    gbps.push_back(n * b / 1e9 / bb.PassSeconds(p));
+    ahead.push_back(BoundPrefetchElems(passes[p]));
+  }
+  row["bound_kernel"] = bb.KernelName();
+  row["bound_pass_bytes_per_param"] = bytes;
+  row["bound_pass_kernel"] = kernel;
+  row["bound_pass_gbps"] = gbps;
+  row["bound_prefetch_elems"] = ahead;
+}
+
 // One thread count: every optimizer, variant and moment dtype, beside the
 // bounds and the gradient statistics. Appends rows; *adamw_fp32_rate gets
 // the best variant's params/s of fp32-moment AdamW (0 if not measured).
@@ -533,9 +607,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       args.lr = 1e-5;
       args.check_overflow = false;  // the fused pass alone; stats timed apart
       std::vector<double> best(cfg.variants.size(), 1e30);
-      // Best seconds of each bound kernel, indexed as kBoundKernels.
-      double best_bounds[std::size(kBoundKernels)];
-      std::fill(std::begin(best_bounds), std::end(best_bounds), 1e30);
+      BoundBest bounds(passes.size());
       for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
         STRATA_RETURN_IF_ERROR(CheckInterrupted());
         // Each bound kernel runs kBoundSamples times per repetition: on a
@@ -547,13 +619,11 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
         constexpr int kBoundSamples = 3;
         for (int sample = 0; sample < kBoundSamples; ++sample) {
           for (size_t k = 0; k < std::size(kBoundKernels); ++k) {
-            const auto t0 = Clock::now();
-            for (const BoundArrays& ba : passes) {
-              bound.Run(kBoundKernels[k], ba, n);
-            }
-            const auto t1 = Clock::now();
-            if (r > 0) {
-              best_bounds[k] = std::min(best_bounds[k], Seconds(t0, t1));
+            for (size_t p = 0; p < passes.size(); ++p) {
+              const auto t0 = Clock::now();
+              bound.Run(kBoundKernels[k], passes[p], n);
+              const auto t1 = Clock::now();
+              if (r > 0) bounds.Note(p, k, Seconds(t0, t1));
             }
           }
         }
@@ -575,16 +645,8 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
         if (!stats.ok()) return stats.status();
         if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
       }
-      const size_t fastest = static_cast<size_t>(
-          std::min_element(std::begin(best_bounds), std::end(best_bounds)) -
-          std::begin(best_bounds));
-      const double best_bound = best_bounds[fastest];
-      nlohmann::json prefetch_elems = nlohmann::json::array();  // per pass
-      for (const BoundArrays& ba : passes) {
-        prefetch_elems.push_back(BoundPrefetchElems(ba));
-      }
-      const double gb = n * bound_bytes / 1e9;
-      const double bound_gbps = gb / best_bound;
+      const double best_bound = bounds.Seconds();
+      const double bound_gbps = n * bound_bytes / 1e9 / best_bound;
       for (size_t k = 0; k < cfg.variants.size(); ++k) {
         const double pps = n / best[k];
         const double gbps = pps * bound_bytes / 1e9;
@@ -611,17 +673,10 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
             {"params_per_s", pps},
             {"gbps", gbps},
             {"bound_gbps", bound_gbps},
-            {"bound_prefetch_elems", prefetch_elems},
-            {"bound_kernel",
-             std::string(BoundKernelName(kBoundKernels[fastest]))},
             {"bound_isa", bound_isa},
             {"bound_seconds", best_bound},
             {"ratio_to_bound", ratio}};
-        for (size_t b = 0; b < std::size(kBoundKernels); ++b) {
-          // bound_fused_gbps, bound_fused_prefetch_gbps, bound_stream_gbps
-          row["bound_" + std::string(BoundKernelName(kBoundKernels[b])) +
-              "_gbps"] = gb / best_bounds[b];
-        }
+        AddBoundJson(bounds, passes, n, bound_bytes, row);
         if (cfg.variants[k] == BestCpuKernelVariant()) {
           if (mom == CpuDType::kFloat32) fp32_rate = pps;
           if (mom != CpuDType::kFloat32 && fp32_rate > 0) {
