@@ -10,15 +10,16 @@
 namespace strata::bench {
 
 // Defined in bound_<isa>.cc, each compiled with its ISA's flags.
-// `ahead`: prefetch distance in elements, 0 for none.
+// `ahead`: prefetch distance in elements, 0 for none; `chunk`: elements per
+// step of the fused kernel, 32 or 64 (FusedChunk in bound_impl.h).
 void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end,
-                      size_t ahead);
+                      size_t ahead, size_t chunk);
 void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end);
 void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end,
-                    size_t ahead);
+                    size_t ahead, size_t chunk);
 void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end);
 void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
-                      size_t ahead);
+                      size_t ahead, size_t chunk);
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end);
 
 double BoundArrays::BytesPerElem() const {
@@ -38,6 +39,8 @@ std::string_view BoundKernelName(BoundKernel k) {
       return "fused";
     case BoundKernel::kFusedPrefetch:
       return "fused_prefetch";
+    case BoundKernel::kFusedPrefetch32:
+      return "fused_prefetch_32";
     case BoundKernel::kStream:
       break;
   }
@@ -77,19 +80,22 @@ BoundIsa BestBoundIsa() {
 void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
                    size_t begin, size_t end) {
   const bool fused = kernel != BoundKernel::kStream;
-  const size_t ahead =
-      kernel == BoundKernel::kFusedPrefetch ? BoundPrefetchElems(a) : 0;
+  const size_t ahead = kernel == BoundKernel::kFusedPrefetch ||
+                               kernel == BoundKernel::kFusedPrefetch32
+                           ? BoundPrefetchElems(a)
+                           : 0;
+  const size_t chunk = kernel == BoundKernel::kFusedPrefetch32 ? 32 : 64;
   switch (isa) {
     case BoundIsa::kAvx512:
-      return fused ? BoundAvx512Fused(a, begin, end, ahead)
+      return fused ? BoundAvx512Fused(a, begin, end, ahead, chunk)
                    : BoundAvx512Stream(a, begin, end);
     case BoundIsa::kAvx2:
-      return fused ? BoundAvx2Fused(a, begin, end, ahead)
+      return fused ? BoundAvx2Fused(a, begin, end, ahead, chunk)
                    : BoundAvx2Stream(a, begin, end);
     case BoundIsa::kScalar:
       break;
   }
-  return fused ? BoundScalarFused(a, begin, end, ahead)
+  return fused ? BoundScalarFused(a, begin, end, ahead, chunk)
                : BoundScalarStream(a, begin, end);
 }
 

@@ -32,8 +32,8 @@ struct Avx2 {
 }  // namespace avx2
 
 void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end,
-                    size_t ahead) {
-  avx2::Fused<avx2::Avx2>(a, begin, end, ahead);
+                    size_t ahead, size_t chunk) {
+  avx2::FusedChunk<avx2::Avx2>(a, begin, end, ahead, chunk);
 }
 void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end) {
   avx2::Stream<avx2::Avx2>(a, begin, end);

@@ -35,8 +35,8 @@ struct Avx512 {
 }  // namespace avx512
 
 void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
-                      size_t ahead) {
-  avx512::Fused<avx512::Avx512>(a, begin, end, ahead);
+                      size_t ahead, size_t chunk) {
+  avx512::FusedChunk<avx512::Avx512>(a, begin, end, ahead, chunk);
 }
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end) {
   avx512::Stream<avx512::Avx512>(a, begin, end);

@@ -1,7 +1,7 @@
 // The bound kernels' bodies, written once over a vector type V and compiled
 // once per ISA: each bound_<isa>.cc defines STRATA_BENCH_BOUND_ISA (a
 // namespace name), includes this file, then defines V and instantiates
-// Fused<V> and Stream<V>. Everything here has internal linkage inside a
+// FusedChunk<V> and Stream<V>. Everything here has internal linkage inside a
 // per-ISA namespace, so no inline function compiled with one ISA's flags can
 // be picked by the linker for another's caller; for the same reason the
 // kernels call no inline function of a shared header (std::min and the like).
@@ -103,17 +103,39 @@ inline bool NtAllowed(const BoundStream& s, size_t begin, size_t vec) {
 // pass ahead suits both (BoundPrefetchElems). The addresses are formed as
 // integers, so those past the arrays' ends are never pointers; a prefetch
 // never faults.
+//
+// kChunk is 64 elements (fused, fused_prefetch) or 32 (fused_prefetch_32),
+// each stream's part of a chunk a whole number of V's registers: 32 needs
+// 32 bytes of a 1-byte stream to fill one (see FusedChunk).
+// Whether every per-element stream's part of a kChunk-element chunk is a
+// whole number of V's registers.
 template <class V>
+bool FitsChunk(const BoundArrays& a, size_t chunk) {
+  for (int s = 0; s < a.count; ++s) {
+    const BoundStream& st = a.streams[s];
+    if (st.per_elems == 1 && st.elem_bytes * chunk % V::kVec != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// REQUIRES: FitsChunk<V>(a, kChunk).
+template <class V, size_t kChunk>
 void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
-  constexpr size_t kChunk = 64;
-  constexpr int kPer = static_cast<int>(kChunk / V::kVec);  // per byte
-  constexpr int kRegs = 4 * kPer;  // a 4-byte stream's chunk
+  constexpr int kRegs = static_cast<int>(4 * kChunk / V::kVec);  // 4 bytes
+  static_assert(kRegs >= 1);
   BoundStream st[kMaxBoundStreams];
   bool nt[kMaxBoundStreams];
+  int regs[kMaxBoundStreams];   // registers of the stream's chunk
+  int lines[kMaxBoundStreams];  // lines it prefetches per chunk, at least 1
   const int count = a.count;
   for (int s = 0; s < count; ++s) {
     st[s] = a.streams[s];
     nt[s] = NtAllowed(st[s], begin, V::kVec);
+    const int bytes = st[s].elem_bytes * static_cast<int>(kChunk);
+    regs[s] = bytes / static_cast<int>(V::kVec);
+    lines[s] = bytes < 64 ? 1 : bytes / 64;
   }
   size_t i = begin;
   for (; i + kChunk <= end; i += kChunk) {
@@ -123,7 +145,7 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
         const uintptr_t at =
             reinterpret_cast<uintptr_t>(Bytes(st[s])) +
             (i + ahead) * static_cast<size_t>(st[s].elem_bytes);
-        for (int k = 0; k < st[s].elem_bytes; ++k) {  // a line per byte
+        for (int k = 0; k < lines[s]; ++k) {
           __builtin_prefetch(reinterpret_cast<const void*>(at + 64 * k), 0, 3);
         }
       }
@@ -139,7 +161,7 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
       const char* p = Bytes(st[s]) + i * static_cast<size_t>(st[s].elem_bytes);
 #pragma GCC unroll 8
       for (int k = 0; k < kRegs; ++k) {
-        if (k >= st[s].elem_bytes * kPer) break;
+        if (k >= regs[s]) break;
         r[s][k] = V::Load(p + k * V::kVec);
         V::Keep(r[s][k]);
       }
@@ -156,7 +178,7 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
       const bool write = st[s].access == BoundAccess::kStreamWrite;
 #pragma GCC unroll 8
       for (int k = 0; k < kRegs; ++k) {
-        if (k >= st[s].elem_bytes * kPer) break;
+        if (k >= regs[s]) break;
         if (!write) {
           V::Store(p + k * V::kVec, r[s][k]);
         } else if (nt[s]) {
@@ -177,6 +199,18 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
     }
   }
   V::Fence();
+}
+
+// Fused<V, chunk> where every stream fits a chunk of `chunk` (32 or 64)
+// elements, Fused<V, 64> otherwise (AVX-512 with a 1-byte stream).
+template <class V>
+void FusedChunk(const BoundArrays& a, size_t begin, size_t end, size_t ahead,
+                size_t chunk) {
+  if (chunk == 32 && FitsChunk<V>(a, 32)) {
+    Fused<V, 32>(a, begin, end, ahead);
+  } else {
+    Fused<V, 64>(a, begin, end, ahead);
+  }
 }
 
 // One plain loop per stream over [begin, end), STREAM-style.

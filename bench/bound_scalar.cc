@@ -28,8 +28,8 @@ struct Scalar {
 }  // namespace scalar
 
 void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end,
-                      size_t ahead) {
-  scalar::Fused<scalar::Scalar>(a, begin, end, ahead);
+                      size_t ahead, size_t chunk) {
+  scalar::FusedChunk<scalar::Scalar>(a, begin, end, ahead, chunk);
 }
 void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end) {
   scalar::Stream<scalar::Scalar>(a, begin, end);

@@ -876,7 +876,7 @@ TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {
 // fastest kernel, that kernel's GB/s and fused_prefetch's distance (three
 // passes for Adafactor); the bound is every pass at its fastest kernel, so
 // no single kernel is faster, and a one-pass row's bound is its fastest
-// kernel's.
+// kernel's; with one repetition the paired ratio is the ratio.
 TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
   ScratchDir d;
   const std::string json = d.path() + "/a.json";
@@ -897,9 +897,10 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
         row["optimizer"].get<std::string>() == "adafactor" ? 3u : 1u;
     const double f = row["bound_fused_gbps"].get<double>();
     const double fp = row["bound_fused_prefetch_gbps"].get<double>();
+    const double fp32 = row["bound_fused_prefetch_32_gbps"].get<double>();
     const double st = row["bound_stream_gbps"].get<double>();
-    const double best = std::max({f, fp, st});
-    EXPECT_GT(std::min({f, fp, st}), 0.0);
+    const double best = std::max({f, fp, fp32, st});
+    EXPECT_GT(std::min({f, fp, fp32, st}), 0.0);
     const double bound = row["bound_gbps"].get<double>();
     EXPECT_GE(bound, best * (1 - 1e-9));
     const auto& bytes = row["bound_pass_bytes_per_param"];
@@ -919,21 +920,28 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
       ASSERT_GT(gbps[p].get<double>(), 0.0);
       seconds += 65536 * bytes[p].get<double>() / 1e9 / gbps[p].get<double>();
       const std::string k = kernels[p].get<std::string>();
-      EXPECT_TRUE(k == "fused" || k == "fused_prefetch" || k == "stream") << k;
+      EXPECT_TRUE(k == "fused" || k == "fused_prefetch" ||
+                  k == "fused_prefetch_32" || k == "stream")
+          << k;
       const uint64_t e = ahead[p].get<uint64_t>();
       EXPECT_TRUE(e >= 256 && e <= 4096 && e % 64 == 0) << e;
     }
     EXPECT_NEAR(sum_bytes, row["bound_bytes_per_param"].get<double>(), 1e-9);
     EXPECT_NEAR(seconds, row["bound_seconds"].get<double>(), seconds * 1e-9);
+    // One repetition: its own bound over its own step is the row's ratio.
+    const double ratio = row["ratio_to_bound"].get<double>();
+    EXPECT_NEAR(row["paired_ratio_to_bound"].get<double>(), ratio,
+                ratio * 1e-9);
     const std::string kernel = row["bound_kernel"].get<std::string>();
     bool same = true;
     for (const auto& k : kernels) same = same && k == kernels[0];
     EXPECT_EQ(kernel, same ? kernels[0].get<std::string>() : "mixed");
     if (passes == 1) {
       EXPECT_NEAR(bound, best, best * 1e-9);
-      EXPECT_EQ(kernel, best == f    ? "fused"
-                        : best == fp ? "fused_prefetch"
-                                     : "stream");
+      EXPECT_EQ(kernel, best == f      ? "fused"
+                        : best == fp   ? "fused_prefetch"
+                        : best == fp32 ? "fused_prefetch_32"
+                                       : "stream");
     }
   }
   EXPECT_EQ(rows, 3);  // adamw fp32 and int8, adafactor

@@ -30,8 +30,10 @@ std::vector<BoundIsa> SupportedIsas() {
 // per-block scales (updated), and a 2-byte working copy (stream write)
 // that starts `wshift` elements after a 64-byte boundary of its buffer, so
 // that every ISA's non-temporal stores are allowed (0) or none are (1).
+// Without `codes`, the 16-bit-moment arrays' shape: no 1-byte stream, so
+// fused_prefetch_32 runs 32-element chunks on every ISA.
 struct Pass {
-  Pass(size_t elems, size_t wshift, uint32_t seed)
+  Pass(size_t elems, size_t wshift, uint32_t seed, bool codes = true)
       : master(elems),
         grad(elems),
         m(elems),
@@ -50,10 +52,12 @@ struct Pass {
     w = working.data() + (64 - addr % 64) % 64 / 2 + wshift;
     arrays.Add(master.data(), 4, BoundAccess::kUpdate);
     arrays.Add(grad.data(), 2, BoundAccess::kRead);
-    arrays.Add(m.data(), 1, BoundAccess::kUpdate);
-    arrays.Add(ms.data(), 4, BoundAccess::kUpdate, kBlock);
-    arrays.Add(v.data(), 1, BoundAccess::kUpdate);
-    arrays.Add(vs.data(), 4, BoundAccess::kUpdate, kBlock);
+    if (codes) {
+      arrays.Add(m.data(), 1, BoundAccess::kUpdate);
+      arrays.Add(ms.data(), 4, BoundAccess::kUpdate, kBlock);
+      arrays.Add(v.data(), 1, BoundAccess::kUpdate);
+      arrays.Add(vs.data(), 4, BoundAccess::kUpdate, kBlock);
+    }
     arrays.Add(w, 2, BoundAccess::kStreamWrite);
   }
   // The bytes of every array but the working copy.
@@ -94,23 +98,31 @@ TEST(BoundTest, RangesLeaveReadAndUpdatedArraysAndWriteExactlyTheirSpan) {
   const size_t n = 3 * kBlock + 100;
   for (BoundIsa isa : SupportedIsas()) {
     for (BoundKernel kernel : kBoundKernels) {
-      for (size_t wshift : {0, 1}) {
-        // Starts at block boundaries; ends inside a chunk, at a chunk
-        // boundary, at a block boundary and at n.
+      for (auto [wshift, codes] : {std::pair<size_t, bool>{0, true},
+                                   {1, true},
+                                   {0, false},
+                                   {1, false}}) {
+        // Starts at block boundaries; ends inside a chunk of 32 or 64, at a
+        // chunk boundary, at a block boundary and at n.
         for (auto [begin, end] : {std::pair<size_t, size_t>{0, 0},
                                   {0, 1},
+                                  {0, 31},
+                                  {0, 32},
+                                  {0, 33},
                                   {0, 63},
                                   {0, 64},
                                   {0, 65},
+                                  {0, 97},
                                   {kBlock, kBlock + 1000},
                                   {kBlock, 2 * kBlock},
                                   {kBlock, n},
                                   {0, n}}) {
           SCOPED_TRACE(std::string(BoundIsaName(isa)) + " " +
                        std::string(BoundKernelName(kernel)) + " shift " +
-                       std::to_string(wshift) + " [" + std::to_string(begin) +
-                       ", " + std::to_string(end) + ")");
-          Pass p(n, wshift, static_cast<uint32_t>(begin + end));
+                       std::to_string(wshift) + (codes ? " codes" : "") + " [" +
+                       std::to_string(begin) + ", " + std::to_string(end) +
+                       ")");
+          Pass p(n, wshift, static_cast<uint32_t>(begin + end), codes);
           const std::string before = p.Snapshot();
           RunBoundRange(isa, kernel, p.arrays, begin, end);
           EXPECT_TRUE(p.Snapshot() == before);
@@ -162,6 +174,8 @@ TEST(BoundTest, PrefetchDistanceIsAbout16KiBOfThePass) {
   EXPECT_EQ(256u, BoundPrefetchElems(wide));
   EXPECT_EQ(4096u, BoundPrefetchElems(BoundArrays{}));  // no streams
   EXPECT_EQ("fused_prefetch", BoundKernelName(BoundKernel::kFusedPrefetch));
+  EXPECT_EQ("fused_prefetch_32",
+            BoundKernelName(BoundKernel::kFusedPrefetch32));
 }
 
 }  // namespace strata::bench
