@@ -81,33 +81,7 @@ inline bool NtAllowed(const BoundStream& s, size_t begin, size_t vec) {
   return s.access == BoundAccess::kStreamWrite && a % vec == 0;
 }
 
-// Note [Loads before stores]: the fused kernel advances every stream
-// together, 64 elements at a time (a 4-byte stream's chunk is four AVX-512
-// registers or eight AVX2 ones, a 1-byte stream's one or two), and within a
-// chunk it loads every stream before it stores any, as the optimizer's loop
-// does: it stores what it computed from all its loads. Storing one array's
-// chunk and then loading the next array's was slower, likely because the
-// arrays start on 4 KiB boundaries, so each load followed a store with the
-// same low 12 address bits, which the core must check for aliasing. On one
-// Zen 4 core, the fp32 AdamW arrays: 52-53 GB/s that way against 60-61 for
-// the optimizer's own step (a bound beaten by 10%), 36-40 with one register
-// per stream in that order, and 64 with the loads first. Stream writes
-// store zeros.
-//
-// With `ahead` > 0 (fused_prefetch), each chunk first prefetches every
-// loaded stream's lines `ahead` elements further on. Measured on one Zen 4
-// core of a shared VM whose memory latency had risen, in GB/s without and
-// with (AVX-512, the fp32 AdamW arrays, then the 8-bit AdamW ones):
-// 57.2-58.3 -> 60.5-61.7 at 512 elements ahead (59.1-60.1 at 1024), and
-// 52.1-53.1 -> 56.2-56.7 at 512, 58.9-61.4 at 1024: about 16 KiB of the
-// pass ahead suits both (BoundPrefetchElems). The addresses are formed as
-// integers, so those past the arrays' ends are never pointers; a prefetch
-// never faults.
-//
-// kChunk is 64 elements (fused, fused_prefetch) or 32 (fused_prefetch_32),
-// each stream's part of a chunk a whole number of V's registers: 32 needs
-// 32 bytes of a 1-byte stream to fill one (see FusedChunk).
-// Whether every per-element stream's part of a kChunk-element chunk is a
+// Whether every per-element stream's part of a `chunk`-element chunk is a
 // whole number of V's registers.
 template <class V>
 bool FitsChunk(const BoundArrays& a, size_t chunk) {
@@ -120,6 +94,32 @@ bool FitsChunk(const BoundArrays& a, size_t chunk) {
   return true;
 }
 
+// Note [Loads before stores]: the fused kernel advances every stream
+// together, 64 elements at a time (32 in fused_prefetch_32; a 4-byte
+// stream's chunk of 64 is four AVX-512 registers or eight AVX2 ones, a
+// 1-byte stream's one or two), and within a chunk it loads every stream before
+// it stores any, as the optimizer's loop does: it stores what it computed from
+// all its loads. Storing one array's chunk and then loading the next array's
+// was slower, likely because the arrays start on 4 KiB boundaries, so each load
+// followed a store with the same low 12 address bits, which the core must check
+// for aliasing. On one Zen 4 core, the fp32 AdamW arrays: 52-53 GB/s that way
+// against 60-61 for the optimizer's own step (a bound beaten by 10%), 36-40
+// with one register per stream in that order, and 64 with the loads first.
+// Stream writes store zeros.
+//
+// With `ahead` > 0 (fused_prefetch), each chunk first prefetches every
+// loaded stream's lines `ahead` elements further on. Measured on one Zen 4
+// core of a shared VM whose memory latency had risen, in GB/s without and
+// with (AVX-512, the fp32 AdamW arrays, then the 8-bit AdamW ones):
+// 57.2-58.3 -> 60.5-61.7 at 512 elements ahead (59.1-60.1 at 1024), and
+// 52.1-53.1 -> 56.2-56.7 at 512, 58.9-61.4 at 1024: about 16 KiB of the
+// pass ahead suits both (BoundPrefetchElems). The addresses are formed as
+// integers, so those past the arrays' ends are never pointers; a prefetch
+// never faults.
+//
+// kChunk is 64 elements (fused, fused_prefetch) or 32 (fused_prefetch_32);
+// each stream's part of a chunk must be a whole number of V's registers,
+// which 32 elements of a 1-byte stream are not on AVX-512 (FusedChunk).
 // REQUIRES: FitsChunk<V>(a, kChunk).
 template <class V, size_t kChunk>
 void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
