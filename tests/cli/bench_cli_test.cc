@@ -975,9 +975,13 @@ TEST(BenchCliTest, SizeLargerThanFreeSpaceIsRefusedUpFront) {
   ScratchDir d;
   struct statvfs s {};
   ASSERT_EQ(::statvfs(d.path().c_str(), &s), 0);
-  const uint64_t free_bytes = static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+  // More than the whole filesystem, not just its free space: tests running
+  // beside this one free and take space, and once one freed more than a
+  // margin over the free space between this statvfs and the bench's, the
+  // bench began a fill of that size.
+  const uint64_t fs_bytes = static_cast<uint64_t>(s.f_blocks) * s.f_frsize;
   const uint64_t quantum = uint64_t{4} << 20;
-  const uint64_t size = (free_bytes / quantum + 16) * quantum;
+  const uint64_t size = (fs_bytes / quantum + 16) * quantum;
   const Outcome o = RunBench(
       {"io", "--dir", d.path(), "--size", std::to_string(size), "--no-fio"},
       d.path());
