@@ -515,20 +515,22 @@ class BoundBest {
 };
 
 // The bound's figures of one row: each kernel's GB/s over the whole step,
-// and each pass's bytes, fastest kernel, GB/s and prefetch distance.
+// and each pass's bytes, fastest kernel, GB/s, prefetch distance and
+// whether fused_step ran compiled for its shape.
 void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
                   uint64_t n, double bound_bytes, nlohmann::json& row) {
   const double gb = n * bound_bytes / 1e9;
   for (size_t k = 0; k < std::size(kBoundKernels); ++k) {
     // bound_fused_gbps, bound_fused_prefetch_gbps,
-    // bound_fused_prefetch_32_gbps, bound_stream_gbps
+    // bound_fused_prefetch_32_gbps, bound_fused_step_gbps, bound_stream_gbps
     row["bound_" + std::string(BoundKernelName(kBoundKernels[k])) + "_gbps"] =
         gb / bb.KernelSeconds(k);
   }
   nlohmann::json bytes = nlohmann::json::array(),
                  kernel = nlohmann::json::array(),
                  gbps = nlohmann::json::array(),
-                 ahead = nlohmann::json::array();
+                 ahead = nlohmann::json::array(),
+                 compiled = nlohmann::json::array();
   for (size_t p = 0; p < passes.size(); ++p) {
     const double b = passes[p].BytesPerElem();
     bytes.push_back(b);
@@ -536,12 +538,15 @@ void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
         std::string(BoundKernelName(kBoundKernels[bb.Fastest(p)])));
     gbps.push_back(n * b / 1e9 / bb.PassSeconds(p));
     ahead.push_back(BoundPrefetchElems(passes[p]));
+    compiled.push_back(BoundStepShapeIndex(passes[p]) >= 0);
   }
   row["bound_kernel"] = bb.KernelName();
   row["bound_pass_bytes_per_param"] = bytes;
   row["bound_pass_kernel"] = kernel;
   row["bound_pass_gbps"] = gbps;
   row["bound_prefetch_elems"] = ahead;
+  row["bound_step_prefetch_elems"] = kBoundStepPrefetchElems;
+  row["bound_step_compiled"] = compiled;
 }
 
 // One thread count: every optimizer, variant and moment dtype, beside the

@@ -21,6 +21,10 @@ void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end);
 void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
                       size_t ahead, size_t chunk);
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end);
+// `shape`: the index of a's shape in kBoundStepShapes, or -1.
+void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end, int shape);
+void BoundAvx2Step(const BoundArrays& a, size_t begin, size_t end, int shape);
+void BoundAvx512Step(const BoundArrays& a, size_t begin, size_t end, int shape);
 
 double BoundArrays::BytesPerElem() const {
   double bytes = 0;
@@ -41,6 +45,8 @@ std::string_view BoundKernelName(BoundKernel k) {
       return "fused_prefetch";
     case BoundKernel::kFusedPrefetch32:
       return "fused_prefetch_32";
+    case BoundKernel::kFusedStep:
+      return "fused_step";
     case BoundKernel::kStream:
       break;
   }
@@ -51,6 +57,31 @@ size_t BoundPrefetchElems(const BoundArrays& a) {
   const double bytes = std::max(1.0, a.BytesPerElem());
   const size_t elems = static_cast<size_t>(16384.0 / bytes);
   return std::clamp<size_t>((elems + 63) / 64 * 64, 256, 4096);
+}
+
+BoundStepShape BoundStepShapeOf(const BoundArrays& a) {
+  BoundStepShape shape;
+  for (int s = 0; s < a.count; ++s) {
+    const BoundStream& st = a.streams[s];
+    if (st.per_elems > 1) continue;
+    const int size = st.elem_bytes == 4 ? 0 : st.elem_bytes == 2 ? 1 : 2;
+    ++shape.count[static_cast<int>(st.access)][size];
+  }
+  return shape;
+}
+
+int BoundStepShapeIndex(const BoundArrays& a) {
+  const BoundStepShape shape = BoundStepShapeOf(a);
+  for (int k = 0; k < kBoundStepShapeCount; ++k) {
+    bool same = true;
+    for (int x = 0; x < 3; ++x) {
+      for (int z = 0; z < 3; ++z) {
+        same = same && kBoundStepShapes[k].count[x][z] == shape.count[x][z];
+      }
+    }
+    if (same) return k;
+  }
+  return -1;
 }
 
 std::string_view BoundIsaName(BoundIsa isa) {
@@ -79,6 +110,18 @@ BoundIsa BestBoundIsa() {
 
 void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
                    size_t begin, size_t end) {
+  if (kernel == BoundKernel::kFusedStep) {
+    const int shape = BoundStepShapeIndex(a);
+    switch (isa) {
+      case BoundIsa::kAvx512:
+        return BoundAvx512Step(a, begin, end, shape);
+      case BoundIsa::kAvx2:
+        return BoundAvx2Step(a, begin, end, shape);
+      case BoundIsa::kScalar:
+        break;
+    }
+    return BoundScalarStep(a, begin, end, shape);
+  }
   const bool fused = kernel != BoundKernel::kStream;
   const size_t ahead = kernel == BoundKernel::kFusedPrefetch ||
                                kernel == BoundKernel::kFusedPrefetch32

@@ -26,6 +26,41 @@ struct Avx512 {
   static void StreamStore(void* p, R r) {
     _mm512_stream_si512(static_cast<__m512i*>(p), r);
   }
+  template <size_t kBytes>
+  static R LoadPart(const void* p) {
+    if constexpr (kBytes == 64) {
+      return Load(p);
+    } else if constexpr (kBytes == 32) {
+      return _mm512_castsi256_si512(
+          _mm256_loadu_si256(static_cast<const __m256i*>(p)));
+    } else {
+      static_assert(kBytes == 16);
+      return _mm512_castsi128_si512(
+          _mm_loadu_si128(static_cast<const __m128i*>(p)));
+    }
+  }
+  template <size_t kBytes>
+  static void StorePart(void* p, R r) {
+    if constexpr (kBytes == 64) {
+      Store(p, r);
+    } else if constexpr (kBytes == 32) {
+      _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_castsi512_si256(r));
+    } else {
+      static_assert(kBytes == 16);
+      _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_castsi512_si128(r));
+    }
+  }
+  template <size_t kBytes>
+  static void StreamStorePart(void* p, R r) {
+    if constexpr (kBytes == 64) {
+      StreamStore(p, r);
+    } else if constexpr (kBytes == 32) {
+      _mm256_stream_si256(static_cast<__m256i*>(p), _mm512_castsi512_si256(r));
+    } else {
+      static_assert(kBytes == 16);
+      _mm_stream_si128(static_cast<__m128i*>(p), _mm512_castsi512_si128(r));
+    }
+  }
   static void Keep(R& r) { asm volatile("" : "+v"(r)); }
   static void Use(R r) { asm volatile("" : : "v"(r)); }
   static void Fence() { _mm_sfence(); }
@@ -40,6 +75,10 @@ void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
 }
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end) {
   avx512::Stream<avx512::Avx512>(a, begin, end);
+}
+void BoundAvx512Step(const BoundArrays& a, size_t begin, size_t end,
+                     int shape) {
+  avx512::Step<avx512::Avx512>(a, begin, end, shape);
 }
 
 }  // namespace strata::bench

@@ -7,16 +7,20 @@
 // kernels call no inline function of a shared header (std::min and the like).
 //
 // V provides R (a register of kVec bytes), Load, Store (regular, unaligned),
-// StreamStore (non-temporal, kVec-aligned), Keep(R&) and Use(R) (empty asm
-// statements that make a value opaque to the compiler, so a store of what
-// was loaded, or a load whose value is never used, stays in the code without
-// an arithmetic instruction), Zero and Fence.
+// StreamStore (non-temporal, kVec-aligned), LoadPart<kBytes>,
+// StorePart<kBytes> and StreamStorePart<kBytes> (the low kBytes of a
+// register, kBytes one of kVec, kVec / 2 and kVec / 4; non-temporal where
+// p is kBytes-aligned and kBytes is at least 16, a regular store otherwise),
+// Keep(R&) and Use(R) (empty asm statements that make a value opaque to the
+// compiler, so a store of what was loaded, or a load whose value is never used,
+// stays in the code without an arithmetic instruction), Zero and Fence.
 #ifndef STRATA_BENCH_BOUND_ISA
 #error "define STRATA_BENCH_BOUND_ISA before including bench/bound_impl.h"
 #endif
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "bench/bound.h"
 
@@ -94,6 +98,37 @@ bool FitsChunk(const BoundArrays& a, size_t chunk) {
   return true;
 }
 
+// Runs chunks(i, stop) over [begin, end) cut at the item boundaries of the
+// per-block streams: each segment first touches the items whose blocks
+// start there, as the optimizer handles a block's scales once per block,
+// so no chunk pays for a division. chunks returns where its whole chunks
+// ended; the rest of the segment is touched byte by byte (the range's tail).
+template <class Chunks>
+void Segments(const BoundArrays& a, size_t begin, size_t end, Chunks&& chunks) {
+  size_t i = begin;
+  while (i < end) {
+    size_t stop = end;
+    for (int s = 0; s < a.count; ++s) {
+      const BoundStream& st = a.streams[s];
+      if (st.per_elems <= 1) continue;
+      const size_t item = i / st.per_elems;
+      if (i % st.per_elems == 0) TouchItem(st, item);
+      const size_t next = (item + 1) * st.per_elems;
+      if (next < stop) stop = next;
+    }
+    i = chunks(i, stop);
+    if (i < stop) {
+      for (int s = 0; s < a.count; ++s) {
+        const BoundStream& st = a.streams[s];
+        if (st.per_elems <= 1) {
+          TouchBytes(st, i * st.elem_bytes, stop * st.elem_bytes);
+        }
+      }
+      i = stop;
+    }
+  }
+}
+
 // Note [Loads before stores]: the fused kernel advances every stream
 // together, 64 elements at a time (32 in fused_prefetch_32; a 4-byte
 // stream's chunk of 64 is four AVX-512 registers or eight AVX2 ones, a
@@ -137,67 +172,60 @@ void Fused(const BoundArrays& a, size_t begin, size_t end, size_t ahead) {
     regs[s] = bytes / static_cast<int>(V::kVec);
     lines[s] = bytes < 64 ? 1 : bytes / 64;
   }
-  size_t i = begin;
-  for (; i + kChunk <= end; i += kChunk) {
-    if (ahead > 0) {
-      for (int s = 0; s < count; ++s) {
+  Segments(a, begin, end, [&](size_t i, size_t stop) {
+    for (; i + kChunk <= stop; i += kChunk) {
+      if (ahead > 0) {
+        for (int s = 0; s < count; ++s) {
+          if (!Loaded(st[s])) continue;
+          const uintptr_t at =
+              reinterpret_cast<uintptr_t>(Bytes(st[s])) +
+              (i + ahead) * static_cast<size_t>(st[s].elem_bytes);
+          for (int k = 0; k < lines[s]; ++k) {
+            __builtin_prefetch(reinterpret_cast<const void*>(at + 64 * k), 0,
+                               3);
+          }
+        }
+      }
+      // Unrolled with the bounds known, so that r stays in registers (the
+      // pragmas' counts are kMaxBoundStreams and at most kRegs).
+      static_assert(kMaxBoundStreams == 10);
+      typename V::R r[kMaxBoundStreams][kRegs] = {};
+#pragma GCC unroll 10
+      for (int s = 0; s < kMaxBoundStreams; ++s) {
+        if (s >= count) break;
         if (!Loaded(st[s])) continue;
-        const uintptr_t at =
-            reinterpret_cast<uintptr_t>(Bytes(st[s])) +
-            (i + ahead) * static_cast<size_t>(st[s].elem_bytes);
-        for (int k = 0; k < lines[s]; ++k) {
-          __builtin_prefetch(reinterpret_cast<const void*>(at + 64 * k), 0, 3);
+        const char* p =
+            Bytes(st[s]) + i * static_cast<size_t>(st[s].elem_bytes);
+#pragma GCC unroll 8
+        for (int k = 0; k < kRegs; ++k) {
+          if (k >= regs[s]) break;
+          r[s][k] = V::Load(p + k * V::kVec);
+          V::Keep(r[s][k]);
+        }
+      }
+#pragma GCC unroll 10
+      for (int s = 0; s < kMaxBoundStreams; ++s) {
+        if (s >= count) break;
+        if (st[s].per_elems > 1 || st[s].access == BoundAccess::kRead) {
+          continue;
+        }
+        char* p = Bytes(st[s]) + i * static_cast<size_t>(st[s].elem_bytes);
+        const bool write = st[s].access == BoundAccess::kStreamWrite;
+#pragma GCC unroll 8
+        for (int k = 0; k < kRegs; ++k) {
+          if (k >= regs[s]) break;
+          if (!write) {
+            V::Store(p + k * V::kVec, r[s][k]);
+          } else if (nt[s]) {
+            V::StreamStore(p + k * V::kVec, V::Zero());
+          } else {
+            V::Store(p + k * V::kVec, V::Zero());
+          }
         }
       }
     }
-    // Unrolled with the bounds known, so that r stays in registers (the
-    // pragmas' counts are kMaxBoundStreams and at most kRegs).
-    static_assert(kMaxBoundStreams == 10);
-    typename V::R r[kMaxBoundStreams][kRegs] = {};
-#pragma GCC unroll 10
-    for (int s = 0; s < kMaxBoundStreams; ++s) {
-      if (s >= count) break;
-      if (!Loaded(st[s])) continue;
-      const char* p = Bytes(st[s]) + i * static_cast<size_t>(st[s].elem_bytes);
-#pragma GCC unroll 8
-      for (int k = 0; k < kRegs; ++k) {
-        if (k >= regs[s]) break;
-        r[s][k] = V::Load(p + k * V::kVec);
-        V::Keep(r[s][k]);
-      }
-    }
-#pragma GCC unroll 10
-    for (int s = 0; s < kMaxBoundStreams; ++s) {
-      if (s >= count) break;
-      if (st[s].per_elems > 1) {
-        if (i % st[s].per_elems == 0) TouchItem(st[s], i / st[s].per_elems);
-        continue;
-      }
-      if (st[s].access == BoundAccess::kRead) continue;
-      char* p = Bytes(st[s]) + i * static_cast<size_t>(st[s].elem_bytes);
-      const bool write = st[s].access == BoundAccess::kStreamWrite;
-#pragma GCC unroll 8
-      for (int k = 0; k < kRegs; ++k) {
-        if (k >= regs[s]) break;
-        if (!write) {
-          V::Store(p + k * V::kVec, r[s][k]);
-        } else if (nt[s]) {
-          V::StreamStore(p + k * V::kVec, V::Zero());
-        } else {
-          V::Store(p + k * V::kVec, V::Zero());
-        }
-      }
-    }
-  }
-  if (i < end) {
-    for (int s = 0; s < count; ++s) {
-      if (st[s].per_elems > 1) {
-        if (i % st[s].per_elems == 0) TouchItem(st[s], i / st[s].per_elems);
-        continue;
-      }
-      TouchBytes(st[s], i * st[s].elem_bytes, end * st[s].elem_bytes);
-    }
-  }
+    return i;
+  });
   V::Fence();
 }
 
@@ -211,6 +239,150 @@ void FusedChunk(const BoundArrays& a, size_t begin, size_t end, size_t ahead,
   } else {
     Fused<V, 64>(a, begin, end, ahead);
   }
+}
+
+// ---- fused_step -------------------------------------------------------------
+//
+// The per-element streams of a pass grouped by kind (BoundStepShape's
+// indices): base pointers, and for stream writes whether non-temporal
+// stores are allowed from the range's start.
+struct Sorted {
+  char* p[3][3][kMaxBoundStreams];
+  bool nt[3][kMaxBoundStreams];  // stream writes, by size
+  int n[3][3];
+};
+
+template <class V>
+Sorted SortStreams(const BoundArrays& a, size_t begin) {
+  Sorted out{};
+  for (int s = 0; s < a.count; ++s) {
+    const BoundStream& st = a.streams[s];
+    if (st.per_elems > 1) continue;
+    const int x = static_cast<int>(st.access);
+    const int z = st.elem_bytes == 4 ? 0 : st.elem_bytes == 2 ? 1 : 2;
+    const int k = out.n[x][z]++;
+    out.p[x][z][k] = Bytes(st);
+    if (st.access == BoundAccess::kStreamWrite) {
+      out.nt[z][k] = NtAllowed(st, begin, V::kVec >> z);
+    }
+  }
+  return out;
+}
+
+// Streams of kind (kX, kZ): kS's count, or the pass's when kS's is negative.
+template <BoundStepShape kS, int kX, int kZ>
+inline int KindCount(const Sorted& s) {
+  if constexpr (kS.count[kX][kZ] >= 0) {
+    return kS.count[kX][kZ];
+  } else {
+    return s.n[kX][kZ];
+  }
+}
+
+// The loads of kind (kX, kZ) at element i, kept in r[kZ]; and their
+// prefetches kBoundStepPrefetchElems ahead, one per stream.
+template <class V, BoundStepShape kS, int kX, int kZ>
+inline void StepLoads(const Sorted& s, size_t i,
+                      typename V::R (&r)[kMaxBoundStreams]) {
+  constexpr size_t kBytes = V::kVec >> kZ;
+  constexpr size_t kElemBytes = size_t{4} >> kZ;
+  const int n = KindCount<kS, kX, kZ>(s);
+#pragma GCC unroll 10
+  for (int k = 0; k < kMaxBoundStreams; ++k) {
+    if (k >= n) break;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(s.p[kX][kZ][k]) +
+                         (i + kBoundStepPrefetchElems) * kElemBytes;
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
+  }
+#pragma GCC unroll 10
+  for (int k = 0; k < kMaxBoundStreams; ++k) {
+    if (k >= n) break;
+    r[k] = V::template LoadPart<kBytes>(s.p[kX][kZ][k] + i * kElemBytes);
+    if constexpr (kX == static_cast<int>(BoundAccess::kRead)) {
+      V::Use(r[k]);
+    } else {
+      V::Keep(r[k]);
+    }
+  }
+}
+
+// The updates of size kZ at element i store back r; the stream writes
+// store zeros.
+template <class V, BoundStepShape kS, int kZ>
+inline void StepStores(const Sorted& s, size_t i,
+                       const typename V::R (&r)[kMaxBoundStreams]) {
+  constexpr size_t kBytes = V::kVec >> kZ;
+  constexpr size_t kElemBytes = size_t{4} >> kZ;
+  constexpr int kU = static_cast<int>(BoundAccess::kUpdate);
+  constexpr int kW = static_cast<int>(BoundAccess::kStreamWrite);
+  const int nu = KindCount<kS, kU, kZ>(s);
+#pragma GCC unroll 10
+  for (int k = 0; k < kMaxBoundStreams; ++k) {
+    if (k >= nu) break;
+    V::template StorePart<kBytes>(s.p[kU][kZ][k] + i * kElemBytes, r[k]);
+  }
+  const int nw = KindCount<kS, kW, kZ>(s);
+#pragma GCC unroll 10
+  for (int k = 0; k < kMaxBoundStreams; ++k) {
+    if (k >= nw) break;
+    char* p = s.p[kW][kZ][k] + i * kElemBytes;
+    if (s.nt[kZ][k]) {
+      V::template StreamStorePart<kBytes>(p, V::Zero());
+    } else {
+      V::template StorePart<kBytes>(p, V::Zero());
+    }
+  }
+}
+
+// fused_step's whole steps of [i, stop) for a pass of shape kS: V::kVec / 4
+// elements a step, every stream's part one whole (part of a) register. The
+// loads come in the optimizer's order, gradient (read) first, and the
+// stores after them (Note [Loads before stores]). Returns where the steps
+// ended.
+template <class V, BoundStepShape kS>
+size_t StepChunks(const Sorted& s, size_t i, size_t stop) {
+  constexpr size_t kStep = V::kVec / 4;
+  constexpr int kR = static_cast<int>(BoundAccess::kRead);
+  constexpr int kU = static_cast<int>(BoundAccess::kUpdate);
+  for (; i + kStep <= stop; i += kStep) {
+    typename V::R r[3][kMaxBoundStreams] = {};
+    typename V::R u[3][kMaxBoundStreams] = {};
+    StepLoads<V, kS, kR, 0>(s, i, r[0]);
+    StepLoads<V, kS, kR, 1>(s, i, r[1]);
+    StepLoads<V, kS, kR, 2>(s, i, r[2]);
+    StepLoads<V, kS, kU, 0>(s, i, u[0]);
+    StepLoads<V, kS, kU, 1>(s, i, u[1]);
+    StepLoads<V, kS, kU, 2>(s, i, u[2]);
+    StepStores<V, kS, 0>(s, i, u[0]);
+    StepStores<V, kS, 1>(s, i, u[1]);
+    StepStores<V, kS, 2>(s, i, u[2]);
+  }
+  return i;
+}
+
+inline constexpr BoundStepShape kAnyShape = {
+    {{-1, -1, -1}, {-1, -1, -1}, {-1, -1, -1}}};
+
+using StepFn = size_t (*)(const Sorted&, size_t, size_t);
+
+// StepChunks for every shape of kBoundStepShapes, in its order.
+template <class V, class Seq>
+struct StepTable;
+template <class V, size_t... kI>
+struct StepTable<V, std::index_sequence<kI...>> {
+  static constexpr StepFn kFns[] = {&StepChunks<V, kBoundStepShapes[kI]>...};
+};
+
+// `shape`: the index of a's shape in kBoundStepShapes, or -1 for the kernel
+// that reads the counts at run time.
+template <class V>
+void Step(const BoundArrays& a, size_t begin, size_t end, int shape) {
+  using Table = StepTable<V, std::make_index_sequence<kBoundStepShapeCount>>;
+  const StepFn fn = shape >= 0 ? Table::kFns[shape] : &StepChunks<V, kAnyShape>;
+  const Sorted s = SortStreams<V>(a, begin);
+  Segments(a, begin, end,
+           [&](size_t i, size_t stop) { return fn(s, i, stop); });
+  V::Fence();
 }
 
 // One plain loop per stream over [begin, end), STREAM-style.

@@ -19,6 +19,20 @@ struct Scalar {
   }
   static void Store(void* p, R r) { std::memcpy(p, &r, sizeof(r)); }
   static void StreamStore(void* p, R r) { Store(p, r); }
+  template <size_t kBytes>
+  static R LoadPart(const void* p) {
+    R r = 0;
+    std::memcpy(&r, p, kBytes);
+    return r;
+  }
+  template <size_t kBytes>
+  static void StorePart(void* p, R r) {
+    std::memcpy(p, &r, kBytes);
+  }
+  template <size_t kBytes>
+  static void StreamStorePart(void* p, R r) {
+    StorePart<kBytes>(p, r);
+  }
   static void Keep(R& r) { asm volatile("" : "+r"(r)); }
   static void Use(R r) { asm volatile("" : : "r"(r)); }
   static void Fence() {}
@@ -33,6 +47,10 @@ void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end,
 }
 void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end) {
   scalar::Stream<scalar::Scalar>(a, begin, end);
+}
+void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end,
+                     int shape) {
+  scalar::Step<scalar::Scalar>(a, begin, end, shape);
 }
 
 }  // namespace strata::bench

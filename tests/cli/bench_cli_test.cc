@@ -898,17 +898,21 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     const double f = row["bound_fused_gbps"].get<double>();
     const double fp = row["bound_fused_prefetch_gbps"].get<double>();
     const double fp32 = row["bound_fused_prefetch_32_gbps"].get<double>();
+    const double fs = row["bound_fused_step_gbps"].get<double>();
     const double st = row["bound_stream_gbps"].get<double>();
-    const double best = std::max({f, fp, fp32, st});
-    EXPECT_GT(std::min({f, fp, fp32, st}), 0.0);
+    const double best = std::max({f, fp, fp32, fs, st});
+    EXPECT_GT(std::min({f, fp, fp32, fs, st}), 0.0);
     const double bound = row["bound_gbps"].get<double>();
     EXPECT_GE(bound, best * (1 - 1e-9));
     const auto& bytes = row["bound_pass_bytes_per_param"];
     const auto& kernels = row["bound_pass_kernel"];
     const auto& gbps = row["bound_pass_gbps"];
     const auto& ahead = row["bound_prefetch_elems"];
+    const auto& compiled = row["bound_step_compiled"];
     ASSERT_TRUE(bytes.is_array() && kernels.is_array() && gbps.is_array() &&
-                ahead.is_array());
+                ahead.is_array() && compiled.is_array());
+    ASSERT_EQ(compiled.size(), passes);
+    EXPECT_EQ(row["bound_step_prefetch_elems"].get<uint64_t>(), 512u);
     ASSERT_EQ(bytes.size(), passes);
     ASSERT_EQ(kernels.size(), passes);
     ASSERT_EQ(gbps.size(), passes);
@@ -921,8 +925,11 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
       seconds += 65536 * bytes[p].get<double>() / 1e9 / gbps[p].get<double>();
       const std::string k = kernels[p].get<std::string>();
       EXPECT_TRUE(k == "fused" || k == "fused_prefetch" ||
-                  k == "fused_prefetch_32" || k == "stream")
+                  k == "fused_prefetch_32" || k == "fused_step" ||
+                  k == "stream")
           << k;
+      // Every optimizer's pass has a fused_step compiled for its shape.
+      EXPECT_TRUE(compiled[p].get<bool>()) << p;
       const uint64_t e = ahead[p].get<uint64_t>();
       EXPECT_TRUE(e >= 256 && e <= 4096 && e % 64 == 0) << e;
     }
@@ -941,10 +948,56 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
       EXPECT_EQ(kernel, best == f      ? "fused"
                         : best == fp   ? "fused_prefetch"
                         : best == fp32 ? "fused_prefetch_32"
+                        : best == fs   ? "fused_step"
                                        : "stream");
     }
   }
   EXPECT_EQ(rows, 3);  // adamw fp32 and int8, adafactor
+}
+
+// fused_step is compiled for the shape of every pass the optimizers make
+// (bench/bound.h kBoundStepShapes); a pass without one would run the slower
+// kernel that reads its shape at run time, and the bound would loosen.
+TEST(BenchCliTest, AdamEveryPassHasAStepBoundCompiledForItsShape) {
+  ScratchDir d;
+  struct Case {
+    const char* optimizers;
+    const char* moments;
+    const char* cols;
+    const char* grad;
+    const char* working;
+  };
+  const Case cases[] = {
+      {"adam,adamw,adagrad,lion,adafactor,sm3", "fp32,bf16,int8", "256", "fp32",
+       "bf16"},
+      {"adam,adamw,adagrad,lion,adafactor,sm3", "fp32,bf16,int8", "256", "bf16",
+       "none"},
+      {"sm3", "fp32,bf16", "0", "fp16", "fp16"},  // SM3 over a vector
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.optimizers) + " grad " + c.grad + " working " +
+                 c.working + " cols " + c.cols);
+    const std::string json = d.path() + "/s.json";
+    const Outcome o = RunBench(
+        {"adam",    "--params",  "16K",     "--threads",   "1",
+         "--torch", "off",       "--reps",  "1",           "--variants",
+         "scalar",  "--moments", c.moments, "--optimizer", c.optimizers,
+         "--cols",  c.cols,      "--grad",  c.grad,        "--working",
+         c.working, "--json",    json},
+        d.path());
+    ASSERT_EQ(o.code, 0) << o.err;
+    std::ifstream in(json);
+    const auto j = nlohmann::json::parse(in);
+    int rows = 0;
+    for (const auto& row : j["results"]) {
+      if (row["optimizer"] == "grad_stats") continue;
+      ++rows;
+      for (const auto& compiled : row["bound_step_compiled"]) {
+        EXPECT_TRUE(compiled.get<bool>()) << row.dump();
+      }
+    }
+    EXPECT_GT(rows, 1);
+  }
 }
 
 // ---- Hostile paths: no shell, ever -----------------------------------------
