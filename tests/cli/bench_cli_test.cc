@@ -1091,9 +1091,12 @@ TEST(BenchCliTest, TiersSpaceAndMemoryAreCheckedBeforeWork) {
   struct statvfs s {};
   ASSERT_EQ(::statvfs(d.path().c_str(), &s), 0);
   const uint64_t free_bytes = static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+  // More than the whole filesystem, not the free space plus a margin: see
+  // SizeLargerThanFreeSpaceIsRefusedUpFront.
+  const uint64_t fs_bytes = static_cast<uint64_t>(s.f_blocks) * s.f_frsize;
   const uint64_t gib = uint64_t{1} << 30;
   const Outcome disk = RunBench({"tiers", "--dir", d.path(), "--size",
-                                 std::to_string((free_bytes / gib + 1) * gib)},
+                                 std::to_string((fs_bytes / gib + 1) * gib)},
                                 d.path());
   EXPECT_EQ(disk.code, 1) << disk.err;
   EXPECT_TRUE(Has(disk.err, "does not fit")) << disk.err;
