@@ -29,7 +29,9 @@ std::vector<BoundIsa> SupportedIsas() {
 // (updated), bf16 gradient (read), two 1-byte code arrays and their
 // per-block scales (updated), and a 2-byte working copy (stream write)
 // that starts `wshift` elements after a 64-byte boundary of its buffer, so
-// that every ISA's non-temporal stores are allowed (0) or none are (1).
+// that every ISA's non-temporal stores are allowed (0), none are (1), or
+// only those of 32 bytes and less (16) or of 16 bytes (8): a kernel that
+// streamed a whole register from there would fault.
 // Without `codes`, the 16-bit-moment arrays' shape: no 1-byte stream, so
 // fused_prefetch_32 runs 32-element chunks on every ISA.
 struct Pass {
@@ -100,8 +102,12 @@ TEST(BoundTest, RangesLeaveReadAndUpdatedArraysAndWriteExactlyTheirSpan) {
     for (BoundKernel kernel : kBoundKernels) {
       for (auto [wshift, codes] : {std::pair<size_t, bool>{0, true},
                                    {1, true},
+                                   {8, true},
+                                   {16, true},
                                    {0, false},
-                                   {1, false}}) {
+                                   {1, false},
+                                   {8, false},
+                                   {16, false}}) {
         // Starts at block boundaries; ends inside a chunk of 8, 16, 32 or
         // 64, at a chunk boundary, at a block boundary and at n.
         for (auto [begin, end] : {std::pair<size_t, size_t>{0, 0},
