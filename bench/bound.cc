@@ -73,13 +73,7 @@ BoundStepShape BoundStepShapeOf(const BoundArrays& a) {
 int BoundStepShapeIndex(const BoundArrays& a) {
   const BoundStepShape shape = BoundStepShapeOf(a);
   for (int k = 0; k < kBoundStepShapeCount; ++k) {
-    bool same = true;
-    for (int x = 0; x < 3; ++x) {
-      for (int z = 0; z < 3; ++z) {
-        same = same && kBoundStepShapes[k].count[x][z] == shape.count[x][z];
-      }
-    }
-    if (same) return k;
+    if (kBoundStepShapes[k] == shape) return k;
   }
   return -1;
 }

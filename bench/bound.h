@@ -5,7 +5,7 @@
 // A pass is described as a list of streams, each an array the step touches:
 // read only (the gradient), updated in place (master weights, moment codes,
 // per-block scales: loaded and stored back unchanged), or written only with
-// non-temporal stores (the 16-bit working copy). Four kernels run over it:
+// non-temporal stores (the 16-bit working copy). Five kernels run over it:
 //
 //   fused   every stream advanced together, 64 elements at a time, each
 //           chunk's loads before its stores, as the optimizer's single
@@ -120,6 +120,8 @@ inline constexpr size_t kBoundStepPrefetchElems = 512;
 // means "as many as the pass has".
 struct BoundStepShape {
   int8_t count[3][3] = {};
+  friend constexpr bool operator==(const BoundStepShape&,
+                                   const BoundStepShape&) = default;
 };
 
 // The shapes fused_step is compiled for: every pass of the optimizers

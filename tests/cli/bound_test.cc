@@ -261,14 +261,7 @@ TEST(BoundTest, StepShapesOfTheOptimizersPassesAreCompiled) {
   // Every compiled shape is distinct.
   for (int i = 0; i < kBoundStepShapeCount; ++i) {
     for (int k = i + 1; k < kBoundStepShapeCount; ++k) {
-      bool same = true;
-      for (int x = 0; x < 3; ++x) {
-        for (int z = 0; z < 3; ++z) {
-          same = same && kBoundStepShapes[i].count[x][z] ==
-                             kBoundStepShapes[k].count[x][z];
-        }
-      }
-      EXPECT_FALSE(same) << i << " " << k;
+      EXPECT_FALSE(kBoundStepShapes[i] == kBoundStepShapes[k]) << i << " " << k;
     }
   }
 }
