@@ -128,6 +128,10 @@ struct AdamOutcome {
   nlohmann::json results = nlohmann::json::array();
   Table table{{"optimizer", "variant", "threads", "moments", "Gparams/s",
                "GB/s", "bound GB/s", "ratio", "paired", "B/param"}};
+  // Against fp32-moment AdamW (AddSpeedups); empty without that row.
+  Table speedups{{"optimizer", "variant", "threads", "moments", "vs fp32 adamw",
+                  "bounds allow", "bytes allow"}};
+  bool has_speedups = false;
 };
 
 // ---- Parse -----------------------------------------------------------------
@@ -552,6 +556,45 @@ void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
 // One thread count: every optimizer, variant and moment dtype, beside the
 // bounds and the gradient statistics. Appends rows; *adamw_fp32_rate gets
 // the best variant's params/s of fp32-moment AdamW (0 if not measured).
+// Each row of the best variant from `first` on (one thread count) against
+// that run's fp32-moment AdamW row: params/s, and the ceilings on that
+// figure, what the bounds allow (fp32 AdamW's bound seconds over the row's)
+// and what the bytes allow (fp32 AdamW's bytes per parameter over the
+// row's). A row cannot beat its bound, so a speedup above its bound's is
+// the fp32 AdamW row falling short of its own.
+void AddSpeedups(AdamOutcome& out, size_t first) {
+  const std::string best(CpuKernelVariantName(BestCpuKernelVariant()));
+  const nlohmann::json* ref = nullptr;
+  for (size_t i = first; i < out.results.size(); ++i) {
+    const nlohmann::json& row = out.results[i];
+    if (row["variant"] == best && row["optimizer"] == "adamw" &&
+        row["moment_dtype"] == "fp32") {
+      ref = &row;
+    }
+  }
+  if (ref == nullptr) return;
+  const double pps = (*ref)["params_per_s"].get<double>();
+  const double bound_s = (*ref)["bound_seconds"].get<double>();
+  const double bytes = (*ref)["bytes_per_param"].get<double>();
+  std::vector<std::vector<std::string>> lines;
+  for (size_t i = first; i < out.results.size(); ++i) {
+    nlohmann::json& row = out.results[i];
+    if (row["variant"] != best) continue;
+    const double speedup = row["params_per_s"].get<double>() / pps;
+    const double by_bound = bound_s / row["bound_seconds"].get<double>();
+    const double by_bytes = bytes / row["bytes_per_param"].get<double>();
+    row["speedup_vs_fp32_adamw"] = speedup;
+    row["bound_speedup_vs_fp32_adamw"] = by_bound;
+    row["bytes_speedup_vs_fp32_adamw"] = by_bytes;
+    if (&row == ref) continue;
+    out.has_speedups = true;
+    out.speedups.AddRow({row["optimizer"], best,
+                         std::to_string(row["threads"].get<int>()),
+                         row["moment_dtype"], Fixed(speedup, 2) + "x",
+                         Fixed(by_bound, 2) + "x", Fixed(by_bytes, 2) + "x"});
+  }
+}
+
 Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
                       Progress& progress, AdamOutcome& out, int* ran_threads,
                       double* adamw_fp32_rate) {
@@ -721,16 +764,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       }
     }
   }
-  // Against fp32-moment AdamW of the same run and thread count.
-  if (*adamw_fp32_rate > 0) {
-    for (size_t i = first_row; i < out.results.size(); ++i) {
-      nlohmann::json& row = out.results[i];
-      if (row["variant"] == CpuKernelVariantName(BestCpuKernelVariant())) {
-        row["speedup_vs_fp32_adamw"] =
-            row["params_per_s"].get<double>() / *adamw_fp32_rate;
-      }
-    }
-  }
+  AddSpeedups(out, first_row);
   const double stats_gbps = n * gsize / best_stats / 1e9;
   const std::string stats_variant(CpuKernelVariantName(stats_opt->variant()));
   out.results.push_back({{"optimizer", "grad_stats"},
@@ -860,6 +894,12 @@ Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
       cfg.working_name.c_str(), cfg.reps,
       std::string(BoundIsaName(BestBoundIsa())).c_str(),
       out.table.ToString().c_str());
+  if (out.has_speedups) {
+    std::printf(
+        "against fp32-moment AdamW of the same threads: params/s, and the "
+        "ceilings the bounds and the bytes set on that figure\n%s",
+        out.speedups.ToString().c_str());
+  }
   if (!json.active()) return Status::Ok();
   nlohmann::json j = {{"command", kCommand},
                       {"machine", MachineInfo()},

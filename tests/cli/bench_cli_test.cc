@@ -963,6 +963,66 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
   EXPECT_EQ(rows.size(), 3u);  // adamw fp32 and int8, adafactor
 }
 
+// The best variant's rows set against that thread count's fp32-moment
+// AdamW row: params/s, and the ceilings the bounds and the bytes put on that
+// figure; without an fp32 AdamW row there is no comparison.
+TEST(BenchCliTest, AdamComparesTheBestVariantWithFp32AdamW) {
+  ScratchDir d;
+  const std::string json = d.path() + "/a.json";
+  const Outcome o =
+      RunBench({"adam", "--params", "64K", "--threads", "1", "--torch", "off",
+                "--reps", "1", "--moments", "fp32,int8", "--optimizer",
+                "adamw,adafactor", "--cols", "256", "--json", json},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "against fp32-moment AdamW")) << o.out;
+  const std::vector<nlohmann::json> rows = BoundRows(json);
+  const nlohmann::json* ref = nullptr;
+  for (const auto& row : rows) {
+    if (row.contains("speedup_vs_fp32_adamw") && row["optimizer"] == "adamw" &&
+        row["moment_dtype"] == "fp32") {
+      ref = &row;
+    }
+  }
+  ASSERT_NE(ref, nullptr);
+  size_t compared = 0;
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.dump());
+    if (row["variant"] != (*ref)["variant"]) {
+      EXPECT_FALSE(row.contains("speedup_vs_fp32_adamw"));
+      continue;
+    }
+    ++compared;
+    const double speedup = row["params_per_s"].get<double>() /
+                           (*ref)["params_per_s"].get<double>();
+    const double by_bound = (*ref)["bound_seconds"].get<double>() /
+                            row["bound_seconds"].get<double>();
+    const double by_bytes = (*ref)["bytes_per_param"].get<double>() /
+                            row["bytes_per_param"].get<double>();
+    EXPECT_NEAR(row["speedup_vs_fp32_adamw"].get<double>(), speedup,
+                speedup * 1e-9);
+    EXPECT_NEAR(row["bound_speedup_vs_fp32_adamw"].get<double>(), by_bound,
+                by_bound * 1e-9);
+    EXPECT_NEAR(row["bytes_speedup_vs_fp32_adamw"].get<double>(), by_bytes,
+                by_bytes * 1e-9);
+    if (row["optimizer"] == "adamw" && row["moment_dtype"] == "int8") {
+      EXPECT_NEAR(by_bytes, 30.0 / row["bytes_per_param"].get<double>(), 1e-9);
+      EXPECT_GT(by_bytes, 1.6);  // 30 against about 18 bytes
+    }
+  }
+  EXPECT_EQ(compared, 3u);  // adamw fp32 and int8, adafactor
+
+  const Outcome lion = RunBench(
+      {"adam", "--params", "16K", "--threads", "1", "--torch", "off", "--reps",
+       "1", "--moments", "fp32", "--optimizer", "lion", "--json", json},
+      d.path());
+  ASSERT_EQ(lion.code, 0) << lion.err;
+  EXPECT_FALSE(Has(lion.out, "against fp32-moment AdamW")) << lion.out;
+  for (const auto& row : BoundRows(json)) {
+    EXPECT_FALSE(row.contains("speedup_vs_fp32_adamw")) << row.dump();
+  }
+}
+
 // fused_step is compiled for the shape of every pass the optimizers make
 // (bench/bound.h kBoundStepShapes); a pass without one would run the slower
 // kernel that reads its shape at run time, and the bound would loosen.
