@@ -128,10 +128,9 @@ struct AdamOutcome {
   nlohmann::json results = nlohmann::json::array();
   Table table{{"optimizer", "variant", "threads", "moments", "Gparams/s",
                "GB/s", "bound GB/s", "ratio", "paired", "B/param"}};
-  // Against fp32-moment AdamW (AddSpeedups); empty without that row.
+  // Against fp32-moment AdamW (AddSpeedups); no rows without that row.
   Table speedups{{"optimizer", "variant", "threads", "moments", "vs fp32 adamw",
                   "bounds allow", "bytes allow"}};
-  bool has_speedups = false;
 };
 
 // ---- Parse -----------------------------------------------------------------
@@ -553,16 +552,14 @@ void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
   row["bound_step_compiled"] = compiled;
 }
 
-// One thread count: every optimizer, variant and moment dtype, beside the
-// bounds and the gradient statistics. Appends rows; *adamw_fp32_rate gets
-// the best variant's params/s of fp32-moment AdamW (0 if not measured).
 // Each row of the best variant from `first` on (one thread count) against
 // that run's fp32-moment AdamW row: params/s, and the ceilings on that
 // figure, what the bounds allow (fp32 AdamW's bound seconds over the row's)
 // and what the bytes allow (fp32 AdamW's bytes per parameter over the
 // row's). A row cannot beat its bound, so a speedup above its bound's is
-// the fp32 AdamW row falling short of its own.
-void AddSpeedups(AdamOutcome& out, size_t first) {
+// the fp32 AdamW row falling short of its own. Returns fp32 AdamW's
+// params/s, 0 without that row.
+double AddSpeedups(AdamOutcome& out, size_t first) {
   const std::string best(CpuKernelVariantName(BestCpuKernelVariant()));
   const nlohmann::json* ref = nullptr;
   for (size_t i = first; i < out.results.size(); ++i) {
@@ -572,11 +569,10 @@ void AddSpeedups(AdamOutcome& out, size_t first) {
       ref = &row;
     }
   }
-  if (ref == nullptr) return;
+  if (ref == nullptr) return 0;
   const double pps = (*ref)["params_per_s"].get<double>();
   const double bound_s = (*ref)["bound_seconds"].get<double>();
   const double bytes = (*ref)["bytes_per_param"].get<double>();
-  std::vector<std::vector<std::string>> lines;
   for (size_t i = first; i < out.results.size(); ++i) {
     nlohmann::json& row = out.results[i];
     if (row["variant"] != best) continue;
@@ -587,14 +583,17 @@ void AddSpeedups(AdamOutcome& out, size_t first) {
     row["bound_speedup_vs_fp32_adamw"] = by_bound;
     row["bytes_speedup_vs_fp32_adamw"] = by_bytes;
     if (&row == ref) continue;
-    out.has_speedups = true;
     out.speedups.AddRow({row["optimizer"], best,
                          std::to_string(row["threads"].get<int>()),
                          row["moment_dtype"], Fixed(speedup, 2) + "x",
                          Fixed(by_bound, 2) + "x", Fixed(by_bytes, 2) + "x"});
   }
+  return pps;
 }
 
+// One thread count: every optimizer, variant and moment dtype, beside the
+// bounds and the gradient statistics. Appends rows; *adamw_fp32_rate gets
+// the best variant's params/s of fp32-moment AdamW (0 if not measured).
 Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
                       Progress& progress, AdamOutcome& out, int* ran_threads,
                       double* adamw_fp32_rate) {
@@ -751,9 +750,6 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
           if (mom != CpuDType::kFloat32 && fp32_rate > 0) {
             row["speedup_vs_fp32_moments"] = pps / fp32_rate;
           }
-          if (algo == CpuOptimizerAlgo::kAdamW && mom == CpuDType::kFloat32) {
-            *adamw_fp32_rate = pps;
-          }
         }
         out.results.push_back(row);
         out.table.AddRow({algo_name, row["variant"],
@@ -764,7 +760,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       }
     }
   }
-  AddSpeedups(out, first_row);
+  *adamw_fp32_rate = AddSpeedups(out, first_row);
   const double stats_gbps = n * gsize / best_stats / 1e9;
   const std::string stats_variant(CpuKernelVariantName(stats_opt->variant()));
   out.results.push_back({{"optimizer", "grad_stats"},
@@ -894,7 +890,7 @@ Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
       cfg.working_name.c_str(), cfg.reps,
       std::string(BoundIsaName(BestBoundIsa())).c_str(),
       out.table.ToString().c_str());
-  if (out.has_speedups) {
+  if (out.speedups.HasRows()) {
     std::printf(
         "against fp32-moment AdamW of the same threads: params/s, and the "
         "ceilings the bounds and the bytes set on that figure\n%s",

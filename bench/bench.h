@@ -261,6 +261,8 @@ class Table {
  public:
   explicit Table(std::vector<std::string> header);
   void AddRow(std::vector<std::string> row);
+  // Whether any row was added under the header.
+  bool HasRows() const { return rows_.size() > 1; }
   std::string ToString() const;
 
  private:
