@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -279,10 +280,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       return result;
     }
     const cpu_adam::StepParams p = MakeParams(t, args);
-    if (args.check_overflow) {
-      GradStats stats = GradStatsOf(t.grad, t.grad_dtype, t.n, p.gscale);
-      if (!stats.finite) return result;  // nothing written
-    }
+    if (!CheckOverflow(t, args, p.gscale, result)) return result;
     const cpu_adam::StepArrays arrays{t.n,       t.master,     t.grad,
                                       t.exp_avg, t.exp_avg_sq, t.working};
     const auto step = kernels_->step;
@@ -291,8 +289,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
         t.moment_dtype == CpuDType::kBlock8
             ? (tile_ + kCpuBlock8Elems - 1) / kCpuBlock8Elems * kCpuBlock8Elems
             : tile_;
-    ParallelTiles(t.n, tile,
-                  [&](size_t, size_t b, size_t e) { step(p, arrays, b, e); });
+    TimePass(result, [&] {
+      ParallelTiles(t.n, tile,
+                    [&](size_t, size_t b, size_t e) { step(p, arrays, b, e); });
+    });
     result.applied = true;
     return result;
   }
@@ -459,10 +459,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     }
     const float gscale =
         static_cast<float>(args.inv_loss_scale * args.clip_coef);
-    if (args.check_overflow) {
-      GradStats stats = GradStatsOf(t.grad, t.grad_dtype, t.n, gscale);
-      if (!stats.finite) return result;  // nothing written
-    }
+    if (!CheckOverflow(t, args, gscale, result)) return result;
     size_t rows = 0, cols = 0;
     STRATA_RETURN_IF_ERROR(
         cpu_adam::FactoredShape(t.n, t.rows, t.cols, &rows, &cols));
@@ -485,17 +482,43 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     a.col_state = a.row_state + rows;
     a.working = t.working;
     if (options_.algo == CpuOptimizerAlgo::kAdafactor) {
-      AdafactorStep(t, args, grid, p, a);
+      AdafactorStep(t, args, grid, p, a, result);
     } else {
-      Sm3Step(args, grid, p, a);
+      Sm3Step(args, grid, p, a, result);
     }
     result.applied = true;
     return result;
   }
 
+  // The wall seconds `fn` takes.
+  template <class Fn>
+  static double SecondsOf(Fn&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+        .count();
+  }
+
+  // Runs `sweep` (one pass over the threads) and notes its time in `r`.
+  template <class Fn>
+  static void TimePass(CpuStepResult& r, Fn&& sweep) {
+    r.pass_seconds[r.passes++] = SecondsOf(sweep);
+  }
+
+  // The inf/nan check when asked for (timed into `r`): false when the
+  // scaled gradient is not finite, and nothing may be written.
+  bool CheckOverflow(const CpuOptimizerTensors& t, const CpuStepArgs& args,
+                     float gscale, CpuStepResult& r) {
+    if (!args.check_overflow) return true;
+    GradStats stats;
+    r.check_seconds = SecondsOf(
+        [&] { stats = GradStatsOf(t.grad, t.grad_dtype, t.n, gscale); });
+    return stats.finite;
+  }
+
   void AdafactorStep(const CpuOptimizerTensors& t, const CpuStepArgs& args,
                      const cpu_adam::Grid& grid, cpu_adam::FactoredParams& p,
-                     cpu_adam::FactoredArrays& a) {
+                     cpu_adam::FactoredArrays& a, CpuStepResult& result) {
     const CpuAdafactorOptions& o = options_.adafactor;
     const size_t rows = a.rows, cols = a.cols, tiles = grid.tiles();
     const double step = static_cast<double>(args.step);
@@ -517,8 +540,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     a.row_factor = row_factor_.data();
     const auto& k = *kernels_;
     // Pass 1: g^2 + eps1 summed per row and column, p^2 per tile.
-    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-      tile_sum_[tile] = k.adafactor_stats(p, a, grid.Tile(tile));
+    TimePass(result, [&] {
+      ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+        tile_sum_[tile] = k.adafactor_stats(p, a, grid.Tile(tile));
+      });
     });
     // The statistics' moving averages; each sum in a fixed order.
     const float b2 = p.beta2, omb2 = p.omb2;
@@ -563,8 +588,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       lr *= std::max(o.eps2, std::sqrt(p_sum / static_cast<double>(t.n)));
     }
     // Pass 2: RMS of the unscaled update, for clipping.
-    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-      tile_sum_[tile] = k.adafactor_sumsq(p, a, grid.Tile(tile));
+    TimePass(result, [&] {
+      ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+        tile_sum_[tile] = k.adafactor_sumsq(p, a, grid.Tile(tile));
+      });
     });
     double u_sum = 0.0;
     for (size_t i = 0; i < tiles; ++i) u_sum += tile_sum_[i];
@@ -574,13 +601,16 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.decay = static_cast<float>(-options_.weight_decay * lr);
     p.use_decay = options_.weight_decay != 0.0;
     // Pass 3: the update.
-    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-      k.adafactor_apply(p, a, grid.Tile(tile));
+    TimePass(result, [&] {
+      ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+        k.adafactor_apply(p, a, grid.Tile(tile));
+      });
     });
   }
 
   void Sm3Step(const CpuStepArgs& args, const cpu_adam::Grid& grid,
-               cpu_adam::FactoredParams& p, cpu_adam::FactoredArrays& a) {
+               cpu_adam::FactoredParams& p, cpu_adam::FactoredArrays& a,
+               CpuStepResult& result) {
     const size_t rows = a.rows, cols = a.cols;
     p.eps = static_cast<float>(options_.eps);
     p.beta1 = static_cast<float>(options_.beta1);
@@ -593,8 +623,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     a.row_fpart = row_fpart_.data();
     a.col_fpart = col_fpart_.data();
     const auto sm3 = kernels_->sm3_step;
-    ParallelTiles(grid.tiles(), 1, [&](size_t tile, size_t, size_t) {
-      sm3(p, a, grid.Tile(tile));
+    TimePass(result, [&] {
+      ParallelTiles(grid.tiles(), 1, [&](size_t tile, size_t, size_t) {
+        sm3(p, a, grid.Tile(tile));
+      });
     });
     // The new accumulators: maxima, exact in any order.
     for (size_t i = 0; i < rows; ++i) {

@@ -234,10 +234,24 @@ struct CpuStepFootprint {
 STRATA_EXPORT StatusOr<CpuStepFootprint> CpuStepFootprintOf(
     const CpuOptimizerOptions& options, const CpuStepShape& shape);
 
+// The most passes over the arrays one Step makes (Adafactor's three).
+inline constexpr int kCpuMaxStepPasses = 3;
+
 struct CpuStepResult {
   // false: the scaled gradient held an inf or nan and nothing was written
   // (master, moments and working copy are as before the call).
   bool applied = false;
+  // Where the call's time went, in wall seconds, so that a caller can hold
+  // each pass against what its bytes allow: the inf/nan check (0 when not
+  // run), then each pass that ran, in order (`passes` of them, as
+  // CpuStepFootprint counts them: the Adam family and SM3 one; Adafactor
+  // its statistics, the RMS of its update, the update). A pass is its
+  // sweep over the threads alone: the O(rows + cols) reductions between
+  // Adafactor's passes, validation and the rest of the call are in none of
+  // them. Entries from `passes` on are 0; an overflow leaves passes 0.
+  double check_seconds = 0.0;
+  int passes = 0;
+  double pass_seconds[kCpuMaxStepPasses] = {};
 };
 
 struct GradStats {

@@ -5,6 +5,7 @@
 // AdamW (with 8-bit AdamW beside them).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -369,6 +370,61 @@ TEST(FactoredTest, FootprintAndShapeChecks) {
   auto r = opt->Step(t, CpuStepArgs{});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("rows x cols"), std::string::npos);
+}
+
+// The result's timings: the check and one entry per pass that ran, as many
+// as the footprint counts, none after them, and together no longer than the
+// call; an overflow runs the check and no pass.
+TEST(FactoredTest, StepTimesItsPasses) {
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdamW, CpuOptimizerAlgo::kLion,
+        CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    Problem p(64, 1000, 64 * 1000, CpuDType::kFloat32, CpuDType::kFloat32, true,
+              CpuDType::kBFloat16, 4);
+    CpuOptimizerOptions o = Opts(algo, 0);
+    const bool factored =
+        algo == CpuOptimizerAlgo::kAdafactor || algo == CpuOptimizerAlgo::kSm3;
+    CpuOptimizerTensors t = p.Tensors();
+    std::vector<float> v(p.n, 0.0f);
+    if (!factored) {  // a flat array, and exp_avg_sq of n elements
+      t.rows = t.cols = 0;
+      t.exp_avg_sq = v.data();
+    }
+    CpuStepShape shape;
+    shape.n = t.n;
+    shape.rows = t.rows;
+    shape.cols = t.cols;
+    auto fp = CpuStepFootprintOf(o, shape);
+    ASSERT_TRUE(fp.ok());
+    auto opt = Make(o, BestCpuKernelVariant(), 2);
+    for (bool check : {false, true}) {
+      SCOPED_TRACE(std::string(CpuOptimizerAlgoName(algo)) +
+                   (check ? " checked" : " unchecked"));
+      CpuStepArgs args;
+      args.check_overflow = check;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = opt->Step(t, args);
+      const std::chrono::duration<double> wall =
+          std::chrono::steady_clock::now() - t0;
+      ASSERT_TRUE(r.ok());
+      ASSERT_TRUE(r->applied);
+      ASSERT_EQ(r->passes, fp->passes);
+      double sum = r->check_seconds;
+      EXPECT_EQ(r->check_seconds > 0, check);
+      for (int i = 0; i < kCpuMaxStepPasses; ++i) {
+        EXPECT_EQ(r->pass_seconds[i] > 0, i < r->passes) << i;
+        sum += r->pass_seconds[i];
+      }
+      EXPECT_LE(sum, wall.count());
+    }
+    p.grad32[7] = std::numeric_limits<float>::quiet_NaN();
+    auto r = opt->Step(t, CpuStepArgs{});
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->applied);
+    EXPECT_GT(r->check_seconds, 0);
+    EXPECT_EQ(r->passes, 0);
+    EXPECT_EQ(r->pass_seconds[0], 0);
+  }
 }
 
 TEST(FactoredTest, NamesAndConfig) {
