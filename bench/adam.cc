@@ -131,6 +131,9 @@ struct AdamOutcome {
   // Against fp32-moment AdamW (AddSpeedups); no rows without that row.
   Table speedups{{"optimizer", "variant", "threads", "moments", "vs fp32 adamw",
                   "bounds allow", "bytes allow"}};
+  // Each pass of a multi-pass step (Adafactor) against its own bound.
+  Table passes{{"optimizer", "variant", "threads", "pass", "B/param", "GB/s",
+                "bound GB/s", "ratio"}};
 };
 
 // ---- Parse -----------------------------------------------------------------
@@ -552,6 +555,49 @@ void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
   row["bound_step_compiled"] = compiled;
 }
 
+// The name of pass `p` of a step of `optimizer`, as PassesOf orders them.
+std::string PassName(const std::string& optimizer, size_t p) {
+  if (optimizer == "adafactor") {
+    static const char* const kNames[] = {"statistics", "update rms", "update"};
+    if (p < std::size(kNames)) return kNames[p];
+  }
+  return p == 0 ? "step" : std::to_string(p + 1);
+}
+
+// Each pass's figures of one row, from the step's own timings of its passes
+// (CpuStepResult), each pass's best over the repetitions: seconds, GB/s
+// over the bytes its bound moves, and the ratio to that pass's bound. A
+// multi-pass row also goes into `table`.
+void AddPassJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
+                 uint64_t n, const std::vector<double>& best,
+                 nlohmann::json& row, Table& table) {
+  nlohmann::json seconds = nlohmann::json::array(),
+                 gbps = nlohmann::json::array(),
+                 ratio = nlohmann::json::array();
+  for (size_t p = 0; p < passes.size(); ++p) {
+    const double b = passes[p].BytesPerElem();
+    seconds.push_back(best[p]);
+    gbps.push_back(n * b / 1e9 / best[p]);
+    ratio.push_back(bb.PassSeconds(p) / best[p]);
+    if (passes.size() > 1) {
+      table.AddRow({row["optimizer"], row["variant"],
+                    std::to_string(row["threads"].get<int>()),
+                    PassName(row["optimizer"].get<std::string>(), p),
+                    Fixed(b, 2), Fixed(gbps.back().get<double>(), 1),
+                    Fixed(n * b / 1e9 / bb.PassSeconds(p), 1),
+                    Fixed(ratio.back().get<double>(), 3)});
+    }
+  }
+  nlohmann::json names = nlohmann::json::array();
+  for (size_t p = 0; p < passes.size(); ++p) {
+    names.push_back(PassName(row["optimizer"].get<std::string>(), p));
+  }
+  row["pass_names"] = names;
+  row["pass_seconds"] = seconds;
+  row["pass_gbps"] = gbps;
+  row["pass_ratio_to_bound"] = ratio;
+}
+
 // Each row of the best variant from `first` on (one thread count) against
 // that run's fp32-moment AdamW row: params/s, and the ceilings on that
 // figure, what the bounds allow (fp32 AdamW's bound seconds over the row's)
@@ -666,6 +712,9 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       args.lr = 1e-5;
       args.check_overflow = false;  // the fused pass alone; stats timed apart
       std::vector<double> best(cfg.variants.size(), 1e30);
+      // [variant][pass]: each pass's best, as the step timed it.
+      std::vector<std::vector<double>> pass_best(
+          cfg.variants.size(), std::vector<double>(passes.size(), 1e30));
       BoundBest bounds(passes.size());
       // Each repetition's bound over each variant's step in it.
       std::vector<std::vector<double>> paired(cfg.variants.size());
@@ -699,7 +748,15 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
           if (!res->applied) {
             return Status::Internal("adam: a step was skipped");
           }
+          if (static_cast<size_t>(res->passes) != passes.size()) {
+            return Status::Internal(
+                "adam: a step ran " + std::to_string(res->passes) +
+                " passes where its bound has " + std::to_string(passes.size()));
+          }
           if (r > 0) {
+            for (size_t p = 0; p < passes.size(); ++p) {
+              pass_best[k][p] = std::min(pass_best[k][p], res->pass_seconds[p]);
+            }
             best[k] = std::min(best[k], Seconds(t0, t1));
             paired[k].push_back(rep_bounds.Seconds() / Seconds(t0, t1));
           }
@@ -745,6 +802,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
             {"ratio_to_bound", ratio},
             {"paired_ratio_to_bound", paired_ratio}};
         AddBoundJson(bounds, passes, n, bound_bytes, row);
+        AddPassJson(bounds, passes, n, pass_best[k], row, out.passes);
         if (cfg.variants[k] == BestCpuKernelVariant()) {
           if (mom == CpuDType::kFloat32) fp32_rate = pps;
           if (mom != CpuDType::kFloat32 && fp32_rate > 0) {
@@ -895,6 +953,12 @@ Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
         "against fp32-moment AdamW of the same threads: params/s, and the "
         "ceilings the bounds and the bytes set on that figure\n%s",
         out.speedups.ToString().c_str());
+  }
+  if (out.passes.HasRows()) {
+    std::printf(
+        "each pass of a multi-pass step, as the step timed it, against its "
+        "own bound\n%s",
+        out.passes.ToString().c_str());
   }
   if (!json.active()) return Status::Ok();
   nlohmann::json j = {{"command", kCommand},

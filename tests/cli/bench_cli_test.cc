@@ -888,7 +888,8 @@ TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {
 // fastest kernel, that kernel's GB/s and fused_prefetch's distance (three
 // passes for Adafactor); the bound is every pass at its fastest kernel, so
 // no single kernel is faster, and a one-pass row's bound is its fastest
-// kernel's; with one repetition the paired ratio is the ratio.
+// kernel's; with one repetition the paired ratio is the ratio. Each pass's
+// own time, as the step measured it, stands beside its bound.
 TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
   ScratchDir d;
   const std::string json = d.path() + "/a.json";
@@ -943,6 +944,34 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     }
     EXPECT_NEAR(sum_bytes, row["bound_bytes_per_param"].get<double>(), 1e-9);
     EXPECT_NEAR(seconds, row["bound_seconds"].get<double>(), seconds * 1e-9);
+    // The step's own time of each pass: each the best over the repetitions,
+    // so together no more than the best step; GB/s and the ratio from it.
+    const auto& names = row["pass_names"];
+    const auto& pass_s = row["pass_seconds"];
+    const auto& pass_gbps = row["pass_gbps"];
+    const auto& pass_ratio = row["pass_ratio_to_bound"];
+    ASSERT_EQ(names.size(), passes);
+    ASSERT_EQ(pass_s.size(), passes);
+    ASSERT_EQ(pass_gbps.size(), passes);
+    ASSERT_EQ(pass_ratio.size(), passes);
+    double step_s = 0;
+    for (size_t p = 0; p < passes; ++p) {
+      const double ps = pass_s[p].get<double>();
+      ASSERT_GT(ps, 0.0);
+      step_s += ps;
+      const double b = bytes[p].get<double>();
+      EXPECT_NEAR(pass_gbps[p].get<double>(), 65536 * b / 1e9 / ps,
+                  1e-9 * pass_gbps[p].get<double>());
+      const double bound_s = 65536 * b / 1e9 / gbps[p].get<double>();
+      EXPECT_NEAR(pass_ratio[p].get<double>(), bound_s / ps,
+                  1e-9 * bound_s / ps);
+    }
+    EXPECT_LE(step_s, row["seconds"].get<double>());
+    if (passes == 3) {
+      EXPECT_EQ(names, nlohmann::json({"statistics", "update rms", "update"}));
+    } else {
+      EXPECT_EQ(names, nlohmann::json({"step"}));
+    }
     // One repetition: its own bound over its own step is the row's ratio.
     const double ratio = row["ratio_to_bound"].get<double>();
     EXPECT_NEAR(row["paired_ratio_to_bound"].get<double>(), ratio,
@@ -961,6 +990,9 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     }
   }
   EXPECT_EQ(rows.size(), 3u);  // adamw fp32 and int8, adafactor
+  // Adafactor's passes in their own table.
+  EXPECT_TRUE(Has(o.out, "each pass of a multi-pass step")) << o.out;
+  EXPECT_TRUE(Has(o.out, "update rms")) << o.out;
 }
 
 // The best variant's rows set against that thread count's fp32-moment
