@@ -2130,6 +2130,8 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& given) {
     stepping_ = false;
     stats_.step_seconds =
         std::chrono::duration<double>(Clock::now() - t0).count();
+    stats_.update_seconds = update_seconds_;
+    update_seconds_ = 0;
     if (r.ok()) {
       if (r->applied) {
         ++stats_.steps;
@@ -2800,6 +2802,12 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
   if (!r.applied)
     return Status::Internal("engine: update refused a checked gradient");
+  {
+    double seconds = r.check_seconds;
+    for (int i = 0; i < r.passes; ++i) seconds += r.pass_seconds[i];
+    MutexLock l(&mu_);
+    update_seconds_ += seconds;
+  }
   piece.grad.Reset();
 
   const size_t esize = ElementSize(s.dtype);
@@ -3192,6 +3200,7 @@ std::string EngineStatsJson(const EngineStats& s) {
                       {"early_units", s.early_units},
                       {"early_undone", s.early_undone},
                       {"step_seconds", s.step_seconds},
+                      {"update_seconds", s.update_seconds},
                       {"hot_path_allocations", s.hot_path_allocations},
                       {"fragmentation", s.fragmentation},
                       {"compactions", s.compactions}};

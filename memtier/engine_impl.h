@@ -660,6 +660,8 @@ class EngineImpl final : public Engine {
   Status grad_error_ STRATA_GUARDED_BY(mu_);
   EngineStats stats_ STRATA_GUARDED_BY(mu_);
   uint64_t h2d_bytes_ STRATA_GUARDED_BY(mu_) = 0;
+  // The optimizer's time in the step under way (EngineStats::update_seconds).
+  double update_seconds_ STRATA_GUARDED_BY(mu_) = 0;
   uint64_t d2h_bytes_ STRATA_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> nvme_read_bytes_{0};
   std::atomic<uint64_t> nvme_write_bytes_{0};

@@ -148,6 +148,11 @@ struct EngineStats {
   // ones undone because a later gradient was not finite.
   uint64_t early_units = 0, early_undone = 0;
   double step_seconds = 0;  // of the last Step
+  // Of the last Step, the CPU optimizer's own time: its passes over every
+  // piece it updated (CpuStepResult), those updated early during backward
+  // included, which can make it exceed step_seconds. step_seconds well
+  // above it means the step waited on moving states, not on the update.
+  double update_seconds = 0;
   // Memory obtained from the system (host or device) after the first step:
   // the hot path should never allocate.
   uint64_t hot_path_allocations = 0;

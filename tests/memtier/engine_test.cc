@@ -612,6 +612,7 @@ TEST_F(EngineFixture, OverflowSkipsTheStepAndClippingBoundsTheNorm) {
   ASSERT_TRUE(eng_->ReadMaster(ids_[0], m).ok());
   EXPECT_EQ(m, init);
   EXPECT_EQ(eng_->stats().skipped_steps, 1u);
+  EXPECT_EQ(eng_->stats().update_seconds, 0.0);  // nothing was updated
 
   // Finite now: scaled by 4, clipped to norm 1.
   g[5] = 3.0f;
@@ -631,6 +632,12 @@ TEST_F(EngineFixture, OverflowSkipsTheStepAndClippingBoundsTheNorm) {
   EXPECT_EQ(r->step, 1);
   ASSERT_TRUE(eng_->ReadMaster(ids_[0], m).ok());
   EXPECT_NE(m, init);
+  // The optimizer's time is part of the step's (nothing was updated early).
+  const EngineStats st = eng_->stats();
+  EXPECT_GT(st.update_seconds, 0.0);
+  EXPECT_LE(st.update_seconds, st.step_seconds);
+  const auto j = nlohmann::json::parse(EngineStatsJson(st));
+  EXPECT_EQ(j["update_seconds"].get<double>(), st.update_seconds);
 }
 
 // With a dynamic loss scale the engine owns the scale: it unscales by it,
