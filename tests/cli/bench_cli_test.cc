@@ -950,7 +950,9 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     const auto& pass_s = row["pass_seconds"];
     const auto& pass_gbps = row["pass_gbps"];
     const auto& pass_ratio = row["pass_ratio_to_bound"];
+    const auto& pass_paired = row["pass_paired_ratio_to_bound"];
     ASSERT_EQ(names.size(), passes);
+    ASSERT_EQ(pass_paired.size(), passes);
     ASSERT_EQ(pass_s.size(), passes);
     ASSERT_EQ(pass_gbps.size(), passes);
     ASSERT_EQ(pass_ratio.size(), passes);
@@ -964,6 +966,9 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
                   1e-9 * pass_gbps[p].get<double>());
       const double bound_s = 65536 * b / 1e9 / gbps[p].get<double>();
       EXPECT_NEAR(pass_ratio[p].get<double>(), bound_s / ps,
+                  1e-9 * bound_s / ps);
+      // One repetition: its own pass bound over its own pass.
+      EXPECT_NEAR(pass_paired[p].get<double>(), bound_s / ps,
                   1e-9 * bound_s / ps);
     }
     EXPECT_LE(step_s, row["seconds"].get<double>());
