@@ -28,15 +28,23 @@ inline __m256i HighWords(__m512i r) {
   return _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd, r));
 }
 
-inline __m256i ToBf16Int(__m512 x) {
+// Every lane rounded to nearest even as a normal value (add 0x7fff plus the
+// lowest kept bit): FloatToBf16's contract for normals, zeros and
+// infinities, the result in each lane's top 16 bits.
+inline __m512i RoundAsNormal(__m512i u) {
+  const __m512i lsb =
+      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+}
+
+// The contract for the lanes RoundAsNormal gets wrong, out of line: NaNs
+// quieted (their top payload kept), denormals flushed to signed zero; `r`
+// is RoundAsNormal of x.
+[[gnu::noinline]] __m256i Bf16FixSpecial(__m512 x, __m512i r) {
   const __m512i u = _mm512_castps_si512(x);
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __mmask16 den =
       _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
-  const __m512i lsb =
-      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r =
-      _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
   r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
   r = _mm512_mask_and_epi32(r, den, u,
                             _mm512_set1_epi32(static_cast<int>(0x80000000u)));
@@ -45,24 +53,17 @@ inline __m256i ToBf16Int(__m512 x) {
 
 // FloatToBf16's contract in two steps, as the AVX2 variant does (Note [bf16
 // rounding in two steps] in kernels_avx2.cc): every lane rounded as if
-// normal, which is already the contract for zeros and infinities too, and
-// the exact rounding above only where a lane is a NaN or a denormal, which
-// one fpclass finds (QNaN 0x01, denormal 0x20, SNaN 0x80). Nine operations
-// per 16 lanes become five, the fpclass and a branch: in cache on one Zen 5
-// core, bf16-moment AdamW 2.97-2.99 -> 3.47-3.50 G params/s, fp32-moment
+// normal, and the NaN and denormal lanes mended only where one fpclass
+// finds any (QNaN 0x01, denormal 0x20, SNaN 0x80). Nine operations per 16
+// lanes become five, the fpclass and a branch: in cache on one Zen 5 core,
+// bf16-moment AdamW 2.97-2.99 -> 3.47-3.50 G params/s, fp32-moment
 // 4.13-4.30 -> 4.59-4.71 (docs/cpu_adam.md, "AVX2's bf16 rounding in two
 // steps"). On Zen 4, which splits 512-bit operations, a check on the
 // packed results had gained nothing.
-[[gnu::noinline]] __m256i ToBf16Exact(__m512 x) { return ToBf16Int(x); }
-
 inline __m256i ToBf16Split(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb =
-      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r =
-      _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  const __m512i r = RoundAsNormal(_mm512_castps_si512(x));
   if (_mm512_fpclass_ps_mask(x, 0xa1) != 0) [[unlikely]] {
-    return ToBf16Exact(x);
+    return Bf16FixSpecial(x, r);
   }
   return HighWords(r);
 }
