@@ -389,12 +389,13 @@ nlohmann::json OptionsJson(const CpuOptimizerOptions& o) {
 }
 
 // The passes of one Step over `t`, each the streams its bound kernel moves:
-// one pass for the Adam family and SM3, three for Adafactor (statistics,
-// the update's RMS, the update). The O(rows + cols) statistics of a matrix
+// one pass for the Adam family and SM3; for Adafactor `count` (as its
+// footprint counts them): statistics, the update's RMS when rows are too
+// wide to fuse it, the update. The O(rows + cols) statistics of a matrix
 // are left out; SM3's per-element accumulators of a vector are in.
 std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
                                   const CpuOptimizerOptions& o,
-                                  const CpuOptimizerTensors& t) {
+                                  const CpuOptimizerTensors& t, int count) {
   const int g = static_cast<int>(cfg.grad_bytes());
   void* grad = const_cast<void*>(t.grad);
   std::vector<BoundArrays> passes;
@@ -418,7 +419,8 @@ std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
         p1.Add(t.master, 4, BoundAccess::kRead);
       }
       p2.Add(grad, g, BoundAccess::kRead);
-      passes = {p1, p2, last};  // vectors are refused by ParseAdam
+      // Vectors are refused by ParseAdam.
+      passes = count == 3 ? std::vector{p1, p2, last} : std::vector{p1, last};
     } else {
       if (vec) last.Add(col, 4, BoundAccess::kUpdate);
       passes = {last};
@@ -555,11 +557,13 @@ void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
   row["bound_step_compiled"] = compiled;
 }
 
-// The name of pass `p` of a step of `optimizer`, as PassesOf orders them.
-std::string PassName(const std::string& optimizer, size_t p) {
+// The name of pass `p` of `count` of a step of `optimizer`, as PassesOf
+// orders them.
+std::string PassName(const std::string& optimizer, size_t p, size_t count) {
   if (optimizer == "adafactor") {
     static const char* const kNames[] = {"statistics", "update rms", "update"};
-    if (p < std::size(kNames)) return kNames[p];
+    if (count == 2 && p < 2) return kNames[2 * p];
+    if (count == 3 && p < 3) return kNames[p];
   }
   return p == 0 ? "step" : std::to_string(p + 1);
 }
@@ -582,7 +586,7 @@ void AddPassJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
                  paired_ratio = nlohmann::json::array();
   for (size_t p = 0; p < passes.size(); ++p) {
     const double b = passes[p].BytesPerElem();
-    names.push_back(PassName(optimizer, p));
+    names.push_back(PassName(optimizer, p, passes.size()));
     seconds.push_back(best[p]);
     gbps.push_back(n * b / 1e9 / best[p]);
     ratio.push_back(bb.PassSeconds(p) / best[p]);
@@ -695,11 +699,8 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       }
       tensors.working = cfg.has_working ? a.working.data() : nullptr;
       if (cfg.has_working) tensors.working_dtype = cfg.working;
-      const std::vector<BoundArrays> passes = PassesOf(cfg, o, tensors);
       // Bytes one parameter moves, all passes: what the bounds move, and
       // what the library predicts for an NVMe-resident step.
-      double bound_bytes = 0;
-      for (const BoundArrays& ba : passes) bound_bytes += ba.BytesPerElem();
       CpuStepShape shape;
       shape.n = n;
       shape.rows = tensors.rows;
@@ -710,6 +711,10 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       shape.working_dtype = cfg.working;
       STRATA_ASSIGN_OR_RETURN(CpuStepFootprint fp,
                               CpuStepFootprintOf(o, shape));
+      const std::vector<BoundArrays> passes =
+          PassesOf(cfg, o, tensors, fp.passes);
+      double bound_bytes = 0;
+      for (const BoundArrays& ba : passes) bound_bytes += ba.BytesPerElem();
       const double bytes_per_param =
           static_cast<double>(fp.read_bytes + fp.written_bytes) / n;
       const double state_bytes_per_param =

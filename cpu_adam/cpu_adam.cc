@@ -112,20 +112,20 @@ Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c) {
   return Status::Ok();
 }
 
-Grid MakeGrid(size_t rows, size_t cols, size_t tile) {
+Grid MakeGrid(size_t rows, size_t cols, size_t tile, const GridPolicy& gp) {
   Grid g;
   g.rows = rows;
   g.cols = cols;
   // Strips of at least 4096 columns (16 KiB of fp32 per row segment, long
   // enough for the prefetchers), wider when few rows make a tile.
   size_t cb = std::max<size_t>(4096, (tile + rows - 1) / rows);
+  if (rows > 1 && cols <= gp.whole_row_cols) cb = cols;
   g.cb = cb < cols ? (cb + 15) / 16 * 16 : cols;
   g.strips = (cols + g.cb - 1) / g.cb;
   // At most bmax bands: their column partial sums (bands x cols doubles)
   // stay a small fraction of the matrix.
   const size_t bmax = std::min<size_t>(
-      1024,
-      std::max<size_t>(64, (size_t{1} << 21) / std::max<size_t>(1, cols)));
+      1024, std::max<size_t>(64, gp.partials / std::max<size_t>(1, cols)));
   size_t rb = std::max((tile + g.cb - 1) / g.cb, (rows + bmax - 1) / bmax);
   g.rb = std::max<size_t>(1, std::min(rb, rows));
   g.bands = (rows + g.rb - 1) / g.rb;
@@ -463,7 +463,12 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     size_t rows = 0, cols = 0;
     STRATA_RETURN_IF_ERROR(
         cpu_adam::FactoredShape(t.n, t.rows, t.cols, &rows, &cols));
-    const cpu_adam::Grid grid = cpu_adam::MakeGrid(rows, cols, tile_);
+    const bool adafactor = options_.algo == CpuOptimizerAlgo::kAdafactor;
+    const cpu_adam::Grid grid =
+        cpu_adam::MakeGrid(rows, cols, tile_,
+                           adafactor && cpu_adam::AdafactorFusesRms(rows, cols)
+                               ? cpu_adam::kAdafactorFusedGrid
+                               : cpu_adam::GridPolicy{});
     cpu_adam::FactoredParams p{};
     p.grad_dtype = t.grad_dtype;
     p.moment_dtype = t.moment_dtype;
@@ -481,7 +486,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     a.row_state = static_cast<float*>(t.exp_avg_sq);
     a.col_state = a.row_state + rows;
     a.working = t.working;
-    if (options_.algo == CpuOptimizerAlgo::kAdafactor) {
+    if (adafactor) {
       AdafactorStep(t, args, grid, p, a, result);
     } else {
       Sm3Step(args, grid, p, a, result);
@@ -523,50 +528,49 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     const size_t rows = a.rows, cols = a.cols, tiles = grid.tiles();
     const double step = static_cast<double>(args.step);
     const double beta2t = 1.0 - std::pow(step, o.decay_rate);
+    // Note [Adafactor's fused RMS] in kernels.h: a vector's or a matrix's
+    // whole rows need no pass of their own for the update's RMS.
+    const bool fused = cpu_adam::AdafactorFusesRms(rows, cols);
     p.eps = static_cast<float>(o.eps1);
     p.beta2 = static_cast<float>(beta2t);
     p.omb2 = static_cast<float>(1.0 - beta2t);
     p.beta1 = static_cast<float>(o.beta1);
     p.omb1 = static_cast<float>(1.0 - o.beta1);
     p.scale_p = o.scale_parameter;
+    p.fuse_rms = fused && rows > 1;
     row_part_.assign(rows * grid.strips, 0.0);
     col_part_.resize(rows > 1 ? grid.bands * cols : 0);
+    rms_part_.resize(p.fuse_rms ? grid.bands * cols : 0);
     col_factor_.resize(cols);
     row_factor_.resize(rows);
-    tile_sum_.assign(tiles, 0.0);
+    tile_sums_.assign(tiles, cpu_adam::AfTileSums{});
     a.row_part = row_part_.data();
     a.col_part = col_part_.data();
+    a.rms_part = rms_part_.data();
     a.col_factor = col_factor_.data();
     a.row_factor = row_factor_.data();
     const auto& k = *kernels_;
-    // Pass 1: g^2 + eps1 summed per row and column, p^2 per tile.
+    // Pass 1: g^2 + eps1 summed per row and column, p^2 per tile (and, fused,
+    // what the update's RMS needs).
     TimePass(result, [&] {
       ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-        tile_sum_[tile] = k.adafactor_stats(p, a, grid.Tile(tile));
+        tile_sums_[tile] = k.adafactor_stats(p, a, grid.Tile(tile));
       });
     });
     // The statistics' moving averages; each sum in a fixed order.
-    const float b2 = p.beta2, omb2 = p.omb2;
     for (size_t i = 0; i < rows; ++i) {
       double sum = 0.0;
       for (size_t s = 0; s < grid.strips; ++s)
         sum += row_part_[i * grid.strips + s];
-      const float mean = static_cast<float>(sum / static_cast<double>(cols));
-      a.row_state[i] = a.row_state[i] * b2 + omb2 * mean;
+      a.row_state[i] = cpu_adam::AdafactorRowStat(a.row_state[i], p.beta2,
+                                                  p.omb2, sum, cols);
     }
     if (rows > 1) {
-      // Band by band over contiguous rows of the partials (each column still
-      // adds its bands in band order): a column at a time would stride
-      // through bands x cols doubles a line per addition.
-      col_sum_.assign(cols, 0.0);
-      for (size_t b = 0; b < grid.bands; ++b) {
-        const double* part = col_part_.data() + b * cols;
-        for (size_t j = 0; j < cols; ++j) col_sum_[j] += part[j];
-      }
+      SumBands(col_part_, grid.bands, cols);
       for (size_t j = 0; j < cols; ++j) {
         const float mean =
             static_cast<float>(col_sum_[j] / static_cast<double>(rows));
-        const float col = a.col_state[j] * b2 + omb2 * mean;
+        const float col = a.col_state[j] * p.beta2 + p.omb2 * mean;
         a.col_state[j] = col;
         col_factor_[j] = 1.0f / std::sqrt(col);
       }
@@ -578,8 +582,11 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     for (size_t i = 0; i < rows; ++i) {
       row_factor_[i] = 1.0f / std::sqrt(a.row_state[i] / row_mean);
     }
-    double p_sum = 0.0;
-    for (size_t i = 0; i < tiles; ++i) p_sum += tile_sum_[i];
+    double p_sum = 0.0, u_sum = 0.0;
+    for (size_t i = 0; i < tiles; ++i) {
+      p_sum += tile_sums_[i].p_sq;
+      u_sum += tile_sums_[i].u_sq;
+    }
     double lr = args.lr;
     if (o.relative_step) {
       lr = std::min(o.warmup_init ? 1e-6 * step : 1e-2, 1.0 / std::sqrt(step));
@@ -587,25 +594,43 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     if (o.scale_parameter) {
       lr *= std::max(o.eps2, std::sqrt(p_sum / static_cast<double>(t.n)));
     }
-    // Pass 2: RMS of the unscaled update, for clipping.
-    TimePass(result, [&] {
-      ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-        tile_sum_[tile] = k.adafactor_sumsq(p, a, grid.Tile(tile));
+    if (p.fuse_rms) {  // mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j
+      SumBands(rms_part_, grid.bands, cols);
+      for (size_t j = 0; j < cols; ++j) {
+        u_sum += col_sum_[j] / static_cast<double>(a.col_state[j]);
+      }
+      u_sum *= static_cast<double>(row_mean);
+    } else if (!fused) {
+      // The RMS pass: the update's squares, for clipping.
+      TimePass(result, [&] {
+        ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+          tile_sums_[tile].u_sq = k.adafactor_sumsq(p, a, grid.Tile(tile));
+        });
       });
-    });
-    double u_sum = 0.0;
-    for (size_t i = 0; i < tiles; ++i) u_sum += tile_sum_[i];
+      for (size_t i = 0; i < tiles; ++i) u_sum += tile_sums_[i].u_sq;
+    }
     const double rms_u = std::sqrt(u_sum / static_cast<double>(t.n));
     const double clip = std::max(1.0, rms_u / o.clip_threshold);
     p.coef = static_cast<float>(lr / clip);
     p.decay = static_cast<float>(-options_.weight_decay * lr);
     p.use_decay = options_.weight_decay != 0.0;
-    // Pass 3: the update.
+    // The last pass: the update.
     TimePass(result, [&] {
       ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
         k.adafactor_apply(p, a, grid.Tile(tile));
       });
     });
+  }
+
+  // col_sum_[j] = the sum over bands of part[band * cols + j], in band
+  // order, band by band over contiguous rows of the partials (a column at a
+  // time would stride through bands x cols doubles a line per addition).
+  void SumBands(const std::vector<double>& part, size_t bands, size_t cols) {
+    col_sum_.assign(cols, 0.0);
+    for (size_t b = 0; b < bands; ++b) {
+      const double* row = part.data() + b * cols;
+      for (size_t j = 0; j < cols; ++j) col_sum_[j] += row[j];
+    }
   }
 
   void Sm3Step(const CpuStepArgs& args, const cpu_adam::Grid& grid,
@@ -771,7 +796,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   std::vector<double> partial_sum_;  // per tile, reused across calls
   std::vector<uint8_t> partial_finite_;
   // Scratch of the factored optimizers (kernels.h, FactoredArrays).
-  std::vector<double> row_part_, col_part_, col_sum_, tile_sum_;
+  std::vector<double> row_part_, col_part_, rms_part_, col_sum_;
+  std::vector<cpu_adam::AfTileSums> tile_sums_;
   std::vector<float> row_factor_, col_factor_, row_fpart_, col_fpart_;
 };
 
@@ -951,15 +977,17 @@ StatusOr<CpuStepFootprint> CpuStepFootprintOf(const CpuOptimizerOptions& o,
     return f;
   }
   // Adafactor. Pass 1: gradient (and master for its RMS); a vector's
-  // statistics updated in place and its factors 1/sqrt(v) written. Pass 2:
-  // gradient (and a vector's factors). Pass 3: gradient, master, first
-  // moment (and a vector's factors); master, moment, working copy written.
+  // statistics updated in place and its factors 1/sqrt(v) written. Then,
+  // for rows too wide to fuse the update's RMS into pass 1 (kernels.h), a
+  // pass over the gradient. Last: gradient, master, first moment (and a
+  // vector's factors); master, moment, working copy written.
+  const bool fused = cpu_adam::AdafactorFusesRms(rows, cols);
   const uint64_t p1_master = o.adafactor.scale_parameter ? 4 : 0;
   const uint64_t factors = vec ? n * 4 : 0;
-  f.read_bytes =
-      n * (g + p1_master) + n * g + n * (g + 4) + m + stats + 2 * factors;
+  f.read_bytes = n * (g + p1_master) + (fused ? 0 : n * g) + n * (g + 4) + m +
+                 stats + factors;
   f.written_bytes = n * (4 + w) + m + stats + factors;
-  f.passes = 3;
+  f.passes = fused ? 2 : 3;
   return f;
 }
 

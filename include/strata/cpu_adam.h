@@ -2,8 +2,9 @@
 // fp32 master weights, in one fused, vectorized, multi-threaded pass that is
 // bound by memory bandwidth, not by arithmetic; and Adafactor and SM3, whose
 // second-moment statistics are one value per row and per column of a
-// matrix (the caller gives its shape), in three passes (Adafactor: the
-// statistics, the update's RMS for clipping, the update) or one (SM3).
+// matrix (the caller gives its shape), in two passes (Adafactor: the
+// statistics with the update's RMS for clipping, then the update; rows wider
+// than 32768 columns take a third, for the RMS alone) or one (SM3).
 //
 // One Step() reads the master weights, the gradient and the optimizer state,
 // writes the master weights and the state back in place and, optionally, a
@@ -234,7 +235,13 @@ struct CpuStepFootprint {
 STRATA_EXPORT StatusOr<CpuStepFootprint> CpuStepFootprintOf(
     const CpuOptimizerOptions& options, const CpuStepShape& shape);
 
-// The most passes over the arrays one Step makes (Adafactor's three).
+// Adafactor sums the squares of its update (for clipping) in its statistics
+// pass on matrices of up to this many columns and on vectors: two passes
+// over the gradient per step. Wider rows take a third pass for them.
+inline constexpr size_t kCpuAdafactorFusedRowCols = 32768;
+
+// The most passes over the arrays one Step makes (Adafactor's three, on rows
+// wider than kCpuAdafactorFusedRowCols).
 inline constexpr int kCpuMaxStepPasses = 3;
 
 struct CpuStepResult {
@@ -245,7 +252,8 @@ struct CpuStepResult {
   // each pass against what its bytes allow: the inf/nan check (0 when not
   // run), then each pass that ran, in order (`passes` of them, as
   // CpuStepFootprint counts them: the Adam family and SM3 one; Adafactor
-  // its statistics, the RMS of its update, the update). A pass is its
+  // its statistics and the update, with the RMS of its update between them
+  // on rows wider than kCpuAdafactorFusedRowCols). A pass is its
   // sweep over the threads alone: the O(rows + cols) reductions between
   // Adafactor's passes, validation and the rest of the call are in none of
   // them. Entries from `passes` on are 0; an overflow leaves passes 0.

@@ -25,8 +25,10 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "strata/cpu_adam.h"
 #include "tests/util/scratch_dir.h"
 
 #ifndef STRATA_BENCH_PATH
@@ -38,6 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+using strata::kCpuAdafactorFusedRowCols;
 using strata::testing::ScratchDir;
 
 // What is in `dir` (names only).
@@ -885,25 +888,26 @@ TEST(BenchCliTest, AdamThreadsZeroMeansAllCpusAndReportsWhatRan) {
 }
 
 // Every bound kernel's figure is in each row; each pass has its bytes, its
-// fastest kernel, that kernel's GB/s and fused_prefetch's distance (three
-// passes for Adafactor); the bound is every pass at its fastest kernel, so
+// fastest kernel, that kernel's GB/s and fused_prefetch's distance
+// (af_passes for Adafactor); the bound is every pass at its fastest kernel, so
 // no single kernel is faster, and a one-pass row's bound is its fastest
 // kernel's; with one repetition the paired ratio is the ratio. Each pass's
 // own time, as the step measured it, stands beside its bound.
-TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
+void CheckBoundRows(uint64_t n, uint64_t cols, size_t af_passes) {
   ScratchDir d;
   const std::string json = d.path() + "/a.json";
-  const Outcome o = RunBench(
-      {"adam", "--params", "64K", "--threads", "1", "--torch", "off", "--reps",
-       "1", "--variants", "scalar", "--moments", "fp32,int8", "--optimizer",
-       "adamw,adafactor", "--cols", "256", "--json", json},
-      d.path());
+  const Outcome o =
+      RunBench({"adam", "--params", std::to_string(n), "--threads", "1",
+                "--torch", "off", "--reps", "1", "--variants", "scalar",
+                "--moments", "fp32,int8", "--optimizer", "adamw,adafactor",
+                "--cols", std::to_string(cols), "--json", json},
+               d.path());
   ASSERT_EQ(o.code, 0) << o.err;
   const std::vector<nlohmann::json> rows = BoundRows(json);
   for (const auto& row : rows) {
     SCOPED_TRACE(row.dump());
     const size_t passes =
-        row["optimizer"].get<std::string>() == "adafactor" ? 3u : 1u;
+        row["optimizer"].get<std::string>() == "adafactor" ? af_passes : 1u;
     const double f = row["bound_fused_gbps"].get<double>();
     const double fp = row["bound_fused_prefetch_gbps"].get<double>();
     const double fp32 = row["bound_fused_prefetch_32_gbps"].get<double>();
@@ -931,7 +935,7 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     for (size_t p = 0; p < passes; ++p) {
       sum_bytes += bytes[p].get<double>();
       ASSERT_GT(gbps[p].get<double>(), 0.0);
-      seconds += 65536 * bytes[p].get<double>() / 1e9 / gbps[p].get<double>();
+      seconds += n * bytes[p].get<double>() / 1e9 / gbps[p].get<double>();
       const std::string k = kernels[p].get<std::string>();
       EXPECT_TRUE(k == "fused" || k == "fused_prefetch" ||
                   k == "fused_prefetch_32" || k == "fused_step" ||
@@ -962,9 +966,9 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
       ASSERT_GT(ps, 0.0);
       step_s += ps;
       const double b = bytes[p].get<double>();
-      EXPECT_NEAR(pass_gbps[p].get<double>(), 65536 * b / 1e9 / ps,
+      EXPECT_NEAR(pass_gbps[p].get<double>(), n * b / 1e9 / ps,
                   1e-9 * pass_gbps[p].get<double>());
-      const double bound_s = 65536 * b / 1e9 / gbps[p].get<double>();
+      const double bound_s = n * b / 1e9 / gbps[p].get<double>();
       EXPECT_NEAR(pass_ratio[p].get<double>(), bound_s / ps,
                   1e-9 * bound_s / ps);
       // One repetition: its own pass bound over its own pass.
@@ -974,6 +978,8 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     EXPECT_LE(step_s, row["seconds"].get<double>());
     if (passes == 3) {
       EXPECT_EQ(names, nlohmann::json({"statistics", "update rms", "update"}));
+    } else if (passes == 2) {
+      EXPECT_EQ(names, nlohmann::json({"statistics", "update"}));
     } else {
       EXPECT_EQ(names, nlohmann::json({"step"}));
     }
@@ -997,7 +1003,19 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
   EXPECT_EQ(rows.size(), 3u);  // adamw fp32 and int8, adafactor
   // Adafactor's passes in their own table.
   EXPECT_TRUE(Has(o.out, "each pass of a multi-pass step")) << o.out;
-  EXPECT_TRUE(Has(o.out, "update rms")) << o.out;
+  EXPECT_EQ(Has(o.out, "update rms"), af_passes == 3) << o.out;
+}
+
+TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
+  // Adafactor's update RMS rides in its statistics pass on rows of up to
+  // kCpuAdafactorFusedRowCols columns, and takes a pass of its own beyond.
+  for (const auto& [n, cols, af_passes] :
+       {std::tuple<uint64_t, uint64_t, size_t>{65536, 256, 2},
+        {2 * (kCpuAdafactorFusedRowCols + 16), kCpuAdafactorFusedRowCols + 16,
+         3}}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    CheckBoundRows(n, cols, af_passes);
+  }
 }
 
 // The best variant's rows set against that thread count's fp32-moment

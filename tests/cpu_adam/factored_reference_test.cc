@@ -174,6 +174,12 @@ INSTANTIATE_TEST_SUITE_P(
              40,
              41,
              {{"clip_threshold", 0.5}}},
+        // Rows too wide for the fused RMS: the RMS pass of its own.
+        Case{"adafactor_wide_rows_clip_0.5",
+             CpuOptimizerAlgo::kAdafactor,
+             2,
+             kCpuAdafactorFusedRowCols + 7,
+             {{"clip_threshold", 0.5}}},
         Case{"sm3_matrix", CpuOptimizerAlgo::kSm3, 67, 300, {}},
         Case{"sm3_momentum_wd",
              CpuOptimizerAlgo::kSm3,

@@ -165,8 +165,11 @@ std::vector<Shape> TailShapes() {
     for (size_t c = 1; c <= 35; ++c) out.push_back({r, c, r * c});
   }
   out.push_back({37, 300, 37 * 300});
-  out.push_back({3, 5000, 3 * 5000});  // two strips
-  out.push_back({70, 33, 70 * 33});    // bands
+  out.push_back({3, 5000, 3 * 5000});  // whole rows: the RMS fused
+  // Rows too wide to fuse the RMS: strips, and the RMS pass.
+  out.push_back({2, kCpuAdafactorFusedRowCols + 21,
+                 2 * (kCpuAdafactorFusedRowCols + 21)});
+  out.push_back({70, 33, 70 * 33});  // bands
   return out;
 }
 
@@ -329,10 +332,30 @@ TEST(FactoredTest, FootprintAndShapeChecks) {
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->exp_avg_bytes, 0u);
   EXPECT_EQ(f->exp_avg_sq_bytes, (1000u + 4000u) * 4);
-  EXPECT_EQ(f->passes, 3);
-  // g + p, g, g + p read; p + working written (plus the statistics).
-  EXPECT_EQ(f->read_bytes, s.n * 20 + 5000 * 4);
+  EXPECT_EQ(f->passes, 2);
+  // g + p, g + p read; p + working written (plus the statistics): the
+  // update's RMS comes with the statistics.
+  EXPECT_EQ(f->read_bytes, s.n * 16 + 5000 * 4);
   EXPECT_EQ(f->written_bytes, s.n * 6 + 5000 * 4);
+  {  // rows too wide to fuse it: a pass of its own over g
+    CpuStepShape wide = s;
+    wide.rows = 2;
+    wide.cols = kCpuAdafactorFusedRowCols + 1;
+    wide.n = wide.rows * wide.cols;
+    auto fw = CpuStepFootprintOf(o, wide);
+    ASSERT_TRUE(fw.ok());
+    EXPECT_EQ(fw->passes, 3);
+    EXPECT_EQ(fw->read_bytes, wide.n * 20 + (2 + wide.cols) * 4);
+    // A vector: its factors written by the first pass, read by the last.
+    CpuStepShape vec = s;
+    vec.rows = vec.cols = 0;
+    vec.n = 100000;
+    auto fv = CpuStepFootprintOf(o, vec);
+    ASSERT_TRUE(fv.ok());
+    EXPECT_EQ(fv->passes, 2);
+    EXPECT_EQ(fv->read_bytes, vec.n * 20 + (1 + vec.n) * 4);
+    EXPECT_EQ(fv->written_bytes, vec.n * 10 + (1 + vec.n) * 4);
+  }
   o.adafactor.beta1 = 0.9;
   s.moment_dtype = CpuDType::kBFloat16;
   f = CpuStepFootprintOf(o, s);
