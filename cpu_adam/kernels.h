@@ -122,10 +122,11 @@ struct AfTileSums {
 //   sum_ij u_ij^2 = mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j,
 //
 // and R_i is known once row i has been read. So the statistics pass, given
-// each row whole in one tile, reads the row again from cache right after
-// its sum and adds g_ij^2 / R_i into the band's rms_part; the driver then
-// needs no pass of its own over the gradient for the RMS: two passes over
-// it per step, not three. A vector's u is known element by element in the
+// each row whole in one tile, reads its rows again from L2 a group at a
+// time, right after their sums, and adds g_ij^2 / R_i into the band's
+// rms_part (kernel_impl.h has the groups and what they cost); the driver
+// then needs no pass of its own over the gradient for the RMS: two passes
+// over it per step, not three. A vector's u is known element by element in the
 // same pass. Rows wider than kCpuAdafactorFusedRowCols are cut into
 // strips (for threads and caches) and keep the RMS pass.
 inline bool AdafactorFusesRms(size_t rows, size_t cols) {
