@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -180,14 +181,34 @@ struct Proc {
   std::string cmdline;
 };
 
+// The contents of a file of /proc/<pid>, or "" when the process went away
+// before or while it was read: the read then fails with ESRCH, which a
+// std::ifstream would turn into an exception in the middle of a test.
+std::string ReadProcFile(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[4096];
+  ssize_t r;
+  while ((r = ::read(fd, buf, sizeof buf)) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      out.clear();
+      break;
+    }
+    out.append(buf, static_cast<size_t>(r));
+  }
+  ::close(fd);
+  return out;
+}
+
 std::vector<Proc> Processes() {
   std::vector<Proc> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream st(e.path() / "stat");
-    const std::string s((std::istreambuf_iterator<char>(st)), {});
+    const std::string s = ReadProcFile(e.path() / "stat");
     const size_t open = s.find('('), close = s.rfind(')');
     if (open == std::string::npos || close == std::string::npos) continue;
     Proc p;
@@ -198,8 +219,7 @@ std::vector<Proc> Processes() {
       continue;
     }
     p.ppid = ppid;
-    std::ifstream cmd(e.path() / "cmdline");
-    p.cmdline.assign(std::istreambuf_iterator<char>(cmd), {});
+    p.cmdline = ReadProcFile(e.path() / "cmdline");
     out.push_back(std::move(p));
   }
   return out;
