@@ -119,7 +119,7 @@ Grid MakeGrid(size_t rows, size_t cols, size_t tile, const GridPolicy& gp) {
   // Strips of at least 4096 columns (16 KiB of fp32 per row segment, long
   // enough for the prefetchers), wider when few rows make a tile.
   size_t cb = std::max<size_t>(4096, (tile + rows - 1) / rows);
-  if (rows > 1 && cols <= gp.whole_row_cols) cb = cols;
+  if (rows > 1 && gp.whole_rows) cb = cols;
   g.cb = cb < cols ? (cb + 15) / 16 * 16 : cols;
   g.strips = (cols + g.cb - 1) / g.cb;
   // At most bmax bands: their column partial sums (bands x cols doubles)
@@ -562,15 +562,14 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       double sum = 0.0;
       for (size_t s = 0; s < grid.strips; ++s)
         sum += row_part_[i * grid.strips + s];
-      a.row_state[i] = cpu_adam::AdafactorRowStat(a.row_state[i], p.beta2,
-                                                  p.omb2, sum, cols);
+      a.row_state[i] =
+          cpu_adam::AdafactorStat(a.row_state[i], p.beta2, p.omb2, sum, cols);
     }
     if (rows > 1) {
       SumBands(col_part_, grid.bands, cols);
       for (size_t j = 0; j < cols; ++j) {
-        const float mean =
-            static_cast<float>(col_sum_[j] / static_cast<double>(rows));
-        const float col = a.col_state[j] * p.beta2 + p.omb2 * mean;
+        const float col = cpu_adam::AdafactorStat(a.col_state[j], p.beta2,
+                                                  p.omb2, col_sum_[j], rows);
         a.col_state[j] = col;
         col_factor_[j] = 1.0f / std::sqrt(col);
       }
@@ -600,7 +599,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
         u_sum += col_sum_[j] / static_cast<double>(a.col_state[j]);
       }
       u_sum *= static_cast<double>(row_mean);
-    } else if (!fused) {
+    } else if (!fused) {  // (a vector's came with the tile sums)
       // The RMS pass: the update's squares, for clipping.
       TimePass(result, [&] {
         ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {

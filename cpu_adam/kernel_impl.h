@@ -1085,22 +1085,22 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // column array per group, not per row. A group is as many rows as fit in
 // kAfGroupBytes of gradient, at most kAfGroupRows: the rows must still be
 // in L2 when read again. The group's terms add in row order in float, then
-// into the double partial. Four operations per element, not six: the
-// kernel alone took 21.7-23.5 ms against 24.4-25.3 with eps1 added per
-// element and a multiply and an add for each g^2 / R_i.
-//
-// Not kept: the previous group's columns read back a slice at a time while
-// the next group streams in (a column vector after every 16 of the row's
-// own vectors), so that the reads from L2 would fill the waits on memory.
-// The kernel took 35-38 ms against 24-26: the back-and-forth between the
-// row's two streams and sixteen rows in L2 cost more than it hid.
+// into the double partial.
 //
 // One Zen 5 core, 16384 x 4096 (64-byte aligned), the statistics kernel
 // over all tiles, best of 9: groups of 4 rows 33-35 ms, of 8 rows 28-30,
 // of 16 rows 23-25, against 30-32 for the unfused statistics and RMS
 // passes together. The column arrays' read-modify-write is what a small
 // group pays for (a plain loop over the same streams: 27-31 ms a group of
-// 4, 24-25 of 8, 20-22 of 16, 22 of 32).
+// 4, 24-25 of 8, 20-22 of 16, 22 of 32). Then four operations per element,
+// not six: 21.7-23.5 ms against 24.4-25.3 with eps1 added per element and
+// a multiply and an add for each g^2 / R_i.
+//
+// Not kept: the previous group's columns read back a slice at a time while
+// the next group streams in (a column vector after every 16 of the row's
+// own vectors), so that the reads from L2 would fill the waits on memory.
+// The kernel took 35-38 ms against 24-26: the back-and-forth between the
+// row's two streams and sixteen rows in L2 cost more than it hid.
 constexpr size_t kAfGroupBytes = size_t{256} << 10;
 constexpr size_t kAfGroupRows = 16;
 
@@ -1221,8 +1221,8 @@ AfTileSums AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
     if constexpr (kVec) sums.u_sq += LaneTree(ul);
     if constexpr (kFuse) {
       const size_t in_group = (i - t.r0) % group;
-      w[in_group] = 1.0f / AdafactorRowStat(a.row_state[i], p.beta2, p.omb2,
-                                            rsum, a.cols);
+      w[in_group] =
+          1.0f / AdafactorStat(a.row_state[i], p.beta2, p.omb2, rsum, a.cols);
       if (in_group + 1 == group || i + 1 == t.r1) {
         const size_t row0 = i - in_group;
         AfGroupColumns<V>(cv, cs, grad, row0 * a.cols, in_group + 1, a.cols, w,

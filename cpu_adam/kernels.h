@@ -133,12 +133,12 @@ inline bool AdafactorFusesRms(size_t rows, size_t cols) {
   return rows <= 1 || cols <= kCpuAdafactorFusedRowCols;
 }
 
-// A row's new Adafactor statistic from the old one and its sum of g^2 +
-// eps1: the driver's and the fused kernels' one expression.
-inline float AdafactorRowStat(float old, float beta2, float omb2, double sum,
-                              size_t cols) {
-  return old * beta2 +
-         omb2 * static_cast<float>(sum / static_cast<double>(cols));
+// A row's or a column's new Adafactor statistic from the old one and its
+// sum of g^2 + eps1 over n elements: the driver's and the fused kernels'
+// one expression.
+inline float AdafactorStat(float old, float beta2, float omb2, double sum,
+                           size_t n) {
+  return old * beta2 + omb2 * static_cast<float>(sum / static_cast<double>(n));
 }
 
 struct KernelTable {
@@ -201,21 +201,21 @@ struct Grid {
 
 // What a factored optimizer asks of its grid.
 struct GridPolicy {
-  // A matrix's rows of up to this many columns are never cut into strips.
-  size_t whole_row_cols = 0;
+  // A matrix's rows are never cut into strips.
+  bool whole_rows = false;
   // At most about this many column partial sums (bands x cols doubles, per
   // array), at least 64 bands.
   size_t partials = size_t{1} << 21;
 };
 
-// Adafactor with its RMS fused (Note [Adafactor's fused RMS]): whole rows,
+// Adafactor with its RMS fused (Note [Adafactor's fused RMS], so at most
+// kCpuAdafactorFusedRowCols columns): whole rows,
 // and a quarter of the default partials per array, for it keeps two (its
 // column sums and rms_part), and the driver adds them up on one thread
 // after the pass. One Zen 5 VM, 16384 x 4096, `strata-bench adam`, two
 // alternating runs: 512 bands (the default) 0.73-0.79 of the step's bound
 // on one thread and 0.73-0.74 on two; 64 bands 0.81-0.85 and 0.80-0.81.
-inline constexpr GridPolicy kAdafactorFusedGrid{kCpuAdafactorFusedRowCols,
-                                                size_t{1} << 18};
+inline constexpr GridPolicy kAdafactorFusedGrid{true, size_t{1} << 18};
 
 // The grid of a rows x cols matrix for tiles of about `tile` elements: a
 // function of these and the policy only, never of the thread count.
