@@ -561,9 +561,10 @@ void AddBoundJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
 // orders them.
 std::string PassName(const std::string& optimizer, size_t p, size_t count) {
   if (optimizer == "adafactor") {
-    static const char* const kNames[] = {"statistics", "update rms", "update"};
-    if (count == 2 && p < 2) return kNames[2 * p];
-    if (count == 3 && p < 3) return kNames[p];
+    static const char* const kFused[] = {"statistics", "update"};
+    static const char* const kWide[] = {"statistics", "update rms", "update"};
+    if (count == std::size(kFused) && p < count) return kFused[p];
+    if (count == std::size(kWide) && p < count) return kWide[p];
   }
   return p == 0 ? "step" : std::to_string(p + 1);
 }
