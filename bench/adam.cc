@@ -79,6 +79,7 @@ struct AdamFlags {
   std::string cols = "4096";
   std::string working = "bf16";
   std::string grad = "fp32";
+  std::string scale_parameter = "on";
   std::string reps = "5";
   std::string json;
   std::string torch = "auto";
@@ -97,6 +98,9 @@ struct AdamConfig {
   std::string working_name;
   bool has_working = true;
   CpuDType working = CpuDType::kBFloat16;
+  // Adafactor: the step scaled by the weights' RMS (the statistics pass
+  // then reads the weights too).
+  bool scale_parameter = true;
   int reps = 5;
   bool torch = true;
   std::string json;
@@ -156,6 +160,9 @@ void AddOptions(CLI::App& app, AdamFlags& f) {
                  "matrix, 0 = a vector (default 4096)");
   app.add_option("--working", f.working, "working copy: bf16, fp16 or none");
   app.add_option("--grad", f.grad, "gradient dtype: fp32, fp16 or bf16");
+  app.add_option("--scale-parameter", f.scale_parameter,
+                 "adafactor: scale the step by the weights' RMS, on (the "
+                 "default) or off");
   app.add_option("--reps", f.reps,
                  "timed repetitions, 1..1000; the best is kept (default 5)");
   app.add_option("--json", f.json, "write results as JSON to FILE");
@@ -260,6 +267,10 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
       cfg.grad_name,
       ParseChoiceOption("--grad", f.grad, {"fp32", "fp16", "bf16"}));
   cfg.grad = DTypeOf(cfg.grad_name);
+  STRATA_ASSIGN_OR_RETURN(
+      std::string scale,
+      ParseChoiceOption("--scale-parameter", f.scale_parameter, {"on", "off"}));
+  cfg.scale_parameter = scale == "on";
   STRATA_ASSIGN_OR_RETURN(int64_t reps,
                           ParseIntOption("--reps", f.reps, 1, kMaxReps));
   cfg.reps = static_cast<int>(reps);
@@ -355,15 +366,16 @@ bool IsFactored(CpuOptimizerAlgo a) {
 }
 
 // The options every row of `algo` runs with: the library's defaults (SM3:
-// momentum 0.9; Adafactor: no first moment, relative step) and weight decay
-// 0.01.
-CpuOptimizerOptions OptionsFor(CpuOptimizerAlgo algo, CpuKernelVariant v,
-                               int threads) {
+// momentum 0.9; Adafactor: no first moment, relative step), weight decay
+// 0.01 and Adafactor's scale_parameter from --scale-parameter.
+CpuOptimizerOptions OptionsFor(const AdamConfig& cfg, CpuOptimizerAlgo algo,
+                               CpuKernelVariant v, int threads) {
   CpuOptimizerOptions o;
   o.algo = algo;
   o.variant = v;
   o.threads = threads;
   o.weight_decay = 0.01;
+  o.adafactor.scale_parameter = cfg.scale_parameter;
   return o;
 }
 
@@ -671,7 +683,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
     std::vector<std::unique_ptr<CpuOptimizer>> opts;
     for (CpuKernelVariant v : cfg.variants) {
       STRATA_ASSIGN_OR_RETURN(auto opt,
-                              NewCpuOptimizer(OptionsFor(algo, v, t)));
+                              NewCpuOptimizer(OptionsFor(cfg, algo, v, t)));
       opts.push_back(std::move(opt));
     }
     const CpuOptimizerOptions& o = opts[0]->options();
@@ -952,6 +964,7 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
           {"weight_decay", 0.01},
           {"grad_dtype", cfg.grad_name},
           {"working_dtype", cfg.working_name},
+          {"scale_parameter", cfg.scale_parameter},
           {"reps", cfg.reps},
           {"torch", cfg.torch ? "auto" : "off"},
           {"bound_isa", BoundIsaName(BestBoundIsa())}};
@@ -959,12 +972,18 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
 
 Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
                   JsonOutput& json) {
+  const bool adafactor =
+      std::find(cfg.algos.begin(), cfg.algos.end(),
+                CpuOptimizerAlgo::kAdafactor) != cfg.algos.end();
   std::printf(
-      "strata-bench adam: %llu params, grad %s, working %s, best of "
+      "strata-bench adam: %llu params, grad %s, working %s%s, best of "
       "%d, bound %s\n%s",
       static_cast<unsigned long long>(cfg.n), cfg.grad_name.c_str(),
-      cfg.working_name.c_str(), cfg.reps,
-      std::string(BoundIsaName(BestBoundIsa())).c_str(),
+      cfg.working_name.c_str(),
+      !adafactor            ? ""
+      : cfg.scale_parameter ? ", adafactor scale_parameter on"
+                            : ", adafactor scale_parameter off",
+      cfg.reps, std::string(BoundIsaName(BestBoundIsa())).c_str(),
       out.table.ToString().c_str());
   if (out.speedups.HasRows()) {
     std::printf(

@@ -391,6 +391,8 @@ TEST(BenchCliTest, BadNumbersAreUsageErrors) {
       {{"adam", "--threads", "1,1.5"}, "--threads"},
       {{"adam", "--reps", "0"}, "--reps: 0 is out of range 1..1000"},
       {{"adam", "--reps", "x"}, "--reps"},
+      {{"adam", "--scale-parameter", "yes"},
+       "--scale-parameter: 'yes' is not one of on, off"},
       {{"io", "--queue-depth", "0"},
        "--queue-depth: 0 is out of range 1..1024"},
       {{"io", "--queue-depth", "1025"}, "--queue-depth"},
@@ -1095,6 +1097,39 @@ TEST(BenchCliTest, AdamComparesTheBestVariantWithFp32AdamW) {
   EXPECT_FALSE(Has(lion.out, "against fp32-moment AdamW")) << lion.out;
   for (const auto& row : BoundRows(json)) {
     EXPECT_FALSE(row.contains("speedup_vs_fp32_adamw")) << row.dump();
+  }
+}
+
+// --scale-parameter off runs Adafactor without scale_parameter: its
+// statistics pass no longer reads the weights (4 bytes a parameter less,
+// with fp32 gradients), and the row's options and the run's configuration
+// say so.
+TEST(BenchCliTest, AdamScaleParameterOffDropsTheWeightsFromStatistics) {
+  ScratchDir d;
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "on" : "off");
+    const std::string json = d.path() + "/sp.json";
+    const Outcome o =
+        RunBench(With(kSmallAdam,
+                      {"--optimizer", "adafactor", "--cols", "256",
+                       "--scale-parameter", on ? "on" : "off", "--json", json}),
+                 d.path());
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_TRUE(Has(o.out, on ? "adafactor scale_parameter on"
+                              : "adafactor scale_parameter off"))
+        << o.out;
+    std::ifstream in(json);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["config"]["scale_parameter"].get<bool>(), on);
+    const std::vector<nlohmann::json> rows = BoundRows(json);
+    ASSERT_EQ(rows.size(), 1u);
+    const nlohmann::json& row = rows[0];
+    EXPECT_EQ(row["options"]["adafactor"]["scale_parameter"].get<bool>(), on);
+    // fp32 gradient, bf16 working copy: statistics 4 (+4 the weights), the
+    // update 4 + 4 + 4 + 2.
+    EXPECT_EQ(row["bound_pass_bytes_per_param"],
+              nlohmann::json({on ? 8.0 : 4.0, 14.0}));
+    EXPECT_NEAR(row["bytes_per_param"].get<double>(), on ? 22.0 : 18.0, 0.1);
   }
 }
 
