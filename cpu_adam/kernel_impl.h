@@ -963,7 +963,25 @@ void Convert(const void* src, CpuDType src_dtype, void* dst, CpuDType dst_dtype,
 // types with 16 lanes keep the lanes in registers, the scalar reference in
 // an array, so every variant gets the same bits. Column sums add one row
 // at a time (lane j is column j), and maxima are exact in any order.
+//
+// Adafactor's statistics pass first adds each lane's elements in float, a
+// block of kSumBlock of them (the segment cut into blocks of kSumLanes *
+// kSumBlock elements from c0), and adds each block's float sum into its
+// double lane. Widening every vector to double cost that pass more than
+// its loads: with bf16 gradients, from cache, one Zen 5 core, 2.2 ns a
+// vector of 16 against 1.6. The float sums of 8 terms lose at most about 8
+// units in the last place of a float, far below what the statistics'
+// moving averages need.
 constexpr size_t kSumLanes = 16;
+constexpr size_t kSumBlock = 8;
+
+// Adds each lane's float block sum into its double lane, and clears it.
+inline void FlushBlock(double* lanes, float* block) {
+  for (size_t k = 0; k < kSumLanes; ++k) {
+    lanes[k] += static_cast<double>(block[k]);
+    block[k] = 0.0f;
+  }
+}
 
 inline double LaneTree(const double* l) {
   double a[8];
@@ -1171,10 +1189,16 @@ AfTileSums AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
   for (size_t i = t.r0; i < t.r1; ++i) {
     const size_t row = i * a.cols;
     const bool first = i == t.r0;
+    // Note [Reduction order]: float blocks (rf, pf, uf) into double lanes.
     double rl[kSumLanes] = {}, pl[kSumLanes] = {}, ul[kSumLanes] = {};
+    float rf[kSumLanes] = {}, pf[kSumLanes] = {}, uf[kSumLanes] = {};
     size_t j = t.c0;
     if constexpr (V::kN == kSumLanes) {
+      using F = typename V::F;
       typename V::DL racc = V::DLZero(), pacc = V::DLZero(), uacc = V::DLZero();
+      const F zero = V::Set(0.0f);
+      F rb = zero, pb = zero, ub = zero;
+      size_t in_block = 0;
       for (; j + V::kN <= t.c1; j += V::kN) {
         if constexpr (kFuse) {  // read again from cache: no NTA hint
           PrefetchAhead<V, V::kN>(grad, row + j);
@@ -1189,32 +1213,50 @@ AfTileSums AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
         } else if constexpr (!kFuse) {
           PrefetchColumns<V>(colp, j);
         }
-        typename V::F x, u;
-        const typename V::F s = AfStatsAt<V, G, kVec, kParam, kFuse>(
-            cv, a, grad, colp, first, row, j, &x, &u);
-        racc = V::DLAdd(racc, s);
-        if constexpr (kParam) pacc = V::DLSq(pacc, x);
-        if constexpr (kVec) uacc = V::DLSq(uacc, u);
+        F x, u;
+        const F s = AfStatsAt<V, G, kVec, kParam, kFuse>(cv, a, grad, colp,
+                                                         first, row, j, &x, &u);
+        rb = V::Add(rb, s);
+        if constexpr (kParam) pb = V::Fma(x, x, pb);
+        if constexpr (kVec) ub = V::Fma(u, u, ub);
+        if (++in_block == kSumBlock) {
+          in_block = 0;
+          racc = V::DLAdd(racc, rb);
+          rb = zero;
+          if constexpr (kParam) {
+            pacc = V::DLAdd(pacc, pb);
+            pb = zero;
+          }
+          if constexpr (kVec) {
+            uacc = V::DLAdd(uacc, ub);
+            ub = zero;
+          }
+        }
       }
       V::DLStore(rl, racc);
       V::DLStore(pl, pacc);
       V::DLStore(ul, uacc);
+      V::Store(rf, rb);
+      V::Store(pf, pb);
+      V::Store(uf, ub);
     }
     for (; j < t.c1; ++j) {
       float x = 0.0f, u = 0.0f;
       const float s = AfStatsAt<Scalar, G, kVec, kParam, kFuse>(
           cs, a, grad, colp, first, row, j, &x, &u);
-      const size_t lane = (j - t.c0) % kSumLanes;
-      rl[lane] += static_cast<double>(s);
-      if constexpr (kParam) {
-        const double xd = x;
-        pl[lane] = std::fma(xd, xd, pl[lane]);
-      }
-      if constexpr (kVec) {
-        const double ud = u;
-        ul[lane] = std::fma(ud, ud, ul[lane]);
+      const size_t k = j - t.c0, lane = k % kSumLanes;
+      rf[lane] += s;
+      if constexpr (kParam) pf[lane] = std::fma(x, x, pf[lane]);
+      if constexpr (kVec) uf[lane] = std::fma(u, u, uf[lane]);
+      if ((k + 1) % (kSumLanes * kSumBlock) == 0) {
+        FlushBlock(rl, rf);
+        FlushBlock(pl, pf);
+        FlushBlock(ul, uf);
       }
     }
+    FlushBlock(rl, rf);
+    FlushBlock(pl, pf);
+    FlushBlock(ul, uf);
     const double rsum = LaneTree(rl);
     a.row_part[i * a.strips + t.strip] = rsum;
     if constexpr (kParam) sums.p_sq += LaneTree(pl);
