@@ -266,9 +266,9 @@ struct Consts {
 // of three pairs of runs, so they keep theirs; 512 and 2048 ahead with
 // the non-temporal hint were within the noise of 1024. A statistics pass
 // that reads its rows back from L2 (Note [Adafactor's fused RMS]) keeps
-// the gradient's lines for that, and prefetches the gradient as the update
-// loops do; the kernel alone at 16384 x 4096 ran within 5% of that with
-// prefetcht0 or prefetchnta 1024 ahead.
+// the gradient's lines for that: prefetcht0, kAfFusedPrefetchBytes ahead
+// (with fp32 gradients, 1024 elements ahead with prefetcht0 or
+// prefetchnta had run within 5% of 512 with prefetcht0).
 constexpr size_t kPrefetchElems = 512;
 constexpr size_t kPrefetchOnceElems = 1024;
 
