@@ -141,12 +141,14 @@ std::unique_ptr<CpuOptimizer> Make(CpuOptimizerOptions o, CpuKernelVariant v,
   return opt.ok() ? std::move(*opt) : nullptr;
 }
 
-void Steps(CpuOptimizer& opt, Problem& p, int steps, bool check = true) {
+void Steps(CpuOptimizer& opt, Problem& p, int steps, bool check = true,
+           double inv_loss_scale = 1.0) {
   for (int s = 1; s <= steps; ++s) {
     CpuStepArgs args;
     args.step = s;
     args.lr = 1e-2;
     args.check_overflow = check;
+    args.inv_loss_scale = inv_loss_scale;
     auto r = opt.Step(p.Tensors(), args);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE(r->applied);
@@ -206,6 +208,50 @@ TEST(FactoredTest, VariantsMatchScalarOnEveryTail) {
                          std::to_string(sh.cols) + " n " +
                          std::to_string(sh.n));
           if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// A gradient scaled by 4 under an inverse loss scale of 1/4 gives the bits
+// of the unscaled one (both products are exact): the statistics pass's
+// path without the multiply (gscale == 1) and its scaled path agree, on
+// every variant.
+TEST(FactoredTest, PowerOfTwoLossScaleGivesTheUnscaledBits) {
+  const std::vector<Shape> shapes = {{0, 0, 1000},
+                                     {3, 5000, 3 * 5000},
+                                     {70, 33, 70 * 33},
+                                     {2, kCpuAdafactorFusedRowCols + 21,
+                                      2 * (kCpuAdafactorFusedRowCols + 21)}};
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    for (int flavour : {0, 1}) {
+      for (CpuKernelVariant v : SupportedVariants()) {
+        auto opt_a = Make(Opts(algo, flavour), v);
+        auto opt_b = Make(Opts(algo, flavour), v);
+        for (const Shape& sh : shapes) {
+          for (CpuDType g : {CpuDType::kFloat32, CpuDType::kBFloat16}) {
+            Problem a(sh.rows, sh.cols, sh.n, g, CpuDType::kFloat32, true,
+                      CpuDType::kBFloat16, 11);
+            Problem b = a;
+            for (size_t i = 0; i < b.n; ++i) {
+              b.grad32[i] *= 4.0f;
+              const float x =
+                  cpu_adam_test::FromBits(uint32_t{b.grad16[i]} << 16) * 4.0f;
+              b.grad16[i] = static_cast<uint16_t>(Bits(x) >> 16);
+            }
+            Steps(*opt_a, a, 3);
+            Steps(*opt_b, b, 3, true, 0.25);
+            ExpectSame(a, b,
+                       std::string(CpuOptimizerAlgoName(algo)) + " flavour " +
+                           std::to_string(flavour) + " " +
+                           std::string(CpuKernelVariantName(v)) + " " +
+                           std::to_string(sh.rows) + "x" +
+                           std::to_string(sh.cols) +
+                           (g == CpuDType::kFloat32 ? " fp32" : " bf16"));
+            if (HasFailure()) return;
+          }
         }
       }
     }
