@@ -113,13 +113,13 @@ struct AdamConfig {
     for (CpuDType m : moments) b += 2 * CpuStateBytes(m, n);
     return b + stats_bytes();
   }
+  // Whether --optimizer asked for `a`.
+  bool measures(CpuOptimizerAlgo a) const {
+    return std::find(algos.begin(), algos.end(), a) != algos.end();
+  }
   bool factored() const {
-    for (CpuOptimizerAlgo a : algos) {
-      if (a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3) {
-        return true;
-      }
-    }
-    return false;
+    return measures(CpuOptimizerAlgo::kAdafactor) ||
+           measures(CpuOptimizerAlgo::kSm3);
   }
   // Adafactor's and SM3's row and column statistics.
   uint64_t stats_bytes() const {
@@ -249,9 +249,7 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
                                    " (adafactor and sm3 need a whole matrix; 0 "
                                    "= a vector)");
   }
-  if (cfg.cols == 0 &&
-      std::find(cfg.algos.begin(), cfg.algos.end(),
-                CpuOptimizerAlgo::kAdafactor) != cfg.algos.end()) {
+  if (cfg.cols == 0 && cfg.measures(CpuOptimizerAlgo::kAdafactor)) {
     // Adafactor keeps a vector's factors in its own scratch, which the
     // bound cannot stream.
     return Status::InvalidArgument(
@@ -972,9 +970,7 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
 
 Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
                   JsonOutput& json) {
-  const bool adafactor =
-      std::find(cfg.algos.begin(), cfg.algos.end(),
-                CpuOptimizerAlgo::kAdafactor) != cfg.algos.end();
+  const bool adafactor = cfg.measures(CpuOptimizerAlgo::kAdafactor);
   std::printf(
       "strata-bench adam: %llu params, grad %s, working %s%s, best of "
       "%d, bound %s\n%s",
