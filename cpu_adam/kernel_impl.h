@@ -1139,6 +1139,8 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // The kernel took 35-38 ms against 24-26: the back-and-forth between the
 // row's two streams and sixteen rows in L2 cost more than it hid.
 constexpr size_t kAfGroupBytes = size_t{256} << 10;
+constexpr size_t kAfGroupRows = 16;
+
 // How far ahead the fused statistics pass prefetches its gradient, in
 // bytes (2048 elements of a bf16 gradient, 1024 of fp32): with bf16
 // gradients, as far ahead in elements as the update loops (kPrefetchElems)
@@ -1147,7 +1149,6 @@ constexpr size_t kAfGroupBytes = size_t{256} << 10;
 // against 9.8-11.9, fp32 with the weights 19.5-20.4 against 20.4-22.3,
 // the other shapes within 4% either way.
 constexpr size_t kAfFusedPrefetchBytes = 4096;
-constexpr size_t kAfGroupRows = 16;
 
 template <class G>
 size_t AfGroupRows(size_t cols) {
