@@ -69,6 +69,11 @@ for _ in range(reps):
 print(json.dumps({"params_per_s": n / best, "torch": torch.__version__}))
 )PY";
 
+// Adafactor and SM3: the optimizers that keep row and column statistics.
+bool IsFactored(CpuOptimizerAlgo a) {
+  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+}
+
 // The command line as typed.
 struct AdamFlags {
   std::string params = "256M";
@@ -118,8 +123,7 @@ struct AdamConfig {
     return std::find(algos.begin(), algos.end(), a) != algos.end();
   }
   bool factored() const {
-    return measures(CpuOptimizerAlgo::kAdafactor) ||
-           measures(CpuOptimizerAlgo::kSm3);
+    return std::any_of(algos.begin(), algos.end(), IsFactored);
   }
   // Adafactor's and SM3's row and column statistics.
   uint64_t stats_bytes() const {
@@ -357,10 +361,6 @@ StatusOr<Arrays> MakeArrays(const AdamConfig& cfg) {
   if (cfg.has_working) Fill(a.working, 0, 2);
   Fill(a.stats, 0, 4);
   return a;
-}
-
-bool IsFactored(CpuOptimizerAlgo a) {
-  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
 }
 
 // The options every row of `algo` runs with: the library's defaults (SM3:
