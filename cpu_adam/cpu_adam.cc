@@ -356,6 +356,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       return Status::InvalidArgument(
           "Step: inv_loss_scale and clip_coef must be finite and > 0");
     }
+    if (!std::isfinite(args.param_sq)) {
+      return Status::InvalidArgument(
+          "Step: param_sq must be finite (negative: not known)");
+    }
     return Status::Ok();
   }
 
@@ -536,7 +540,11 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.omb2 = static_cast<float>(1.0 - beta2t);
     p.beta1 = static_cast<float>(o.beta1);
     p.omb1 = static_cast<float>(1.0 - o.beta1);
-    p.scale_p = o.scale_parameter;
+    // A sum of the weights' squares the caller carried from the last step
+    // (CpuStepArgs::param_sq) spares the statistics pass its read of them.
+    const bool carried = o.scale_parameter && args.param_sq >= 0.0;
+    p.scale_p = o.scale_parameter && !carried;
+    p.sum_new_sq = o.scale_parameter;
     p.fuse_rms = fused && rows > 1;
     row_part_.assign(rows * grid.strips, 0.0);
     col_part_.resize(rows > 1 ? grid.bands * cols : 0);
@@ -591,7 +599,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       lr = std::min(o.warmup_init ? 1e-6 * step : 1e-2, 1.0 / std::sqrt(step));
     }
     if (o.scale_parameter) {
-      lr *= std::max(o.eps2, std::sqrt(p_sum / static_cast<double>(t.n)));
+      const double sq = carried ? args.param_sq : p_sum;
+      lr *= std::max(o.eps2, std::sqrt(sq / static_cast<double>(t.n)));
     }
     if (p.fuse_rms) {  // mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j
       SumBands(rms_part_, grid.bands, cols);
@@ -613,12 +622,17 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.coef = static_cast<float>(lr / clip);
     p.decay = static_cast<float>(-options_.weight_decay * lr);
     p.use_decay = options_.weight_decay != 0.0;
-    // The last pass: the update.
+    // The last pass: the update (and the new weights' squares, per tile).
     TimePass(result, [&] {
       ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-        k.adafactor_apply(p, a, grid.Tile(tile));
+        tile_sums_[tile].p_sq = k.adafactor_apply(p, a, grid.Tile(tile));
       });
     });
+    if (o.scale_parameter) {
+      double new_sq = 0.0;
+      for (size_t i = 0; i < tiles; ++i) new_sq += tile_sums_[i].p_sq;
+      result.param_sq = new_sq;
+    }
   }
 
   // col_sum_[j] = the sum over bands of part[band * cols + j], in band
@@ -981,7 +995,8 @@ StatusOr<CpuStepFootprint> CpuStepFootprintOf(const CpuOptimizerOptions& o,
   // pass over the gradient. Last: gradient, master, first moment (and a
   // vector's factors); master, moment, working copy written.
   const bool fused = cpu_adam::AdafactorFusesRms(rows, cols);
-  const uint64_t p1_master = o.adafactor.scale_parameter ? 4 : 0;
+  const uint64_t p1_master =
+      o.adafactor.scale_parameter && !shape.param_sq_known ? 4 : 0;
   const uint64_t factors = vec ? n * 4 : 0;
   f.read_bytes = n * (g + p1_master) + (fused ? 0 : n * g) + n * (g + 4) + m +
                  stats + factors;

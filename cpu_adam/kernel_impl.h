@@ -1376,7 +1376,45 @@ double AfSumsqT(const FactoredParams& params, const FactoredArrays& arrays,
   return sum;
 }
 
-// Adafactor pass 3 over one row segment (Op of ForSegment).
+// Note [The new weights' squares]: with sum_new_sq Adafactor's update pass
+// also sums the squares of the weights it writes, for the next step's
+// scale_parameter (CpuStepArgs::param_sq), in the order of Note [Reduction
+// order] in double: element c0 + k of a row segment into lane k % 16, the
+// lanes as LaneTree, the rows in order. A float's square is exact in
+// double, so a vector's fused multiply-add and the scalar reference add the
+// same values; and ForSegment's scalar head (as long as the working copy's
+// alignment asks, which depends on its address) puts its elements in their
+// lanes, the vectors after it continuing those lanes rotated by the head's
+// length. So the sum is the same bits on every variant, thread count and
+// address, as the statistics pass's sums are.
+template <class V, bool = V::kN == kSumLanes>
+struct SqLanes {  // Scalar: no vector lanes
+  struct T {};
+  static void Load(T&, const double*, size_t) {}
+  static void Store(const T&, double*, size_t) {}
+  static T Sq(T acc, typename V::F) { return acc; }
+};
+template <class V>
+struct SqLanes<V, true> {
+  using T = typename V::DL;
+  // acc lane k <- lanes[(h + k) % 16], and back.
+  static void Load(T& acc, const double* lanes, size_t h) {
+    double l[kSumLanes];
+    for (size_t k = 0; k < kSumLanes; ++k) l[k] = lanes[(h + k) % kSumLanes];
+    acc = V::DLLoad(l);
+  }
+  static void Store(const T& acc, double* lanes, size_t h) {
+    double l[kSumLanes];
+    V::DLStore(l, acc);
+    for (size_t k = 0; k < kSumLanes; ++k) lanes[(h + k) % kSumLanes] = l[k];
+  }
+  static T Sq(T acc, typename V::F x) { return V::DLSq(acc, x); }
+};
+
+// Adafactor pass 3 over one row segment (Op of ForSegment), and with
+// sum_new_sq the new weights' squares into the row's lanes (Note [The new
+// weights' squares]): the scalar head and tail directly, V's vectors in
+// vsq, which holds lanes[(h + k) % 16] while in_vec.
 template <class V, class G, class M, class W>
 struct AfApplyOp {
   const FConsts<V>& cv;
@@ -1384,12 +1422,25 @@ struct AfApplyOp {
   const FactoredParams& p;
   const FactoredArrays& a;
   size_t row;
+  size_t c0;
   float rf;
+  // The row's lanes: outside the op, whose members (vsq) then stay in
+  // registers; an array member indexed by j kept the op on the stack.
+  double* lanes;
+  typename SqLanes<V>::T vsq;
+  size_t h;
+  bool in_vec;
 
   STRATA_CPU_ADAM_INLINE void Prefetch(size_t j) {
     PrefetchFactored<V, G, M>(p, a, row + j);
     // A vector's factor is per element (Note [Software prefetch]).
     if (a.rows == 1) PrefetchAhead<V, V::kN>(a.col_factor, j);
+  }
+
+  // The row's lanes, the vectors' included (at the end of the row).
+  void FlushVectors() {
+    if (in_vec) SqLanes<V>::Store(vsq, lanes, h);
+    in_vec = false;
   }
 
   template <class U, bool kStream>
@@ -1408,22 +1459,46 @@ struct AfApplyOp {
     if (p.use_decay) x = U::Fma(x, c->decay, x);
     x = U::Fma(u, c->minus_one, x);
     StoreMaster<U, W, kStream>(a.master, static_cast<W*>(a.working), i, x);
+    if (p.sum_new_sq) {
+      if constexpr (std::is_same_v<U, Scalar>) {
+        FlushVectors();
+        double& l = lanes[(j - c0) % kSumLanes];
+        l = Scalar::SqAcc(l, x);
+      } else {
+        if (!in_vec) {
+          h = (j - c0) % kSumLanes;
+          SqLanes<V>::Load(vsq, lanes, h);
+          in_vec = true;
+        }
+        vsq = SqLanes<V>::Sq(vsq, x);
+      }
+    }
   }
 };
 
 template <class V, class G, class M, class W>
-void AfApplyT(const FactoredParams& params, const FactoredArrays& arrays,
-              const TileRect& t) {
+double AfApplyT(const FactoredParams& params, const FactoredArrays& arrays,
+                const TileRect& t) {
   // See Note [Local copies of the arrays].
   const FactoredParams p = params;
   const FactoredArrays a = arrays;
   const FConsts<V> cv(p);
   const FConsts<Scalar> cs(p);
+  double lanes[kSumLanes];
+  AfApplyOp<V, G, M, W> op{cv, cs, p, a, 0, t.c0, 0.0f, lanes, {}, 0, false};
+  double sum = 0.0;
   for (size_t i = t.r0; i < t.r1; ++i) {
-    AfApplyOp<V, G, M, W> op{cv, cs, p, a, i * a.cols, a.row_factor[i]};
+    op.row = i * a.cols;
+    op.rf = a.row_factor[i];
+    if (p.sum_new_sq) std::fill(std::begin(lanes), std::end(lanes), 0.0);
     ForSegment<V>(static_cast<W*>(a.working), i * a.cols, t.c0, t.c1, op);
+    if (p.sum_new_sq) {
+      op.FlushVectors();
+      sum += LaneTree(lanes);
+    }
   }
   if constexpr (!std::is_same_v<W, NoWork>) V::Fence();
+  return sum;
 }
 
 // SM3 over one row segment (Op of ForSegment): nu = min(row, col) + g^2
@@ -1513,23 +1588,27 @@ void Sm3T(const FactoredParams& params, const FactoredArrays& arrays,
 // copy types.
 template <class V, template <class, class, class, class> class K>
 struct FactoredDispatch {
+  // What the kernels return (every instantiation of K alike).
+  using R = decltype(K<V, float, float, NoWork>::Run(
+      std::declval<const FactoredParams&>(),
+      std::declval<const FactoredArrays&>(), std::declval<const TileRect&>()));
   template <class G, class M>
-  static void ByW(const FactoredParams& p, const FactoredArrays& a,
-                  const TileRect& t) {
+  static R ByW(const FactoredParams& p, const FactoredArrays& a,
+               const TileRect& t) {
     if (!p.has_working) return K<V, G, M, NoWork>::Run(p, a, t);
     if (p.working_dtype == CpuDType::kFloat16) {
       return K<V, G, M, F16>::Run(p, a, t);
     }
-    K<V, G, M, Bf16>::Run(p, a, t);
+    return K<V, G, M, Bf16>::Run(p, a, t);
   }
   template <class G>
-  static void ByM(const FactoredParams& p, const FactoredArrays& a,
-                  const TileRect& t) {
+  static R ByM(const FactoredParams& p, const FactoredArrays& a,
+               const TileRect& t) {
     if (p.moment_dtype == CpuDType::kBFloat16) return ByW<G, Bf16>(p, a, t);
-    ByW<G, float>(p, a, t);
+    return ByW<G, float>(p, a, t);
   }
-  static void Run(const FactoredParams& p, const FactoredArrays& a,
-                  const TileRect& t) {
+  static R Run(const FactoredParams& p, const FactoredArrays& a,
+               const TileRect& t) {
     switch (p.grad_dtype) {
       case CpuDType::kFloat32:
         return ByM<float>(p, a, t);
@@ -1538,16 +1617,17 @@ struct FactoredDispatch {
       case CpuDType::kBFloat16:
         return ByM<Bf16>(p, a, t);
       case CpuDType::kBlock8:  // the driver refuses it
-        return;
+        break;
     }
+    return R();
   }
 };
 
 template <class V, class G, class M, class W>
 struct AfApplyK {
-  static void Run(const FactoredParams& p, const FactoredArrays& a,
-                  const TileRect& t) {
-    AfApplyT<V, G, M, W>(p, a, t);
+  static double Run(const FactoredParams& p, const FactoredArrays& a,
+                    const TileRect& t) {
+    return AfApplyT<V, G, M, W>(p, a, t);
   }
 };
 

@@ -60,18 +60,20 @@ struct FactoredParams {
   CpuDType moment_dtype;  // exp_avg
   CpuDType working_dtype;
   bool has_working;
-  bool use_m;     // first moment / momentum
-  bool scale_p;   // Adafactor: the pass over the statistics sums p^2
-  bool fuse_rms;  // Adafactor, a matrix: the statistics pass also sums
-                  // rms_part (AdafactorFusesRms)
-  float gscale;   // inv_loss_scale * clip_coef
-  float eps;      // Adafactor: eps1 (added to g^2). SM3: the denominator's
-  float beta2;    // Adafactor: beta2_t
-  float omb2;     // Adafactor: 1 - beta2_t
-  float beta1;    // first moment / momentum
-  float omb1;     // 1 - beta1
-  float coef;     // Adafactor: lr / max(1, RMS(u) / d)
-  float decay;    // Adafactor: -lr * weight_decay (fma into p)
+  bool use_m;       // first moment / momentum
+  bool scale_p;     // Adafactor: the pass over the statistics sums p^2
+  bool fuse_rms;    // Adafactor, a matrix: the statistics pass also sums
+                    // rms_part (AdafactorFusesRms)
+  bool sum_new_sq;  // Adafactor: the update pass sums the new weights'
+                    // squares (CpuStepResult::param_sq)
+  float gscale;     // inv_loss_scale * clip_coef
+  float eps;        // Adafactor: eps1 (added to g^2). SM3: the denominator's
+  float beta2;      // Adafactor: beta2_t
+  float omb2;       // Adafactor: 1 - beta2_t
+  float beta1;      // first moment / momentum
+  float omb1;       // 1 - beta1
+  float coef;       // Adafactor: lr / max(1, RMS(u) / d)
+  float decay;      // Adafactor: -lr * weight_decay (fma into p)
   bool use_decay;
   float l2;  // SM3: weight decay added to the gradient
   bool use_l2;
@@ -169,9 +171,11 @@ struct KernelTable {
   double (*adafactor_sumsq)(const FactoredParams& p, const FactoredArrays& a,
                             const TileRect& t);
   // Adafactor's last pass: the update of the tile's weights (and first moment,
-  // working copy).
-  void (*adafactor_apply)(const FactoredParams& p, const FactoredArrays& a,
-                          const TileRect& t);
+  // working copy). Returns the tile's sum of the new weights' squares (0
+  // unless sum_new_sq), in double, in the order of Note [The new weights'
+  // squares] (kernel_impl.h): the same bits on every variant and address.
+  double (*adafactor_apply)(const FactoredParams& p, const FactoredArrays& a,
+                            const TileRect& t);
   // SM3's one pass: the weights (and momentum, working copy) of the tile,
   // the tile's row maxima into row_fpart[i * strips + strip], column maxima
   // into col_fpart[band * cols + j] (rows > 1) or, for a vector, the

@@ -369,6 +369,10 @@ struct Avx2x2 {
             _mm256_fmadd_pd(w.d2, w.d2, acc.d2),
             _mm256_fmadd_pd(w.d3, w.d3, acc.d3)};
   }
+  [[gnu::always_inline]] static DL DLLoad(const double* p) {
+    return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4), _mm256_loadu_pd(p + 8),
+            _mm256_loadu_pd(p + 12)};
+  }
   [[gnu::always_inline]] static void DLStore(double* p, DL acc) {
     _mm256_storeu_pd(p, acc.d0);
     _mm256_storeu_pd(p + 4, acc.d1);

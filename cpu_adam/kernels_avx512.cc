@@ -212,6 +212,9 @@ struct Avx512 {
     return {_mm512_fmadd_pd(w.lo, w.lo, acc.lo),
             _mm512_fmadd_pd(w.hi, w.hi, acc.hi)};
   }
+  static DL DLLoad(const double* p) {
+    return {_mm512_loadu_pd(p), _mm512_loadu_pd(p + 8)};
+  }
   static void DLStore(double* p, DL acc) {
     _mm512_storeu_pd(p, acc.lo);
     _mm512_storeu_pd(p + 8, acc.hi);

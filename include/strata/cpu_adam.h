@@ -204,6 +204,14 @@ struct CpuStepArgs {
   // same scale (it needs the norm for clipping anyway) may set this false to
   // save that read; an inf/nan then reaches the weights.
   bool check_overflow = true;
+  // Adafactor with scale_parameter: the sum of the squares of `master` as
+  // it is at this call, the CpuStepResult::param_sq of the Step that last
+  // wrote it. The statistics pass then reads the gradient alone, not master
+  // too: 4 bytes a parameter fewer each step. Pass it only while nothing
+  // else has written master since that Step (a checkpoint load, another
+  // optimizer); negative: not known, and the statistics pass sums it. Must
+  // not be NaN or infinite. Other algorithms ignore it.
+  double param_sq = -1.0;
 };
 
 // What a Step moves, for predicting a step whose state rests on NVMe.
@@ -215,6 +223,9 @@ struct CpuStepShape {
   CpuDType moment_dtype = CpuDType::kFloat32;
   bool has_working = true;
   CpuDType working_dtype = CpuDType::kBFloat16;
+  // Adafactor with scale_parameter: the step is given CpuStepArgs::param_sq,
+  // so its statistics pass does not read master.
+  bool param_sq_known = false;
 };
 
 struct CpuStepFootprint {
@@ -260,6 +271,12 @@ struct CpuStepResult {
   double check_seconds = 0.0;
   int passes = 0;
   double pass_seconds[kCpuMaxStepPasses] = {};
+  // Adafactor with scale_parameter, when applied: the sum of the squares of
+  // the updated master, summed in the update pass in double, the same bits
+  // on every variant and thread count; for the next Step's
+  // CpuStepArgs::param_sq. Negative otherwise; a step not applied left
+  // master as it was, so the param_sq passed to it still holds.
+  double param_sq = -1.0;
 };
 
 struct GradStats {

@@ -329,6 +329,157 @@ TEST(FactoredTest, OverflowWritesNothing) {
   }
 }
 
+// The sum of squares of `master`, in long double.
+double SumSq(const std::vector<float>& master) {
+  long double s = 0;
+  for (float x : master) s += static_cast<long double>(x) * x;
+  return static_cast<double>(s);
+}
+
+// CpuStepResult::param_sq is the sum of the squares of the updated weights,
+// the same bits on every variant and thread count (and arrays at other
+// addresses); handed back as CpuStepArgs::param_sq it stands in for the
+// statistics pass's own sum, so carrying it step to step gives the weights
+// the uncarried steps give.
+TEST(FactoredTest, CarriedParamSqStandsInForTheWeights) {
+  const std::vector<Shape> shapes = {{0, 0, 5000},
+                                     {37, 300, 37 * 300},
+                                     {3, 5000, 3 * 5000},
+                                     {70, 33, 70 * 33},
+                                     {2, kCpuAdafactorFusedRowCols + 21,
+                                      2 * (kCpuAdafactorFusedRowCols + 21)}};
+  CpuOptimizerOptions o = Opts(CpuOptimizerAlgo::kAdafactor, 0);
+  ASSERT_TRUE(o.adafactor.scale_parameter);
+  for (const Shape& sh : shapes) {
+    for (CpuDType g : {CpuDType::kFloat32, CpuDType::kBFloat16}) {
+      std::vector<double> ref;  // the scalar variant's, step by step
+      for (CpuKernelVariant v : SupportedVariants()) {
+        const std::string what = std::string(CpuKernelVariantName(v)) + " " +
+                                 std::to_string(sh.rows) + "x" +
+                                 std::to_string(sh.cols) +
+                                 (g == CpuDType::kFloat32 ? " fp32" : " bf16");
+        SCOPED_TRACE(what);
+        auto opt1 = Make(o, v, 1);
+        auto opt3 = Make(o, v, 3);
+        Problem a(sh.rows, sh.cols, sh.n, g, CpuDType::kFloat32, true,
+                  CpuDType::kBFloat16, 19);
+        const Problem init = a;
+        Problem b = a, c = a;
+        double carried = -1.0;
+        for (int s = 1; s <= 6; ++s) {
+          CpuStepArgs args;
+          args.step = s;
+          auto ra = opt1->Step(a.Tensors(), args);  // not carried
+          args.param_sq = carried;
+          auto rb = opt1->Step(b.Tensors(), args);
+          auto rc = opt3->Step(c.Tensors(), args);
+          ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
+          ASSERT_TRUE(ra->applied && rb->applied && rc->applied);
+          const double truth = SumSq(b.master);
+          EXPECT_NEAR(rb->param_sq, truth, 1e-12 * truth) << "step " << s;
+          EXPECT_EQ(rb->param_sq, rc->param_sq) << "1 vs 3 threads";
+          if (v == CpuKernelVariant::kScalar) {
+            ref.push_back(rb->param_sq);
+          } else if (ref.size() >= static_cast<size_t>(s)) {
+            EXPECT_EQ(rb->param_sq, ref[s - 1]) << "against scalar, step " << s;
+          }
+          carried = rb->param_sq;
+        }
+        ExpectSame(b, c, what + " carried, 1 vs 3 threads");
+        // The statistics pass sums the weights' squares in float blocks,
+        // the update pass in double: the sums agree to about a float's
+        // precision, the learning rates (rounded to float) within an
+        // ulp or two, and so the weights' moves.
+        size_t bad = 0;
+        for (size_t i = 0; i < a.n && bad < 5; ++i) {
+          const double moved = std::fabs(double{a.master[i]} - init.master[i]);
+          if (std::fabs(double{a.master[i]} - b.master[i]) >
+              1e-5 * moved + 1e-7 * std::fabs(a.master[i])) {
+            ADD_FAILURE() << "element " << i << ": " << a.master[i] << " vs "
+                          << b.master[i];
+            ++bad;
+          }
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// The step takes a carried param_sq as given, and never reads the weights
+// for it: four times the sum doubles the weights' RMS, so the relative
+// step's learning rate, and so the move.
+TEST(FactoredTest, CarriedParamSqIsUsedAsGiven) {
+  CpuOptimizerOptions o = Opts(CpuOptimizerAlgo::kAdafactor, 0);
+  auto opt = Make(o, BestCpuKernelVariant(), 2);
+  Problem p(40, 64, 40 * 64, CpuDType::kFloat32, CpuDType::kFloat32, false,
+            CpuDType::kBFloat16, 23);
+  Problem a = p, b = p;
+  const double sq = SumSq(p.master);
+  CpuStepArgs args;
+  args.param_sq = sq;
+  ASSERT_TRUE(opt->Step(a.Tensors(), args).ok());
+  args.param_sq = 4 * sq;
+  ASSERT_TRUE(opt->Step(b.Tensors(), args).ok());
+  for (size_t i = 0; i < p.n; ++i) {
+    const double da = static_cast<double>(a.master[i]) - p.master[i];
+    const double db = static_cast<double>(b.master[i]) - p.master[i];
+    ASSERT_NEAR(db, 2 * da, 1e-5 * std::fabs(da) + 1e-6) << i;
+  }
+}
+
+// param_sq: NaN and infinities refused; negative, other algorithms and
+// scale_parameter off take no carried sum and return none; a step not
+// applied returns none.
+TEST(FactoredTest, ParamSqContract) {
+  Problem p(8, 16, 8 * 16, CpuDType::kFloat32, CpuDType::kFloat32, false,
+            CpuDType::kBFloat16, 29);
+  auto ada =
+      Make(Opts(CpuOptimizerAlgo::kAdafactor, 0), BestCpuKernelVariant());
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+    CpuStepArgs args;
+    args.param_sq = bad;
+    const Problem before = p;
+    auto r = ada->Step(p.Tensors(), args);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("param_sq"), std::string::npos);
+    ExpectSame(before, p, "refused");
+  }
+  {  // a negative one is "not known"
+    Problem q = p;
+    CpuStepArgs args;
+    args.param_sq = -5.0;
+    auto r = ada->Step(p.Tensors(), args);
+    auto rq = ada->Step(q.Tensors(), CpuStepArgs{});
+    ASSERT_TRUE(r.ok() && rq.ok());
+    ExpectSame(p, q, "negative param_sq");
+    EXPECT_EQ(r->param_sq, rq->param_sq);
+  }
+  CpuOptimizerOptions off = Opts(CpuOptimizerAlgo::kAdafactor, 1);
+  ASSERT_FALSE(off.adafactor.scale_parameter);
+  for (const CpuOptimizerOptions& o : {off, Opts(CpuOptimizerAlgo::kSm3, 1)}) {
+    auto opt = Make(o, BestCpuKernelVariant());
+    Problem a = p, b = p;
+    CpuStepArgs args;
+    auto ra = opt->Step(a.Tensors(), args);
+    args.param_sq = 1e6;  // ignored
+    auto rb = opt->Step(b.Tensors(), args);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    EXPECT_LT(ra->param_sq, 0);
+    EXPECT_LT(rb->param_sq, 0);
+    ExpectSame(a, b, std::string(CpuOptimizerAlgoName(o.algo)) + " ignores it");
+  }
+  p.grad32[3] = std::numeric_limits<float>::infinity();
+  CpuStepArgs args;
+  args.param_sq = SumSq(p.master);
+  auto r = ada->Step(p.Tensors(), args);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->applied);
+  EXPECT_LT(r->param_sq, 0);
+}
+
 // SM3's cover sets for a vector are its elements: it is Adagrad (lr_decay
 // 0, L2 decay), bit for bit, when momentum is off.
 TEST(FactoredTest, Sm3OnAVectorIsAdagrad) {
@@ -383,6 +534,21 @@ TEST(FactoredTest, FootprintAndShapeChecks) {
   // update's RMS comes with the statistics.
   EXPECT_EQ(f->read_bytes, s.n * 16 + 5000 * 4);
   EXPECT_EQ(f->written_bytes, s.n * 6 + 5000 * 4);
+  {  // a carried param_sq: the statistics pass reads g alone
+    CpuStepShape known = s;
+    known.param_sq_known = true;
+    auto fk = CpuStepFootprintOf(o, known);
+    ASSERT_TRUE(fk.ok());
+    EXPECT_EQ(fk->read_bytes, s.n * 12 + 5000 * 4);
+    EXPECT_EQ(fk->written_bytes, f->written_bytes);
+    CpuOptimizerOptions off = o;
+    off.adafactor.scale_parameter = false;
+    auto f_off = CpuStepFootprintOf(off, s);
+    auto fk_off = CpuStepFootprintOf(off, known);
+    ASSERT_TRUE(f_off.ok() && fk_off.ok());
+    EXPECT_EQ(f_off->read_bytes, s.n * 12 + 5000 * 4);
+    EXPECT_EQ(fk_off->read_bytes, f_off->read_bytes);
+  }
   {  // rows too wide to fuse it: a pass of its own over g
     CpuStepShape wide = s;
     wide.rows = 2;
