@@ -85,6 +85,7 @@ struct AdamFlags {
   std::string working = "bf16";
   std::string grad = "fp32";
   std::string scale_parameter = "on";
+  std::string carry_param_sq = "on";
   std::string reps = "5";
   std::string json;
   std::string torch = "auto";
@@ -106,6 +107,11 @@ struct AdamConfig {
   // Adafactor: the step scaled by the weights' RMS (the statistics pass
   // then reads the weights too).
   bool scale_parameter = true;
+  // Adafactor with scale_parameter: each step is handed the weights' sum of
+  // squares the last step returned (CpuStepArgs::param_sq), as a training
+  // loop that owns its weights does, and its statistics pass reads the
+  // gradient alone.
+  bool carry_param_sq = true;
   int reps = 5;
   bool torch = true;
   std::string json;
@@ -167,6 +173,10 @@ void AddOptions(CLI::App& app, AdamFlags& f) {
   app.add_option("--scale-parameter", f.scale_parameter,
                  "adafactor: scale the step by the weights' RMS, on (the "
                  "default) or off");
+  app.add_option("--carry-param-sq", f.carry_param_sq,
+                 "adafactor with --scale-parameter on: hand each step the "
+                 "weights' sum of squares the last one returned, on (the "
+                 "default) or off (the statistics pass reads the weights)");
   app.add_option("--reps", f.reps,
                  "timed repetitions, 1..1000; the best is kept (default 5)");
   app.add_option("--json", f.json, "write results as JSON to FILE");
@@ -273,6 +283,10 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
       std::string scale,
       ParseChoiceOption("--scale-parameter", f.scale_parameter, {"on", "off"}));
   cfg.scale_parameter = scale == "on";
+  STRATA_ASSIGN_OR_RETURN(
+      std::string carry,
+      ParseChoiceOption("--carry-param-sq", f.carry_param_sq, {"on", "off"}));
+  cfg.carry_param_sq = carry == "on";
   STRATA_ASSIGN_OR_RETURN(int64_t reps,
                           ParseIntOption("--reps", f.reps, 1, kMaxReps));
   cfg.reps = static_cast<int>(reps);
@@ -425,7 +439,7 @@ std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
     if (o.algo == CpuOptimizerAlgo::kAdafactor) {
       BoundArrays p1, p2;
       p1.Add(grad, g, BoundAccess::kRead);
-      if (o.adafactor.scale_parameter) {
+      if (o.adafactor.scale_parameter && !cfg.carry_param_sq) {
         p1.Add(t.master, 4, BoundAccess::kRead);
       }
       p2.Add(grad, g, BoundAccess::kRead);
@@ -720,6 +734,7 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
       shape.moment_dtype = mom;
       shape.has_working = cfg.has_working;
       shape.working_dtype = cfg.working;
+      shape.param_sq_known = cfg.carry_param_sq;
       STRATA_ASSIGN_OR_RETURN(CpuStepFootprint fp,
                               CpuStepFootprintOf(o, shape));
       const std::vector<BoundArrays> passes =
@@ -773,6 +788,8 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
           if (!res->applied) {
             return Status::Internal("adam: a step was skipped");
           }
+          // Every variant's steps update the same weights in turn.
+          if (cfg.carry_param_sq) args.param_sq = res->param_sq;
           if (static_cast<size_t>(res->passes) != passes.size()) {
             return Status::Internal(
                 "adam: a step ran " + std::to_string(res->passes) +
@@ -963,6 +980,7 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
           {"grad_dtype", cfg.grad_name},
           {"working_dtype", cfg.working_name},
           {"scale_parameter", cfg.scale_parameter},
+          {"carry_param_sq", cfg.carry_param_sq},
           {"reps", cfg.reps},
           {"torch", cfg.torch ? "auto" : "off"},
           {"bound_isa", BoundIsaName(BestBoundIsa())}};
@@ -976,9 +994,10 @@ Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
       "%d, bound %s\n%s",
       static_cast<unsigned long long>(cfg.n), cfg.grad_name.c_str(),
       cfg.working_name.c_str(),
-      !adafactor            ? ""
-      : cfg.scale_parameter ? ", adafactor scale_parameter on"
-                            : ", adafactor scale_parameter off",
+      !adafactor             ? ""
+      : !cfg.scale_parameter ? ", adafactor scale_parameter off"
+      : cfg.carry_param_sq ? ", adafactor scale_parameter on, param_sq carried"
+                           : ", adafactor scale_parameter on, param_sq summed",
       cfg.reps, std::string(BoundIsaName(BestBoundIsa())).c_str(),
       out.table.ToString().c_str());
   if (out.speedups.HasRows()) {

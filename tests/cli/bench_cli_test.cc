@@ -393,6 +393,8 @@ TEST(BenchCliTest, BadNumbersAreUsageErrors) {
       {{"adam", "--reps", "x"}, "--reps"},
       {{"adam", "--scale-parameter", "yes"},
        "--scale-parameter: 'yes' is not one of on, off"},
+      {{"adam", "--carry-param-sq", "1"},
+       "--carry-param-sq: '1' is not one of on, off"},
       {{"io", "--queue-depth", "0"},
        "--queue-depth: 0 is out of range 1..1024"},
       {{"io", "--queue-depth", "1025"}, "--queue-depth"},
@@ -1103,33 +1105,45 @@ TEST(BenchCliTest, AdamComparesTheBestVariantWithFp32AdamW) {
 // --scale-parameter off runs Adafactor without scale_parameter: its
 // statistics pass no longer reads the weights (4 bytes a parameter less,
 // with fp32 gradients), and the row's options and the run's configuration
-// say so.
+// say so. With it on, --carry-param-sq on (the default) hands each step
+// the sum of squares the last one returned, which spares that pass the
+// weights too; off, the pass reads them.
 TEST(BenchCliTest, AdamScaleParameterOffDropsTheWeightsFromStatistics) {
   ScratchDir d;
-  for (const bool on : {true, false}) {
-    SCOPED_TRACE(on ? "on" : "off");
+  struct Case {
+    bool scale, carry;
+    const char* header;
+  };
+  for (const Case& c :
+       {Case{true, false, "adafactor scale_parameter on, param_sq summed"},
+        Case{true, true, "adafactor scale_parameter on, param_sq carried"},
+        Case{false, true, "adafactor scale_parameter off"}}) {
+    SCOPED_TRACE(c.header);
     const std::string json = d.path() + "/sp.json";
     const Outcome o =
-        RunBench(With(kSmallAdam,
-                      {"--optimizer", "adafactor", "--cols", "256",
-                       "--scale-parameter", on ? "on" : "off", "--json", json}),
+        RunBench(With(kSmallAdam, {"--optimizer", "adafactor", "--cols", "256",
+                                   "--scale-parameter", c.scale ? "on" : "off",
+                                   "--carry-param-sq", c.carry ? "on" : "off",
+                                   "--json", json}),
                  d.path());
     ASSERT_EQ(o.code, 0) << o.err;
-    EXPECT_TRUE(Has(o.out, on ? "adafactor scale_parameter on"
-                              : "adafactor scale_parameter off"))
-        << o.out;
+    EXPECT_TRUE(Has(o.out, c.header)) << o.out;
     std::ifstream in(json);
     const nlohmann::json j = nlohmann::json::parse(in);
-    EXPECT_EQ(j["config"]["scale_parameter"].get<bool>(), on);
+    EXPECT_EQ(j["config"]["scale_parameter"].get<bool>(), c.scale);
+    EXPECT_EQ(j["config"]["carry_param_sq"].get<bool>(), c.carry);
     const std::vector<nlohmann::json> rows = BoundRows(json);
     ASSERT_EQ(rows.size(), 1u);
     const nlohmann::json& row = rows[0];
-    EXPECT_EQ(row["options"]["adafactor"]["scale_parameter"].get<bool>(), on);
-    // fp32 gradient, bf16 working copy: statistics 4 (+4 the weights), the
-    // update 4 + 4 + 4 + 2.
+    EXPECT_EQ(row["options"]["adafactor"]["scale_parameter"].get<bool>(),
+              c.scale);
+    // fp32 gradient, bf16 working copy: statistics 4 (+4 the weights when
+    // they are summed), the update 4 + 4 + 4 + 2.
+    const bool reads_weights = c.scale && !c.carry;
     EXPECT_EQ(row["bound_pass_bytes_per_param"],
-              nlohmann::json({on ? 8.0 : 4.0, 14.0}));
-    EXPECT_NEAR(row["bytes_per_param"].get<double>(), on ? 22.0 : 18.0, 0.1);
+              nlohmann::json({reads_weights ? 8.0 : 4.0, 14.0}));
+    EXPECT_NEAR(row["bytes_per_param"].get<double>(),
+                reads_weights ? 22.0 : 18.0, 0.1);
   }
 }
 
