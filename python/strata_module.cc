@@ -284,7 +284,7 @@ class PyCpuOptimizer {
   bool Step(py::handle master, py::handle grad, py::handle exp_avg,
             py::handle exp_avg_sq, int64_t step, double lr, py::handle working,
             size_t rows, size_t cols, double inv_loss_scale, double clip_coef,
-            bool check_overflow) {
+            bool check_overflow, double param_sq) {
     const CpuOptimizerOptions& o = Open("step").options();
     const Borrowed m = Borrow(master, "master", kAcceptF32);
     const size_t n = m.numel;
@@ -365,14 +365,19 @@ class PyCpuOptimizer {
     a.inv_loss_scale = inv_loss_scale;
     a.clip_coef = clip_coef;
     a.check_overflow = check_overflow;
+    a.param_sq = param_sq;
 
     Busy busy(this, "step");
     StatusOr<CpuStepResult> r = [&] {
       py::gil_scoped_release nogil;
       return opt_->Step(t, a);
     }();
-    return ValueOrThrow(std::move(r)).applied;
+    const CpuStepResult result = ValueOrThrow(std::move(r));
+    last_param_sq_ = result.param_sq;
+    return result.applied;
   }
+
+  double last_param_sq() const { return last_param_sq_; }
 
   py::tuple GradStats(py::handle grad, double scale) {
     CpuOptimizer& opt = Open("grad_stats");
@@ -427,6 +432,7 @@ class PyCpuOptimizer {
 
   std::unique_ptr<CpuOptimizer> opt_;
   std::atomic<bool> busy_{false};
+  double last_param_sq_ = -1.0;  // CpuStepResult::param_sq of the last step
 };
 
 std::unique_ptr<PyCpuOptimizer> NewPyCpuOptimizer(
@@ -516,6 +522,7 @@ concurrent call raises strata.Error); close() frees the threads.
            py::arg("working") = py::none(), py::arg("rows") = 0,
            py::arg("cols") = 0, py::arg("inv_loss_scale") = 1.0,
            py::arg("clip_coef") = 1.0, py::arg("check_overflow") = true,
+           py::arg("param_sq") = -1.0,
            R"doc(
 One fused update, in place. master: float32; grad: float32, float16 or
 bfloat16; exp_avg / exp_avg_sq: float32 or bfloat16 (uint8 for block8 state,
@@ -524,7 +531,10 @@ use for them; working: optional float16/bfloat16 array that receives the
 updated weights in the same pass. All C-contiguous host arrays of master's
 element count, not overlapping. step: the 1-based step number. Returns False,
 having written nothing, when check_overflow found an inf or nan in the
-scaled gradient.
+scaled gradient. param_sq (adafactor with scale_parameter): the sum of the
+squares of master as the last step left it (last_param_sq), which spares the
+step a read of master; pass it only while nothing else has written master.
+Negative: not known.
 )doc")
       .def("grad_stats", &PyCpuOptimizer::GradStats, py::arg("grad"),
            py::arg("scale") = 1.0,
@@ -539,6 +549,11 @@ scaled gradient.
              return false;
            })
       .def_property_readonly("closed", &PyCpuOptimizer::closed)
+      .def_property_readonly(
+          "last_param_sq", &PyCpuOptimizer::last_param_sq,
+          "adafactor with scale_parameter: the sum of the squares of master "
+          "after the last applied step (for the next step's param_sq); -1.0 "
+          "otherwise")
       .def_property_readonly("algo",
                              [](PyCpuOptimizer& self) {
                                return std::string(CpuOptimizerAlgoName(

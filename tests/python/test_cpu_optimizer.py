@@ -71,6 +71,34 @@ class NumpyStepTest(unittest.TestCase):
         np.testing.assert_allclose(m, rm, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(v, rv, rtol=1e-5, atol=1e-9)
 
+    def test_adafactor_carries_the_weights_sum_of_squares(self):
+        rows, cols = 30, 100
+        p = self.p.copy()
+        q = self.p.copy()
+        stats_p = np.zeros(rows + cols, np.float32)
+        stats_q = np.zeros(rows + cols, np.float32)
+        with strata.CpuOptimizer("adafactor", threads=2) as opt:
+            self.assertEqual(opt.last_param_sq, -1.0)
+            carried = -1.0
+            for step, g in enumerate(self.grads, start=1):
+                self.assertTrue(opt.step(p, g, None, stats_p, step=step,
+                                         lr=0.0, rows=rows, cols=cols))
+                self.assertTrue(opt.step(q, g, None, stats_q, step=step,
+                                         lr=0.0, rows=rows, cols=cols,
+                                         param_sq=carried))
+                carried = opt.last_param_sq
+                want = float(np.sum(q.astype(np.float64) ** 2))
+                self.assertAlmostEqual(carried / want, 1.0, delta=1e-12)
+            with self.assertRaises(strata.InvalidArgumentError):
+                opt.step(q, self.grads[0], None, stats_q, step=6, lr=0.0,
+                         rows=rows, cols=cols, param_sq=float("nan"))
+        np.testing.assert_allclose(q, p, rtol=1e-5, atol=1e-7)
+        with strata.CpuOptimizer("adamw", threads=1) as opt:
+            m = np.zeros(self.n, np.float32)
+            v = np.zeros(self.n, np.float32)
+            opt.step(p, self.grads[0], m, v, step=1, lr=1e-3, param_sq=5.0)
+            self.assertEqual(opt.last_param_sq, -1.0)
+
     def test_capsule_and_reshaped_arrays_are_accepted(self):
         p = self.p.reshape(30, 100).copy()
         m = np.zeros((30, 100), np.float32)
