@@ -551,9 +551,9 @@ Negative: not known.
       .def_property_readonly("closed", &PyCpuOptimizer::closed)
       .def_property_readonly(
           "last_param_sq", &PyCpuOptimizer::last_param_sq,
-          "adafactor with scale_parameter: the sum of the squares of master "
-          "after the last applied step (for the next step's param_sq); -1.0 "
-          "otherwise")
+          "the sum of the squares of master after the last step (for the next "
+          "step's param_sq) when it was an applied adafactor step with "
+          "scale_parameter; -1.0 otherwise")
       .def_property_readonly("algo",
                              [](PyCpuOptimizer& self) {
                                return std::string(CpuOptimizerAlgoName(

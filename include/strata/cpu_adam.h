@@ -209,8 +209,9 @@ struct CpuStepArgs {
   // wrote it. The statistics pass then reads the gradient alone, not master
   // too: 4 bytes a parameter fewer each step. Pass it only while nothing
   // else has written master since that Step (a checkpoint load, another
-  // optimizer); negative: not known, and the statistics pass sums it. Must
-  // not be NaN or infinite. Other algorithms ignore it.
+  // optimizer); negative: not known, and the statistics pass sums it. NaN
+  // and infinities are refused on every algorithm; the others ignore its
+  // value.
   double param_sq = -1.0;
 };
 
