@@ -549,12 +549,16 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     row_part_.assign(rows * grid.strips, 0.0);
     col_part_.resize(rows > 1 ? grid.bands * cols : 0);
     rms_part_.resize(p.fuse_rms ? grid.bands * cols : 0);
+    group_part_.resize(p.fuse_rms && cpu_adam::AdafactorLagsRows(t.grad_dtype)
+                           ? grid.bands * cpu_adam::AfGroupStride(cols)
+                           : 0);
     col_factor_.resize(cols);
     row_factor_.resize(rows);
     tile_sums_.assign(tiles, cpu_adam::AfTileSums{});
     a.row_part = row_part_.data();
     a.col_part = col_part_.data();
     a.rms_part = rms_part_.data();
+    a.group_part = group_part_.data();
     a.col_factor = col_factor_.data();
     a.row_factor = row_factor_.data();
     const auto& k = *kernels_;
@@ -811,7 +815,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   // Scratch of the factored optimizers (kernels.h, FactoredArrays).
   std::vector<double> row_part_, col_part_, rms_part_, col_sum_;
   std::vector<cpu_adam::AfTileSums> tile_sums_;
-  std::vector<float> row_factor_, col_factor_, row_fpart_, col_fpart_;
+  std::vector<float> row_factor_, col_factor_, row_fpart_, col_fpart_,
+      group_part_;
 };
 
 }  // namespace

@@ -1087,9 +1087,8 @@ STRATA_CPU_ADAM_INLINE typename V::F ScaledGrad(const FConsts<V>& c,
 
 // Adafactor pass 1 at j of row `row`: s = g^2 + eps1 (and a vector's
 // statistic in place, its factor, and its update g / sqrt(v) into *u; a
-// matrix's column sums unless kFuse, which adds them by groups of rows);
-// *x the weight when kParam.
-template <class V, class G, bool kVec, bool kParam, bool kFuse, bool kUnit>
+// matrix's column sums); *x the weight when kParam.
+template <class V, class G, bool kVec, bool kParam, bool kUnit>
 STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
     const FConsts<V>& c, const FactoredArrays& a, const G* grad, double* colp,
     bool first, size_t row, size_t j, typename V::F* x, typename V::F* u) {
@@ -1103,7 +1102,7 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
     const F f = V::Div(c.one, V::Sqrt(col));
     V::Store(a.col_factor + j, f);
     *u = V::Mul(f, g);
-  } else if constexpr (!kFuse) {
+  } else {
     if (first) {
       V::DPut(colp + j, s);
     } else {
@@ -1114,30 +1113,32 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
   return s;
 }
 
-// Note [Adafactor's fused RMS] (kernels.h): the rows of a group, each read
-// once from memory for its sums, are read again from cache, the group's
-// rows at each j together, and added into the band's column sums (the
-// sum of g^2, plus eps1 once per row) and rms_part (g^2 / R_i, w[r] = 1 /
-// R_i, fused multiply-adds): one write (or read-modify-write) of each
-// column array per group, not per row. A group is as many rows as fit in
-// kAfGroupBytes of gradient, at most kAfGroupRows: the rows must still be
-// in L2 when read again. The group's terms add in row order in float, then
-// into the double partial.
+// Note [Adafactor's fused RMS] (kernels.h): each row's sum is known once
+// the row has been read, and with it the row's factor w_i = 1 / R_i. The
+// statistics pass therefore reads row i from memory for its sums and, in
+// the same loop, the row before it (still in L1 or L2) for g^2 w_{i-1}: a
+// group's column sums of g^2 and of g^2 w_i add, in float and in row
+// order, in the band's float accumulators (group_part), and when the
+// group's last row has been added they go into the band's double
+// partials (col_part: plus eps1 once for each of the group's rows;
+// rms_part), in the same loop over the next row. A group is as many rows
+// as fit in kAfGroupBytes of gradient, at most kAfGroupRows (the float
+// sums of at most that many terms, the order of the bits the tests pin);
+// groups restart at each tile's first row, and the tile's last row takes a
+// pass of its own from cache.
 //
-// One Zen 5 core, 16384 x 4096 (64-byte aligned), the statistics kernel
-// over all tiles, best of 9: groups of 4 rows 33-35 ms, of 8 rows 28-30,
-// of 16 rows 23-25, against 30-32 for the unfused statistics and RMS
-// passes together. The column arrays' read-modify-write is what a small
-// group pays for (a plain loop over the same streams: 27-31 ms a group of
-// 4, 24-25 of 8, 20-22 of 16, 22 of 32). Then four operations per element,
-// not six: 21.7-23.5 ms against 24.4-25.3 with eps1 added per element and
-// a multiply and an add for each g^2 / R_i.
-//
-// Not kept: the previous group's columns read back a slice at a time while
-// the next group streams in (a column vector after every 16 of the row's
-// own vectors), so that the reads from L2 would fill the waits on memory.
-// The kernel took 35-38 ms against 24-26: the back-and-forth between the
-// row's two streams and sixteen rows in L2 cost more than it hid.
+// Measured before this loop: the rows of a group, read once from memory
+// for their sums, read again from L2 together, a column vector of each at
+// a time, after the group's last row (one Zen 5 core, 16384 x 4096, the
+// statistics kernel alone, best of 9): groups of 4 rows 33-35 ms, of 8
+// 28-30, of 16 23-25, against 30-32 for unfused statistics and RMS passes.
+// No line streamed in while a group was read again, and the gradient
+// alone ran at 3.2-3.3 ns per 16 elements, where a plain read runs at 1.8.
+// Two ways of filling that wait had lost: the previous group's columns
+// read a slice at a time while the next group streams in (35-38 ms
+// against 24-26: two groups in L2 and the back-and-forth between them),
+// and prefetching the next group's rows during the read-back (16.4-18.1
+// ms against 12.9-13.8 without the weights).
 constexpr size_t kAfGroupBytes = size_t{256} << 10;
 constexpr size_t kAfGroupRows = 16;
 
@@ -1156,6 +1157,261 @@ size_t AfGroupRows(size_t cols) {
                             kAfGroupRows);
 }
 
+// group_part of column j: the float sum of g^2 at AfGroupAcc(j), of g^2 w
+// 16 floats after it (blocks of 16 columns, one block of each in turn).
+inline size_t AfGroupAcc(size_t j) { return 2 * j - j % kSumLanes; }
+
+// What a row of the fused statistics pass adds into the group accumulators
+// besides its sums: its own g^2 (kPut: a group's first row; kFlushPut:
+// the same, after the previous group's sums go into col_part; kAdd), and
+// the previous row's g^2 w (kNone: the tile's first row; kPut, kAdd), then
+// into rms_part when that row ends its group (kQFlush).
+enum class AfCol { kNone, kPut, kFlushPut, kAdd };
+
+struct AfFusedRowArgs {
+  size_t row;        // the row's first element
+  size_t cols;       // elements a row
+  float w_prev;      // 1 / R of the row before
+  float e_rows;      // rows of the group kFlushPut ends
+  bool first_group;  // that group (and a flushed g^2 w's) is the tile's first
+};
+
+template <class U, bool kUnit, AfCol kE, AfCol kQ, bool kQFlush, class G>
+STRATA_CPU_ADAM_INLINE typename U::F AfFusedAt(const FConsts<U>& c,
+                                               const G* grad, float* acc,
+                                               double* colp, double* rmsp,
+                                               const AfFusedRowArgs& r,
+                                               size_t j) {
+  using F = typename U::F;
+  float* ea = acc + AfGroupAcc(j);
+  float* qa = ea + kSumLanes;
+  const F g = ScaledGrad<U, kUnit>(c, grad, r.row + j);
+  const F g2 = U::Mul(g, g);
+  if constexpr (kE == AfCol::kFlushPut) {
+    const F s = U::Fma(c.eps, U::Set(r.e_rows), U::Load(ea));
+    if (r.first_group) {
+      U::DPut(colp + j, s);
+    } else {
+      U::DAccum(colp + j, s);
+    }
+  }
+  U::Store(ea, kE == AfCol::kAdd ? U::Add(U::Load(ea), g2) : g2);
+  if constexpr (kQ != AfCol::kNone) {
+    const F h = ScaledGrad<U, kUnit>(c, grad, r.row - r.cols + j);
+    const F h2 = U::Mul(h, h);
+    const F w = U::Set(r.w_prev);
+    const F q = kQ == AfCol::kPut ? U::Mul(h2, w) : U::Fma(h2, w, U::Load(qa));
+    if constexpr (kQFlush) {
+      if (r.first_group) {
+        U::DPut(rmsp + j, q);
+      } else {
+        U::DAccum(rmsp + j, q);
+      }
+    } else {
+      U::Store(qa, q);
+    }
+  }
+  return U::Add(g2, c.eps);
+}
+
+// The sums of one row [c0, c1) in the order of Note [Reduction order]: of
+// s = op.At<U>(j, &x, &u) (U is V, after op.Prefetch(j), or Scalar), of
+// x^2 (kParam) and of u^2 (kVec). The op is a struct, not a lambda: GCC 12
+// dropped the calls of a lambda made of prefetches alone, in a template,
+// as calls without effects.
+struct AfRowSums {
+  double s = 0.0, x_sq = 0.0, u_sq = 0.0;
+};
+
+template <class V, bool kParam, bool kVec, class Op>
+STRATA_CPU_ADAM_INLINE AfRowSums AfRowPass(size_t c0, size_t c1, Op& op) {
+  double rl[kSumLanes] = {}, pl[kSumLanes] = {}, ul[kSumLanes] = {};
+  float rf[kSumLanes] = {}, pf[kSumLanes] = {}, uf[kSumLanes] = {};
+  size_t j = c0;
+  if constexpr (V::kN == kSumLanes) {
+    using F = typename V::F;
+    typename V::DL racc = V::DLZero(), pacc = V::DLZero(), uacc = V::DLZero();
+    const F zero = V::Set(0.0f);
+    F rb = zero, pb = zero, ub = zero;
+    size_t in_block = 0;
+    for (; j + V::kN <= c1; j += V::kN) {
+      op.Prefetch(j);
+      F x, u;
+      const F s = op.template At<V>(j, &x, &u);
+      rb = V::Add(rb, s);
+      if constexpr (kParam) pb = V::Fma(x, x, pb);
+      if constexpr (kVec) ub = V::Fma(u, u, ub);
+      if (++in_block == kSumBlock) {
+        in_block = 0;
+        racc = V::DLAdd(racc, rb);
+        rb = zero;
+        if constexpr (kParam) {
+          pacc = V::DLAdd(pacc, pb);
+          pb = zero;
+        }
+        if constexpr (kVec) {
+          uacc = V::DLAdd(uacc, ub);
+          ub = zero;
+        }
+      }
+    }
+    V::DLStore(rl, racc);
+    V::DLStore(pl, pacc);
+    V::DLStore(ul, uacc);
+    V::Store(rf, rb);
+    V::Store(pf, pb);
+    V::Store(uf, ub);
+  }
+  for (; j < c1; ++j) {
+    float x = 0.0f, u = 0.0f;
+    const float s = op.template At<Scalar>(j, &x, &u);
+    const size_t k = j - c0, lane = k % kSumLanes;
+    rf[lane] += s;
+    if constexpr (kParam) pf[lane] = std::fma(x, x, pf[lane]);
+    if constexpr (kVec) uf[lane] = std::fma(u, u, uf[lane]);
+    if ((k + 1) % (kSumLanes * kSumBlock) == 0) {
+      FlushBlock(rl, rf);
+      FlushBlock(pl, pf);
+      FlushBlock(ul, uf);
+    }
+  }
+  FlushBlock(rl, rf);
+  FlushBlock(pl, pf);
+  FlushBlock(ul, uf);
+  AfRowSums out;
+  out.s = LaneTree(rl);
+  if constexpr (kParam) out.x_sq = LaneTree(pl);
+  if constexpr (kVec) out.u_sq = LaneTree(ul);
+  return out;
+}
+
+// One row of the fused statistics pass: its sums, and its and the row
+// before's terms into the group accumulators (AfCol).
+template <class V, class G, bool kParam, bool kUnit, AfCol kE, AfCol kQ,
+          bool kQFlush>
+struct AfFusedOp {
+  const FConsts<V>& cv;
+  const FConsts<Scalar>& cs;
+  const G* grad;
+  const float* master;
+  float* acc;
+  double* colp;
+  double* rmsp;
+  AfFusedRowArgs r;
+
+  STRATA_CPU_ADAM_INLINE void Prefetch(size_t j) const {
+    // Read again with the next row: no non-temporal hint.
+    PrefetchAt<V, V::kN, kAfFusedPrefetchBytes / sizeof(G), 3>(grad, r.row + j);
+    if constexpr (kParam) PrefetchOnce<V, V::kN>(master, r.row + j);
+  }
+  template <class U>
+  STRATA_CPU_ADAM_INLINE typename U::F At(size_t j, typename U::F* x,
+                                          typename U::F*) const {
+    if constexpr (kParam) *x = U::Load(master + r.row + j);
+    return AfFusedAt<U, kUnit, kE, kQ, kQFlush>(*PickConsts<U>(cv, cs), grad,
+                                                acc, colp, rmsp, r, j);
+  }
+};
+
+template <class V, class G, bool kParam, bool kUnit, AfCol kE, AfCol kQ,
+          bool kQFlush>
+AfRowSums AfFusedRow(const FConsts<V>& cv, const FConsts<Scalar>& cs,
+                     const G* grad, const float* master, float* acc,
+                     double* colp, double* rmsp, const AfFusedRowArgs& r) {
+  AfFusedOp<V, G, kParam, kUnit, kE, kQ, kQFlush> op{cv,  cs,   grad, master,
+                                                     acc, colp, rmsp, r};
+  return AfRowPass<V, kParam, false>(0, r.cols, op);
+}
+
+// The tile's last row's g^2 w into its group's sums, and the group's sums
+// into col_part and rms_part (r.row is the row after it).
+template <class U, bool kUnit, class G>
+STRATA_CPU_ADAM_INLINE void AfFusedTailAt(const FConsts<U>& c, const G* grad,
+                                          const float* acc, double* colp,
+                                          double* rmsp, bool q_put,
+                                          const AfFusedRowArgs& r, size_t j) {
+  using F = typename U::F;
+  const float* ea = acc + AfGroupAcc(j);
+  const F h = ScaledGrad<U, kUnit>(c, grad, r.row - r.cols + j);
+  const F h2 = U::Mul(h, h);
+  const F w = U::Set(r.w_prev);
+  const F q = q_put ? U::Mul(h2, w) : U::Fma(h2, w, U::Load(ea + kSumLanes));
+  const F s = U::Fma(c.eps, U::Set(r.e_rows), U::Load(ea));
+  if (r.first_group) {
+    U::DPut(colp + j, s);
+    U::DPut(rmsp + j, q);
+  } else {
+    U::DAccum(colp + j, s);
+    U::DAccum(rmsp + j, q);
+  }
+}
+
+template <class V, class G, bool kParam, bool kUnit>
+AfTileSums AfStatsLaggedT(const FactoredParams& params,
+                          const FactoredArrays& arrays, const TileRect& t) {
+  // See Note [Local copies of the arrays].
+  const FactoredParams p = params;
+  const FactoredArrays a = arrays;
+  const FConsts<V> cv(p);
+  const FConsts<Scalar> cs(p);
+  const G* grad = static_cast<const G*>(a.grad);
+  const size_t cols = a.cols;
+  double* colp = a.col_part + t.band * cols;
+  double* rmsp = a.rms_part + t.band * cols;
+  float* acc = a.group_part + t.band * AfGroupStride(cols);
+  // Groups of at least 2 rows: a row that ends its group is never its
+  // first (the row kinds below).
+  static_assert(sizeof(G) == 2 &&
+                kAfGroupBytes / (kCpuAdafactorFusedRowCols * 2) >= 2);
+  const size_t group = AfGroupRows<G>(cols);
+  AfTileSums sums;
+  AfFusedRowArgs r{};
+  r.cols = cols;
+  for (size_t i = t.r0; i < t.r1; ++i) {
+    r.row = i * cols;
+    const size_t k = (i - t.r0) % group;
+    r.e_rows = static_cast<float>(group);
+    r.first_group = i - t.r0 == group;
+    AfRowSums rs;
+#define STRATA_AF_ROW(kE, kQ, kQFlush)                            \
+  AfFusedRow<V, G, kParam, kUnit, AfCol::kE, AfCol::kQ, kQFlush>( \
+      cv, cs, grad, a.master, acc, colp, rmsp, r)
+    if (i == t.r0) {
+      rs = STRATA_AF_ROW(kPut, kNone, false);
+    } else if (k == 0) {
+      rs = STRATA_AF_ROW(kFlushPut, kAdd, true);
+    } else if (k == 1) {
+      rs = STRATA_AF_ROW(kAdd, kPut, false);
+    } else {
+      rs = STRATA_AF_ROW(kAdd, kAdd, false);
+    }
+#undef STRATA_AF_ROW
+    a.row_part[i * a.strips + t.strip] = rs.s;
+    if constexpr (kParam) sums.p_sq += rs.x_sq;
+    r.w_prev =
+        1.0f / AdafactorStat(a.row_state[i], p.beta2, p.omb2, rs.s, cols);
+  }
+  // The tile's last row and its group.
+  const size_t last = (t.r1 - 1 - t.r0) % group;
+  r.row = t.r1 * cols;
+  r.e_rows = static_cast<float>(last + 1);
+  r.first_group = t.r1 - 1 - last == t.r0;
+  size_t j = 0;
+  if constexpr (V::kN > 1) {
+    for (; j + V::kN <= cols; j += V::kN) {
+      AfFusedTailAt<V, kUnit>(cv, grad, acc, colp, rmsp, last == 0, r, j);
+    }
+  }
+  for (; j < cols; ++j) {
+    AfFusedTailAt<Scalar, kUnit>(cs, grad, acc, colp, rmsp, last == 0, r, j);
+  }
+  return sums;
+}
+
+// The fused statistics pass with fp32 gradients (AdafactorLagsRows): the
+// rows of a group, each read once from memory for its sums, read again
+// from L2 together after the group's last row, a column vector of each at
+// a time, into the band's double partials (Note [Adafactor's fused RMS]).
 template <class V, bool kUnit, class G>
 STRATA_CPU_ADAM_INLINE void AfGroupAt(const FConsts<V>& c, const G* grad,
                                       size_t row0, size_t rows, size_t cols,
@@ -1203,7 +1459,91 @@ void AfGroupColumns(const FConsts<V>& cv, const FConsts<Scalar>& cs,
   }
 }
 
-template <class V, class G, bool kVec, bool kParam, bool kFuse, bool kUnit>
+template <class V, class G, bool kParam, bool kUnit>
+struct AfGroupRowOp {
+  const FConsts<V>& cv;
+  const FConsts<Scalar>& cs;
+  const G* grad;
+  const float* master;
+  size_t row;
+
+  STRATA_CPU_ADAM_INLINE void Prefetch(size_t j) const {
+    // Read again from cache: no non-temporal hint.
+    PrefetchAt<V, V::kN, kAfFusedPrefetchBytes / sizeof(G), 3>(grad, row + j);
+    if constexpr (kParam) PrefetchOnce<V, V::kN>(master, row + j);
+  }
+  template <class U>
+  STRATA_CPU_ADAM_INLINE typename U::F At(size_t j, typename U::F* x,
+                                          typename U::F*) const {
+    const FConsts<U>& c = *PickConsts<U>(cv, cs);
+    const typename U::F g = ScaledGrad<U, kUnit>(c, grad, row + j);
+    if constexpr (kParam) *x = U::Load(master + row + j);
+    return U::Add(U::Mul(g, g), c.eps);
+  }
+};
+
+template <class V, class G, bool kParam, bool kUnit>
+AfTileSums AfStatsGroupedT(const FactoredParams& params,
+                           const FactoredArrays& arrays, const TileRect& t) {
+  // See Note [Local copies of the arrays].
+  const FactoredParams p = params;
+  const FactoredArrays a = arrays;
+  const FConsts<V> cv(p);
+  const FConsts<Scalar> cs(p);
+  const G* grad = static_cast<const G*>(a.grad);
+  double* colp = a.col_part + t.band * a.cols;
+  double* rmsp = a.rms_part + t.band * a.cols;
+  float w[kAfGroupRows];  // 1 / R_i of the group's rows
+  const size_t group = AfGroupRows<G>(a.cols);
+  AfTileSums sums;
+  for (size_t i = t.r0; i < t.r1; ++i) {
+    const size_t row = i * a.cols;
+    AfGroupRowOp<V, G, kParam, kUnit> op{cv, cs, grad, a.master, row};
+    const AfRowSums rs = AfRowPass<V, kParam, false>(0, a.cols, op);
+    a.row_part[i * a.strips + t.strip] = rs.s;
+    if constexpr (kParam) sums.p_sq += rs.x_sq;
+    const size_t in_group = (i - t.r0) % group;
+    w[in_group] =
+        1.0f / AdafactorStat(a.row_state[i], p.beta2, p.omb2, rs.s, a.cols);
+    if (in_group + 1 == group || i + 1 == t.r1) {
+      const size_t row0 = i - in_group;
+      AfGroupColumns<V, kUnit>(cv, cs, grad, row0 * a.cols, in_group + 1,
+                               a.cols, w, colp, rmsp, row0 == t.r0);
+    }
+  }
+  return sums;
+}
+
+// Adafactor's statistics pass over a tile when not fused (a vector, or
+// rows cut into strips).
+template <class V, class G, bool kVec, bool kParam, bool kUnit>
+struct AfStatsOp {
+  const FConsts<V>& cv;
+  const FConsts<Scalar>& cs;
+  const FactoredArrays& a;
+  const G* grad;
+  double* colp;
+  bool first;
+  size_t row;
+
+  STRATA_CPU_ADAM_INLINE void Prefetch(size_t j) const {
+    PrefetchOnce<V, V::kN>(grad, row + j);
+    if constexpr (kParam) PrefetchOnce<V, V::kN>(a.master, row + j);
+    if constexpr (kVec) {
+      PrefetchAhead<V, V::kN>(a.col_state, j);
+    } else {
+      PrefetchColumns<V>(colp, j);
+    }
+  }
+  template <class U>
+  STRATA_CPU_ADAM_INLINE typename U::F At(size_t j, typename U::F* x,
+                                          typename U::F* u) const {
+    return AfStatsAt<U, G, kVec, kParam, kUnit>(*PickConsts<U>(cv, cs), a, grad,
+                                                colp, first, row, j, x, u);
+  }
+};
+
+template <class V, class G, bool kVec, bool kParam, bool kUnit>
 AfTileSums AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
                     const TileRect& t) {
   // See Note [Local copies of the arrays].
@@ -1213,96 +1553,15 @@ AfTileSums AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
   const FConsts<Scalar> cs(p);
   const G* grad = static_cast<const G*>(a.grad);
   double* colp = kVec ? nullptr : a.col_part + t.band * a.cols;
-  double* rmsp = kFuse ? a.rms_part + t.band * a.cols : nullptr;
-  float w[kAfGroupRows];  // kFuse: 1 / R_i of the group's rows
-  const size_t group = kFuse ? AfGroupRows<G>(a.cols) : 1;
   AfTileSums sums;
   for (size_t i = t.r0; i < t.r1; ++i) {
     const size_t row = i * a.cols;
     const bool first = i == t.r0;
-    // Note [Reduction order]: float blocks (rf, pf, uf) into double lanes.
-    double rl[kSumLanes] = {}, pl[kSumLanes] = {}, ul[kSumLanes] = {};
-    float rf[kSumLanes] = {}, pf[kSumLanes] = {}, uf[kSumLanes] = {};
-    size_t j = t.c0;
-    if constexpr (V::kN == kSumLanes) {
-      using F = typename V::F;
-      typename V::DL racc = V::DLZero(), pacc = V::DLZero(), uacc = V::DLZero();
-      const F zero = V::Set(0.0f);
-      F rb = zero, pb = zero, ub = zero;
-      size_t in_block = 0;
-      for (; j + V::kN <= t.c1; j += V::kN) {
-        if constexpr (kFuse) {  // read again from cache: no NTA hint
-          PrefetchAt<V, V::kN, kAfFusedPrefetchBytes / sizeof(G), 3>(grad,
-                                                                     row + j);
-        } else {
-          PrefetchOnce<V, V::kN>(grad, row + j);
-        }
-        if constexpr (kParam) {
-          PrefetchOnce<V, V::kN>(a.master, row + j);
-        }
-        if constexpr (kVec) {
-          PrefetchAhead<V, V::kN>(a.col_state, j);
-        } else if constexpr (!kFuse) {
-          PrefetchColumns<V>(colp, j);
-        }
-        F x, u;
-        const F s = AfStatsAt<V, G, kVec, kParam, kFuse, kUnit>(
-            cv, a, grad, colp, first, row, j, &x, &u);
-        rb = V::Add(rb, s);
-        if constexpr (kParam) pb = V::Fma(x, x, pb);
-        if constexpr (kVec) ub = V::Fma(u, u, ub);
-        if (++in_block == kSumBlock) {
-          in_block = 0;
-          racc = V::DLAdd(racc, rb);
-          rb = zero;
-          if constexpr (kParam) {
-            pacc = V::DLAdd(pacc, pb);
-            pb = zero;
-          }
-          if constexpr (kVec) {
-            uacc = V::DLAdd(uacc, ub);
-            ub = zero;
-          }
-        }
-      }
-      V::DLStore(rl, racc);
-      V::DLStore(pl, pacc);
-      V::DLStore(ul, uacc);
-      V::Store(rf, rb);
-      V::Store(pf, pb);
-      V::Store(uf, ub);
-    }
-    for (; j < t.c1; ++j) {
-      float x = 0.0f, u = 0.0f;
-      const float s = AfStatsAt<Scalar, G, kVec, kParam, kFuse, kUnit>(
-          cs, a, grad, colp, first, row, j, &x, &u);
-      const size_t k = j - t.c0, lane = k % kSumLanes;
-      rf[lane] += s;
-      if constexpr (kParam) pf[lane] = std::fma(x, x, pf[lane]);
-      if constexpr (kVec) uf[lane] = std::fma(u, u, uf[lane]);
-      if ((k + 1) % (kSumLanes * kSumBlock) == 0) {
-        FlushBlock(rl, rf);
-        FlushBlock(pl, pf);
-        FlushBlock(ul, uf);
-      }
-    }
-    FlushBlock(rl, rf);
-    FlushBlock(pl, pf);
-    FlushBlock(ul, uf);
-    const double rsum = LaneTree(rl);
-    a.row_part[i * a.strips + t.strip] = rsum;
-    if constexpr (kParam) sums.p_sq += LaneTree(pl);
-    if constexpr (kVec) sums.u_sq += LaneTree(ul);
-    if constexpr (kFuse) {
-      const size_t in_group = (i - t.r0) % group;
-      w[in_group] =
-          1.0f / AdafactorStat(a.row_state[i], p.beta2, p.omb2, rsum, a.cols);
-      if (in_group + 1 == group || i + 1 == t.r1) {
-        const size_t row0 = i - in_group;
-        AfGroupColumns<V, kUnit>(cv, cs, grad, row0 * a.cols, in_group + 1,
-                                 a.cols, w, colp, rmsp, row0 == t.r0);
-      }
-    }
+    AfStatsOp<V, G, kVec, kParam, kUnit> op{cv, cs, a, grad, colp, first, row};
+    const AfRowSums rs = AfRowPass<V, kParam, kVec>(t.c0, t.c1, op);
+    a.row_part[i * a.strips + t.strip] = rs.s;
+    if constexpr (kParam) sums.p_sq += rs.x_sq;
+    if constexpr (kVec) sums.u_sq += rs.u_sq;
   }
   return sums;
 }
@@ -1311,15 +1570,20 @@ template <class V, class G, bool kUnit>
 AfTileSums AfStatsU(const FactoredParams& p, const FactoredArrays& a,
                     const TileRect& t) {
   if (a.rows == 1) {
-    return p.scale_p ? AfStatsT<V, G, true, true, false, kUnit>(p, a, t)
-                     : AfStatsT<V, G, true, false, false, kUnit>(p, a, t);
+    return p.scale_p ? AfStatsT<V, G, true, true, kUnit>(p, a, t)
+                     : AfStatsT<V, G, true, false, kUnit>(p, a, t);
   }
   if (p.fuse_rms) {
-    return p.scale_p ? AfStatsT<V, G, false, true, true, kUnit>(p, a, t)
-                     : AfStatsT<V, G, false, false, true, kUnit>(p, a, t);
+    if constexpr (sizeof(G) == 2) {  // AdafactorLagsRows
+      return p.scale_p ? AfStatsLaggedT<V, G, true, kUnit>(p, a, t)
+                       : AfStatsLaggedT<V, G, false, kUnit>(p, a, t);
+    } else {
+      return p.scale_p ? AfStatsGroupedT<V, G, true, kUnit>(p, a, t)
+                       : AfStatsGroupedT<V, G, false, kUnit>(p, a, t);
+    }
   }
-  return p.scale_p ? AfStatsT<V, G, false, true, false, kUnit>(p, a, t)
-                   : AfStatsT<V, G, false, false, false, kUnit>(p, a, t);
+  return p.scale_p ? AfStatsT<V, G, false, true, kUnit>(p, a, t)
+                   : AfStatsT<V, G, false, false, kUnit>(p, a, t);
 }
 
 template <class V, class G>

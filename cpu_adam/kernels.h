@@ -99,6 +99,9 @@ struct FactoredArrays {
   // the sums over each band's rows of g^2 / R_i, R_i the row's new
   // statistic.
   double* rms_part;
+  // With fuse_rms, each band's float sums of the group of rows it is adding
+  // (AfGroupStride(cols) floats a band).
+  float* group_part;
   float* row_fpart;
   float* col_fpart;
   const float* row_factor;
@@ -124,9 +127,11 @@ struct AfTileSums {
 //   sum_ij u_ij^2 = mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j,
 //
 // and R_i is known once row i has been read. So the statistics pass, given
-// each row whole in one tile, reads its rows again from L2 a group at a
-// time, right after their sums, and adds g_ij^2 / R_i into the band's
-// rms_part (kernel_impl.h has the groups and what they cost); the driver
+// each row whole in one tile, reads its rows again from cache right after
+// their sums (an fp32 gradient's a group of rows at a time, a 2-byte
+// gradient's each with the next row: AdafactorLagsRows) and adds
+// g_ij^2 / R_i into the band's rms_part (kernel_impl.h has the groups and
+// what they cost); the driver
 // then needs no pass of its own over the gradient for the RMS: two passes
 // over it per step, not three. A vector's u is known element by element in the
 // same pass. Rows wider than kCpuAdafactorFusedRowCols are cut into
@@ -134,6 +139,21 @@ struct AfTileSums {
 inline bool AdafactorFusesRms(size_t rows, size_t cols) {
   return rows <= 1 || cols <= kCpuAdafactorFusedRowCols;
 }
+
+// Whether the fused statistics pass reads each row again with the next one
+// (into FactoredArrays::group_part) rather than a group of rows at a time:
+// with 2-byte gradients. The kernel alone, one Zen 5 core, 16384 x 4096,
+// alternating runs: bf16 7.7-9.5 ms against 13.2-22.0 (the grouped pass's
+// slow mode on that host; 7.9-8.2 against 8.2-8.5 in its fast one); fp32
+// 16-18 against 12.9-13.8, where a row, the row before it and the float
+// sums (64 KiB) no longer fit L1.
+inline bool AdafactorLagsRows(CpuDType grad_dtype) {
+  return grad_dtype != CpuDType::kFloat32;
+}
+
+// Floats of FactoredArrays::group_part a band: two for each column, in
+// blocks of 16 columns (the last one whole).
+inline size_t AfGroupStride(size_t cols) { return (cols + 15) / 16 * 32; }
 
 // A row's or a column's new Adafactor statistic from the old one and its
 // sum of g^2 + eps1 over n elements: the driver's and the fused kernels'

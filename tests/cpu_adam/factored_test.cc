@@ -289,6 +289,51 @@ TEST(FactoredTest, SpecialValuesMatchScalar) {
   }
 }
 
+// Adafactor's fused statistics pass reads a 2-byte gradient's rows with
+// the row before them (the group sums built row by row) and an fp32
+// gradient's by groups read again after their last row: the same sums in
+// the same order, so an fp32 gradient holding the bf16 one's values gives
+// the same bits, on every variant, where both take groups of the same
+// rows (at most 4096 columns).
+TEST(FactoredTest, LaggedRowsMatchGroupsReadAgain) {
+  const std::vector<Shape> shapes = {
+      {2, 9, 18},           {5, 33, 5 * 33},   {17, 16, 17 * 16},
+      {37, 300, 37 * 300},  {70, 33, 70 * 33}, {40, 4096, 40 * 4096},
+      {33, 1001, 33 * 1001}};
+  for (int flavour : {0, 1}) {
+    for (CpuKernelVariant v : SupportedVariants()) {
+      for (const size_t tile : {size_t{1024}, size_t{1} << 16}) {
+        CpuOptimizerOptions o = Opts(CpuOptimizerAlgo::kAdafactor, flavour);
+        o.tile_elems = tile;
+        auto opt_a = Make(o, v);
+        auto opt_b = Make(o, v);
+        for (const Shape& sh : shapes) {
+          for (const double inv_scale : {1.0, 0.5}) {
+            Problem a(sh.rows, sh.cols, sh.n, CpuDType::kBFloat16,
+                      CpuDType::kFloat32, true, CpuDType::kBFloat16, 13);
+            Problem b = a;
+            b.grad_dtype = CpuDType::kFloat32;
+            for (size_t i = 0; i < b.n; ++i) {
+              b.grad32[i] =
+                  cpu_adam_test::FromBits(uint32_t{a.grad16[i]} << 16);
+            }
+            Steps(*opt_a, a, 3, true, inv_scale);
+            Steps(*opt_b, b, 3, true, inv_scale);
+            ExpectSame(a, b,
+                       "flavour " + std::to_string(flavour) + " " +
+                           std::string(CpuKernelVariantName(v)) + " tile " +
+                           std::to_string(tile) + " " +
+                           std::to_string(sh.rows) + "x" +
+                           std::to_string(sh.cols) + " inv_scale " +
+                           std::to_string(inv_scale));
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FactoredTest, ResultDoesNotDependOnThreads) {
   for (CpuOptimizerAlgo algo :
        {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
