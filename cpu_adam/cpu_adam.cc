@@ -549,7 +549,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     row_part_.assign(rows * grid.strips, 0.0);
     col_part_.resize(rows > 1 ? grid.bands * cols : 0);
     rms_part_.resize(p.fuse_rms ? grid.bands * cols : 0);
-    group_part_.resize(p.fuse_rms && cpu_adam::AdafactorLagsRows(t.grad_dtype)
+    group_part_.resize(p.fuse_rms && cpu_adam::AdafactorLagsRows(
+                                         cpu_adam::DTypeSize(t.grad_dtype))
                            ? grid.bands * cpu_adam::AfGroupStride(cols)
                            : 0);
     col_factor_.resize(cols);

@@ -1114,12 +1114,12 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 }
 
 // Note [Adafactor's fused RMS] (kernels.h): each row's sum is known once
-// the row has been read, and with it the row's factor w_i = 1 / R_i. The
-// statistics pass therefore reads row i from memory for its sums and, in
-// the same loop, the row before it (still in L1 or L2) for g^2 w_{i-1}: a
-// group's column sums of g^2 and of g^2 w_i add, in float and in row
-// order, in the band's float accumulators (group_part), and when the
-// group's last row has been added they go into the band's double
+// the row has been read, and with it the row's factor w_i = 1 / R_i. With
+// 2-byte gradients (AdafactorLagsRows) the statistics pass reads row i
+// from memory for its sums and, in the same loop, the row before it (still in
+// L1 or L2) for g^2 w_{i-1}: a group's column sums of g^2 and of g^2 w_i add,
+// in float and in row order, in the band's float accumulators (group_part), and
+// when the group's last row has been added they go into the band's double
 // partials (col_part: plus eps1 once for each of the group's rows;
 // rms_part), in the same loop over the next row. A group is as many rows
 // as fit in kAfGroupBytes of gradient, at most kAfGroupRows (the float
@@ -1127,14 +1127,15 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // groups restart at each tile's first row, and the tile's last row takes a
 // pass of its own from cache.
 //
-// Measured before this loop: the rows of a group, read once from memory
-// for their sums, read again from L2 together, a column vector of each at
-// a time, after the group's last row (one Zen 5 core, 16384 x 4096, the
-// statistics kernel alone, best of 9): groups of 4 rows 33-35 ms, of 8
-// 28-30, of 16 23-25, against 30-32 for unfused statistics and RMS passes.
-// No line streamed in while a group was read again, and the gradient
-// alone ran at 3.2-3.3 ns per 16 elements, where a plain read runs at 1.8.
-// Two ways of filling that wait had lost: the previous group's columns
+// fp32 gradients keep the groups (AfStatsGroupedT): a group's rows, read
+// once from memory for their sums, are read again from L2 together, a
+// column vector of each at a time, after the group's last row, into the
+// same partials in the same order. Measured before the lagged loop (one Zen 5
+// core, 16384 x 4096, the statistics kernel alone, best of 9): groups of 4 rows
+// 33-35 ms, of 8 28-30, of 16 23-25, against 30-32 for unfused statistics and
+// RMS passes. No line streamed in while a group was read again, and the
+// gradient alone ran at 3.2-3.3 ns per 16 elements, where a plain read runs
+// at 1.8. Two ways of filling that wait had lost: the previous group's columns
 // read a slice at a time while the next group streams in (35-38 ms
 // against 24-26: two groups in L2 and the back-and-forth between them),
 // and prefetching the next group's rows during the read-back (16.4-18.1
@@ -1155,6 +1156,16 @@ template <class G>
 size_t AfGroupRows(size_t cols) {
   return std::clamp<size_t>(kAfGroupBytes / (cols * sizeof(G)), 1,
                             kAfGroupRows);
+}
+
+// The fused statistics pass's prefetch at element i of its gradient (and
+// of the weights when kParam): the gradient's lines are read again from
+// cache, so no non-temporal hint.
+template <class V, bool kParam, class G>
+STRATA_CPU_ADAM_INLINE void AfFusedPrefetch(const G* grad, const float* master,
+                                            size_t i) {
+  PrefetchAt<V, V::kN, kAfFusedPrefetchBytes / sizeof(G), 3>(grad, i);
+  if constexpr (kParam) PrefetchOnce<V, V::kN>(master, i);
 }
 
 // group_part of column j: the float sum of g^2 at AfGroupAcc(j), of g^2 w
@@ -1300,9 +1311,7 @@ struct AfFusedOp {
   AfFusedRowArgs r;
 
   STRATA_CPU_ADAM_INLINE void Prefetch(size_t j) const {
-    // Read again with the next row: no non-temporal hint.
-    PrefetchAt<V, V::kN, kAfFusedPrefetchBytes / sizeof(G), 3>(grad, r.row + j);
-    if constexpr (kParam) PrefetchOnce<V, V::kN>(master, r.row + j);
+    AfFusedPrefetch<V, kParam>(grad, master, r.row + j);
   }
   template <class U>
   STRATA_CPU_ADAM_INLINE typename U::F At(size_t j, typename U::F* x,
@@ -1361,8 +1370,8 @@ AfTileSums AfStatsLaggedT(const FactoredParams& params,
   float* acc = a.group_part + t.band * AfGroupStride(cols);
   // Groups of at least 2 rows: a row that ends its group is never its
   // first (the row kinds below).
-  static_assert(sizeof(G) == 2 &&
-                kAfGroupBytes / (kCpuAdafactorFusedRowCols * 2) >= 2);
+  static_assert(AdafactorLagsRows(sizeof(G)) &&
+                kAfGroupBytes / (kCpuAdafactorFusedRowCols * sizeof(G)) >= 2);
   const size_t group = AfGroupRows<G>(cols);
   AfTileSums sums;
   AfFusedRowArgs r{};
@@ -1468,9 +1477,7 @@ struct AfGroupRowOp {
   size_t row;
 
   STRATA_CPU_ADAM_INLINE void Prefetch(size_t j) const {
-    // Read again from cache: no non-temporal hint.
-    PrefetchAt<V, V::kN, kAfFusedPrefetchBytes / sizeof(G), 3>(grad, row + j);
-    if constexpr (kParam) PrefetchOnce<V, V::kN>(master, row + j);
+    AfFusedPrefetch<V, kParam>(grad, master, row + j);
   }
   template <class U>
   STRATA_CPU_ADAM_INLINE typename U::F At(size_t j, typename U::F* x,
@@ -1574,7 +1581,7 @@ AfTileSums AfStatsU(const FactoredParams& p, const FactoredArrays& a,
                      : AfStatsT<V, G, true, false, kUnit>(p, a, t);
   }
   if (p.fuse_rms) {
-    if constexpr (sizeof(G) == 2) {  // AdafactorLagsRows
+    if constexpr (AdafactorLagsRows(sizeof(G))) {
       return p.scale_p ? AfStatsLaggedT<V, G, true, kUnit>(p, a, t)
                        : AfStatsLaggedT<V, G, false, kUnit>(p, a, t);
     } else {

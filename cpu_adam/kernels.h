@@ -142,14 +142,14 @@ inline bool AdafactorFusesRms(size_t rows, size_t cols) {
 
 // Whether the fused statistics pass reads each row again with the next one
 // (into FactoredArrays::group_part) rather than a group of rows at a time:
-// with 2-byte gradients. The kernel alone, one Zen 5 core, 16384 x 4096,
+// with gradients of 2 bytes an element (the kernels decide on sizeof of
+// their gradient type, the driver on DTypeSize, by this one rule). The
+// kernel alone, one Zen 5 core, 16384 x 4096,
 // alternating runs: bf16 7.7-9.5 ms against 13.2-22.0 (the grouped pass's
 // slow mode on that host; 7.9-8.2 against 8.2-8.5 in its fast one); fp32
 // 16-18 against 12.9-13.8, where a row, the row before it and the float
 // sums (64 KiB) no longer fit L1.
-inline bool AdafactorLagsRows(CpuDType grad_dtype) {
-  return grad_dtype != CpuDType::kFloat32;
-}
+constexpr bool AdafactorLagsRows(size_t grad_bytes) { return grad_bytes == 2; }
 
 // Floats of FactoredArrays::group_part a band: two for each column, in
 // blocks of 16 columns (the last one whole).
