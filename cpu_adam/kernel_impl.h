@@ -25,9 +25,13 @@
 // HSet, HAnd, HOr, HAdd, HSubSat (unsigned, saturating at 0), HSrl<k>,
 // HSll<k> (logical), HMin, HMax (signed), HZeroIfZero(c, t) = c == 0 ? 0 :
 // t, HLoad and HStore (kH uint16_t), HLoadU8 (kH bytes, zero-extended),
-// HStoreU8 (the low byte of each lane), HTop(x) (the top 16 bits of the fp32
-// lanes of x[0], then x[1] when kH = 2 kN) and HWiden<k> (lanes k kN to (k + 1)
-// kN - 1 as the top halves of fp32 lanes whose low halves are zero).
+// HStoreU8 (each lane, in [0, 0x7fff], as a byte saturated at 255), HTop(x)
+// (the top 16 bits of the fp32 lanes of x[0], then x[1] when kH = 2 kN) and
+// HWiden<k> (lanes k kN to (k + 1) kN - 1 as the top halves of fp32 lanes
+// whose low halves are zero). The H lanes may hold their elements in any
+// fixed order of the type's choosing (AVX2: Note [Codes in 128-bit
+// halves]), provided HLoadU8 and HTop put them in it and HWiden and HStoreU8
+// take them out of it; the codecs work lane by lane.
 #ifndef STRATA_CPU_ADAM_ISA
 #error "define STRATA_CPU_ADAM_ISA before including cpu_adam/kernel_impl.h"
 #endif
@@ -185,7 +189,9 @@ struct Scalar {
   static H HLoad(const uint16_t* p) { return *p; }
   static void HStore(uint16_t* p, H h) { *p = h; }
   static H HLoadU8(const uint8_t* p) { return *p; }
-  static void HStoreU8(uint8_t* p, H c) { *p = static_cast<uint8_t>(c); }
+  static void HStoreU8(uint8_t* p, H c) {
+    *p = static_cast<uint8_t>(std::min<H>(c, 255));
+  }
   static H HTop(const F* x) { return static_cast<H>(FloatBits(x[0]) >> 16); }
   template <int k>
   static F HWiden(H h) {
@@ -532,30 +538,32 @@ STRATA_CPU_ADAM_INLINE void DecodeR8(typename V::H c, typename V::F* out) {
 // bias + 128 k - half a code step takes off the codes' bias and the scale's
 // exponent (the top half's exponent field starts at bit 7) and rounds, in
 // one saturating subtraction that also sends values below the smallest code
-// to 0; kShift drops the mantissa bits the code does not keep.
-template <class V, int kShift, uint16_t kMax>
+// to 0; kShift drops the mantissa bits the code does not keep. The result
+// is at most 0x7fff >> kShift, above the largest code where the value is.
+template <class V, int kShift>
 STRATA_CPU_ADAM_INLINE typename V::H MagnitudeCode(typename V::H top,
                                                    typename V::H sub) {
   const typename V::H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
-  return V::HMin(V::template HSrl<kShift>(t), V::HSet(kMax));
+  return V::template HSrl<kShift>(t);
 }
 
 // m / s_m, sub = kM8Sub + 128 k: 3 mantissa bits, the sign at bit 7.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(typename V::H top,
                                               typename V::H sub) {
-  return V::HOr(MagnitudeCode<V, 4, 127>(top, sub),
+  return V::HOr(V::HMin(MagnitudeCode<V, 4>(top, sub), V::HSet(127)),
                 V::HAnd(V::template HSrl<8>(top), V::HSet(0x80)));
 }
 
 // r / s_r, sub = kR8Sub + 128 k: 4 mantissa bits; r >= 0 (or NaN, of either
 // sign: the largest code). Code 0 only where r's top half, read as a signed
 // integer, is not positive: r is zero (or denormal, which the square root
-// of a fp32 never is) or negative.
+// of a fp32 never is) or negative. Lanes above the largest code, 255, are
+// left to HStoreU8's saturation.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(typename V::H top,
                                               typename V::H sub) {
-  return V::HMax(MagnitudeCode<V, 3, 255>(top, sub), V::HMin(top, V::HSet(1)));
+  return V::HMax(MagnitudeCode<V, 3>(top, sub), V::HMin(top, V::HSet(1)));
 }
 
 // Per-block state of one Step8 block: the multipliers of the decoded old

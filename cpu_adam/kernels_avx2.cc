@@ -322,23 +322,33 @@ struct Avx2x2 {
   [[gnu::always_inline]] static void HStore(uint16_t* p, H h) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
   }
+  // Note [Codes in 128-bit halves]: the 16-bit lanes of a code vector hold
+  // elements 0-3, 8-11 | 4-7, 12-15, the order in which the in-half unpacks
+  // and packs of AVX2 meet them, so no lane-crossing permute (one port on
+  // Zen 3) is needed: the loads shuffle the bytes' dwords into that order
+  // and HStoreU8 shuffles them back, both in-half. HTop's pack yields the
+  // order by itself, and HLoad and HStore keep it for the block scratch.
   [[gnu::always_inline]] static H HLoadU8(const uint8_t* p) {
-    return _mm256_cvtepu8_epi16(Load128(p));
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi32(Load128(p), 0xd8));
   }
-  // REQUIRES: every lane of c in [0, 255].
+  // packus saturates each lane at 255.
   [[gnu::always_inline]] static void HStoreU8(uint8_t* p, H c) {
+    const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(c),
+                                           _mm256_extracti128_si256(c, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm_packus_epi16(_mm256_castsi256_si128(c),
-                                      _mm256_extracti128_si256(c, 1)));
+                     _mm_shuffle_epi32(bytes, 0xd8));
   }
   [[gnu::always_inline]] static H HTop(const F* x) {
-    return PackLow16(_mm256_srli_epi32(_mm256_castps_si256(x->lo), 16),
-                     _mm256_srli_epi32(_mm256_castps_si256(x->hi), 16));
+    return _mm256_packus_epi32(
+        _mm256_srli_epi32(_mm256_castps_si256(x->lo), 16),
+        _mm256_srli_epi32(_mm256_castps_si256(x->hi), 16));
   }
   template <int k>
   [[gnu::always_inline]] static F HWiden(H h) {
     static_assert(k == 0);
-    return WidenTop(h);
+    const __m256i z = _mm256_setzero_si256();
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h))};
   }
   // The 16 lanes widened to double, in lane order. Four named registers,
   // not an array: GCC kept an array member (and the loops over it) on the

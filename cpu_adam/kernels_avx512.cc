@@ -169,7 +169,7 @@ struct Avx512 {
     return _mm512_cvtepu8_epi16(Load256(p));
   }
   static void HStoreU8(uint8_t* p, H c) {
-    Store256(p, _mm512_cvtepi16_epi8(c));
+    Store256(p, _mm512_cvtusepi16_epi8(c));
   }
   // One two-source word permute (odd words of x[0], then of x[1]); measured
   // faster on Zen 4 than two shifts, a pack and a qword permute.
