@@ -325,11 +325,20 @@ struct Avx2x2 {
   // Note [Codes in 128-bit halves]: the 16-bit lanes of a code vector hold
   // elements 0-3, 8-11 | 4-7, 12-15, the order in which the in-half unpacks
   // and packs of AVX2 meet them, so no lane-crossing permute (one port on
-  // Zen 3) is needed: the loads shuffle the bytes' dwords into that order
-  // and HStoreU8 shuffles them back, both in-half. HTop's pack yields the
-  // order by itself, and HLoad and HStore keep it for the block scratch.
+  // Zen 3) is needed: HLoadU8 broadcasts the 16 code bytes to both halves
+  // and picks each half's 8 with a byte shuffle (a zero-extending move
+  // would cross halves), HStoreU8 packs and shuffles dwords back within a
+  // half, HTop's pack yields the order by itself, and HLoad and HStore keep
+  // it for the block scratch. llvm-mca's Zen 3 model of the 8-bit AdamW
+  // loop: 50.7 cycles per 16 elements with the permutes, 45.7 without, 43.9
+  // with the byte shuffle for the zero-extension.
   [[gnu::always_inline]] static H HLoadU8(const uint8_t* p) {
-    return _mm256_cvtepu8_epi16(_mm_shuffle_epi32(Load128(p), 0xd8));
+    // Index -1: a zero byte.
+    const __m256i both = _mm256_broadcastsi128_si256(Load128(p));
+    const __m256i pick = _mm256_setr_epi8(
+        0, -1, 1, -1, 2, -1, 3, -1, 8, -1, 9, -1, 10, -1, 11, -1,  //
+        4, -1, 5, -1, 6, -1, 7, -1, 12, -1, 13, -1, 14, -1, 15, -1);
+    return _mm256_shuffle_epi8(both, pick);
   }
   // packus saturates each lane at 255.
   [[gnu::always_inline]] static void HStoreU8(uint8_t* p, H c) {
