@@ -538,8 +538,9 @@ STRATA_CPU_ADAM_INLINE void DecodeR8(typename V::H c, typename V::F* out) {
 // bias + 128 k - half a code step takes off the codes' bias and the scale's
 // exponent (the top half's exponent field starts at bit 7) and rounds, in
 // one saturating subtraction that also sends values below the smallest code
-// to 0; kShift drops the mantissa bits the code does not keep. The result
-// is at most 0x7fff >> kShift, above the largest code where the value is.
+// to 0; kShift drops the mantissa bits the code does not keep. Where the
+// value lies above the scale's range the result exceeds the largest code
+// (it is at most 0x7fff >> kShift): the callers clamp it.
 template <class V, int kShift>
 STRATA_CPU_ADAM_INLINE typename V::H MagnitudeCode(typename V::H top,
                                                    typename V::H sub) {
