@@ -1094,6 +1094,16 @@ STRATA_CPU_ADAM_INLINE typename V::F ScaledGrad(const FConsts<V>& c,
   }
 }
 
+// x into a band's double partials at p: its first term (put) or added.
+template <class U>
+STRATA_CPU_ADAM_INLINE void DPutOrAccum(double* p, typename U::F x, bool put) {
+  if (put) {
+    U::DPut(p, x);
+  } else {
+    U::DAccum(p, x);
+  }
+}
+
 // Adafactor pass 1 at j of row `row`: s = g^2 + eps1 (and a vector's
 // statistic in place, its factor, and its update g / sqrt(v) into *u; a
 // matrix's column sums); *x the weight when kParam.
@@ -1112,11 +1122,7 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
     V::Store(a.col_factor + j, f);
     *u = V::Mul(f, g);
   } else {
-    if (first) {
-      V::DPut(colp + j, s);
-    } else {
-      V::DAccum(colp + j, s);
-    }
+    DPutOrAccum<V>(colp + j, s, first);
   }
   if constexpr (kParam) *x = V::Load(a.master + row + j);
   return s;
@@ -1196,6 +1202,21 @@ struct AfFusedRowArgs {
   bool first_group;  // that group (and a flushed g^2 w's) is the tile's first
 };
 
+// The row before's g^2 w at j: the first term of its group's sum (put), or
+// added to the sum at qa.
+template <class U, bool kUnit, class G>
+STRATA_CPU_ADAM_INLINE typename U::F AfLagTerm(const FConsts<U>& c,
+                                               const G* grad, const float* qa,
+                                               bool put,
+                                               const AfFusedRowArgs& r,
+                                               size_t j) {
+  using F = typename U::F;
+  const F h = ScaledGrad<U, kUnit>(c, grad, r.row - r.cols + j);
+  const F h2 = U::Mul(h, h);
+  const F w = U::Set(r.w_prev);
+  return put ? U::Mul(h2, w) : U::Fma(h2, w, U::Load(qa));
+}
+
 template <class U, bool kUnit, AfCol kE, AfCol kQ, bool kQFlush, class G>
 STRATA_CPU_ADAM_INLINE typename U::F AfFusedAt(const FConsts<U>& c,
                                                const G* grad, float* acc,
@@ -1209,24 +1230,13 @@ STRATA_CPU_ADAM_INLINE typename U::F AfFusedAt(const FConsts<U>& c,
   const F g2 = U::Mul(g, g);
   if constexpr (kE == AfCol::kFlushPut) {
     const F s = U::Fma(c.eps, U::Set(r.e_rows), U::Load(ea));
-    if (r.first_group) {
-      U::DPut(colp + j, s);
-    } else {
-      U::DAccum(colp + j, s);
-    }
+    DPutOrAccum<U>(colp + j, s, r.first_group);
   }
   U::Store(ea, kE == AfCol::kAdd ? U::Add(U::Load(ea), g2) : g2);
   if constexpr (kQ != AfCol::kNone) {
-    const F h = ScaledGrad<U, kUnit>(c, grad, r.row - r.cols + j);
-    const F h2 = U::Mul(h, h);
-    const F w = U::Set(r.w_prev);
-    const F q = kQ == AfCol::kPut ? U::Mul(h2, w) : U::Fma(h2, w, U::Load(qa));
+    const F q = AfLagTerm<U, kUnit>(c, grad, qa, kQ == AfCol::kPut, r, j);
     if constexpr (kQFlush) {
-      if (r.first_group) {
-        U::DPut(rmsp + j, q);
-      } else {
-        U::DAccum(rmsp + j, q);
-      }
+      DPutOrAccum<U>(rmsp + j, q, r.first_group);
     } else {
       U::Store(qa, q);
     }
@@ -1350,18 +1360,10 @@ STRATA_CPU_ADAM_INLINE void AfFusedTailAt(const FConsts<U>& c, const G* grad,
                                           const AfFusedRowArgs& r, size_t j) {
   using F = typename U::F;
   const float* ea = acc + AfGroupAcc(j);
-  const F h = ScaledGrad<U, kUnit>(c, grad, r.row - r.cols + j);
-  const F h2 = U::Mul(h, h);
-  const F w = U::Set(r.w_prev);
-  const F q = q_put ? U::Mul(h2, w) : U::Fma(h2, w, U::Load(ea + kSumLanes));
+  const F q = AfLagTerm<U, kUnit>(c, grad, ea + kSumLanes, q_put, r, j);
   const F s = U::Fma(c.eps, U::Set(r.e_rows), U::Load(ea));
-  if (r.first_group) {
-    U::DPut(colp + j, s);
-    U::DPut(rmsp + j, q);
-  } else {
-    U::DAccum(colp + j, s);
-    U::DAccum(rmsp + j, q);
-  }
+  DPutOrAccum<U>(colp + j, s, r.first_group);
+  DPutOrAccum<U>(rmsp + j, q, r.first_group);
 }
 
 template <class V, class G, bool kParam, bool kUnit>
@@ -1385,10 +1387,10 @@ AfTileSums AfStatsLaggedT(const FactoredParams& params,
   AfTileSums sums;
   AfFusedRowArgs r{};
   r.cols = cols;
+  r.e_rows = static_cast<float>(group);  // a whole group, until the tail
   for (size_t i = t.r0; i < t.r1; ++i) {
     r.row = i * cols;
     const size_t k = (i - t.r0) % group;
-    r.e_rows = static_cast<float>(group);
     r.first_group = i - t.r0 == group;
     AfRowSums rs;
 #define STRATA_AF_ROW(kE, kQ, kQFlush)                            \
@@ -1446,13 +1448,8 @@ STRATA_CPU_ADAM_INLINE void AfGroupAt(const FConsts<V>& c, const G* grad,
     q = V::Fma(g2, w[r], q);
   }
   const F s = V::Fma(c.eps, V::Set(static_cast<float>(rows)), e);
-  if (first) {
-    V::DPut(colp + j, s);
-    V::DPut(rmsp + j, q);
-  } else {
-    V::DAccum(colp + j, s);
-    V::DAccum(rmsp + j, q);
-  }
+  DPutOrAccum<V>(colp + j, s, first);
+  DPutOrAccum<V>(rmsp + j, q, first);
 }
 
 template <class V, bool kUnit, class G>
