@@ -1,5 +1,6 @@
-// Rounding sizes and offsets to alignments (pages, blocks, direct-I/O
-// sectors): one definition for every module.
+// Alignment, one definition for every module: sizes and offsets rounded to
+// pages, blocks and direct-I/O sectors, and allocations that start on a
+// cache line.
 #ifndef STRATA_UTIL_ALIGN_H_
 #define STRATA_UTIL_ALIGN_H_
 
