@@ -45,6 +45,14 @@ inline __m128i Load128(const void* p) {
   return _mm_loadu_si128(static_cast<const __m128i*>(p));
 }
 
+// The 16 bytes at p loaded into both 128-bit halves, and each half's bytes
+// picked from them by `pick` (index -1: a zero byte): a widening that
+// stays within halves (Note [Codes in 128-bit halves]).
+[[gnu::always_inline]] inline __m256i PickFromBoth(const void* p,
+                                                   __m256i pick) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(Load128(p)), pick);
+}
+
 struct Avx2 {
   using F = __m256;
   struct D {
@@ -170,10 +178,8 @@ struct Avx2x2 {
     const __m256i top = _mm256_setr_epi8(
         -1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,  //
         -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
-    return {_mm256_castsi256_ps(_mm256_shuffle_epi8(
-                _mm256_broadcastsi128_si256(Load128(p)), top)),
-            _mm256_castsi256_ps(_mm256_shuffle_epi8(
-                _mm256_broadcastsi128_si256(Load128(p + 8)), top))};
+    return {_mm256_castsi256_ps(PickFromBoth(p, top)),
+            _mm256_castsi256_ps(PickFromBoth(p + 8, top))};
   }
   // The low 16 bits of 16 dword lanes (each at most 0xffff), in order:
   // packus works within 128-bit halves, [lo 0-3, hi 0-3 | lo 4-7, hi 4-7],
@@ -335,12 +341,10 @@ struct Avx2x2 {
   // loop: 50.7 cycles per 16 elements with the permutes, 45.7 without, 43.9
   // with the byte shuffle for the zero-extension.
   [[gnu::always_inline]] static H HLoadU8(const uint8_t* p) {
-    // Index -1: a zero byte.
-    const __m256i both = _mm256_broadcastsi128_si256(Load128(p));
     const __m256i pick = _mm256_setr_epi8(
         0, -1, 1, -1, 2, -1, 3, -1, 8, -1, 9, -1, 10, -1, 11, -1,  //
         4, -1, 5, -1, 6, -1, 7, -1, 12, -1, 13, -1, 14, -1, 15, -1);
-    return _mm256_shuffle_epi8(both, pick);
+    return PickFromBoth(p, pick);
   }
   // packus saturates each lane at 255.
   [[gnu::always_inline]] static void HStoreU8(uint8_t* p, H c) {
