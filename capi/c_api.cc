@@ -5,6 +5,7 @@
 // destroy in the wrong order is refused instead of freeing memory in use.
 #include "strata/c.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -212,6 +213,27 @@ StatusOr<CpuDType> ToCpuDType(int t, const char* call) {
   return Status::InvalidArgument(std::string(call) + ": dtype " +
                                  std::to_string(t) +
                                  " is not a strata_dtype_t value");
+}
+
+// The C++ view of a strata_cpu_tensors_t (a vector: rows 0).
+StatusOr<strata::CpuOptimizerTensors> ToCpuTensors(
+    const strata_cpu_tensors_t& t, const char* call) {
+  strata::CpuOptimizerTensors ct;
+  ct.n = t.n;
+  ct.master = t.master;
+  ct.grad = t.grad;
+  STRATA_ASSIGN_OR_RETURN(ct.grad_dtype,
+                          ToCpuDType(EnumValue(t.grad_dtype), call));
+  ct.exp_avg = t.exp_avg;
+  ct.exp_avg_sq = t.exp_avg_sq;
+  STRATA_ASSIGN_OR_RETURN(ct.moment_dtype,
+                          ToCpuDType(EnumValue(t.moment_dtype), call));
+  ct.working = t.working;
+  if (t.working != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(ct.working_dtype,
+                            ToCpuDType(EnumValue(t.working_dtype), call));
+  }
+  return ct;
 }
 
 // The stream must be one of the device's.
@@ -994,12 +1016,57 @@ void strata_cpu_optimizer_options_destroy(
   delete options;
 }
 
+#define STRATA_C_ALGO_MATCHES(c, k)    \
+  static_assert(static_cast<int>(c) == \
+                static_cast<int>(strata::CpuOptimizerAlgo::k))
+STRATA_C_ALGO_MATCHES(STRATA_CPU_ADAM, kAdam);
+STRATA_C_ALGO_MATCHES(STRATA_CPU_ADAMW, kAdamW);
+STRATA_C_ALGO_MATCHES(STRATA_CPU_ADAGRAD, kAdagrad);
+STRATA_C_ALGO_MATCHES(STRATA_CPU_LION, kLion);
+STRATA_C_ALGO_MATCHES(STRATA_CPU_ADAFACTOR, kAdafactor);
+STRATA_C_ALGO_MATCHES(STRATA_CPU_SM3, kSm3);
+#undef STRATA_C_ALGO_MATCHES
+
 // The enum is stored as given; strata_cpu_optimizer_create checks it.
 void strata_cpu_optimizer_options_set_algo(
     strata_cpu_optimizer_options_t* options, strata_cpu_algo_t algo) {
   if (options != nullptr) {
     options->options.algo = static_cast<strata::CpuOptimizerAlgo>(Clamp8(algo));
   }
+}
+
+strata_code_t strata_cpu_optimizer_options_set_algo_name(
+    strata_cpu_optimizer_options_t* options, const char* name, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_cpu_optimizer_options_set_algo_name";
+    STRATA_RETURN_IF_ERROR(Require(options, kCall, "options"));
+    STRATA_RETURN_IF_ERROR(Require(name, kCall, "name"));
+    auto algo = strata::ParseCpuOptimizerAlgo(name);
+    if (!algo.ok()) {
+      return Status(
+          algo.status().code(),
+          std::string(kCall) + ": " + std::string(algo.status().message()));
+    }
+    options->options.algo = *algo;
+    return Status::Ok();
+  });
+}
+
+strata_code_t strata_cpu_optimizer_options_from_json(
+    strata_cpu_optimizer_options_t* options, const char* json, size_t length,
+    double* lr, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_cpu_optimizer_options_from_json";
+    STRATA_RETURN_IF_ERROR(Require(options, kCall, "options"));
+    if (length > 0) STRATA_RETURN_IF_ERROR(Require(json, kCall, "json"));
+    STRATA_ASSIGN_OR_RETURN(
+        strata::CpuOptimizerConfig c,
+        strata::ParseCpuOptimizerConfig(std::string_view(json, length),
+                                        "optimizer", options->options));
+    options->options = c.options;
+    if (lr != nullptr) *lr = c.lr;
+    return Status::Ok();
+  });
 }
 
 void strata_cpu_optimizer_options_set_betas(
@@ -1037,6 +1104,39 @@ void strata_cpu_optimizer_options_set_threads(
   if (options != nullptr) options->options.threads = threads;
 }
 
+void strata_cpu_optimizer_options_set_adafactor_eps(
+    strata_cpu_optimizer_options_t* options, double eps1, double eps2) {
+  if (options == nullptr) return;
+  options->options.adafactor.eps1 = eps1;
+  options->options.adafactor.eps2 = eps2;
+}
+
+void strata_cpu_optimizer_options_set_adafactor_clip_threshold(
+    strata_cpu_optimizer_options_t* options, double clip_threshold) {
+  if (options != nullptr) {
+    options->options.adafactor.clip_threshold = clip_threshold;
+  }
+}
+
+void strata_cpu_optimizer_options_set_adafactor_decay_rate(
+    strata_cpu_optimizer_options_t* options, double decay_rate) {
+  if (options != nullptr) options->options.adafactor.decay_rate = decay_rate;
+}
+
+void strata_cpu_optimizer_options_set_adafactor_beta1(
+    strata_cpu_optimizer_options_t* options, double beta1) {
+  if (options != nullptr) options->options.adafactor.beta1 = beta1;
+}
+
+void strata_cpu_optimizer_options_set_adafactor_schedule(
+    strata_cpu_optimizer_options_t* options, int relative_step,
+    int scale_parameter, int warmup_init) {
+  if (options == nullptr) return;
+  options->options.adafactor.relative_step = relative_step != 0;
+  options->options.adafactor.scale_parameter = scale_parameter != 0;
+  options->options.adafactor.warmup_init = warmup_init != 0;
+}
+
 strata_code_t strata_cpu_optimizer_create(
     const strata_cpu_optimizer_options_t* options, strata_cpu_optimizer_t** out,
     char** errptr) {
@@ -1047,7 +1147,7 @@ strata_code_t strata_cpu_optimizer_create(
     const strata::CpuOptimizerOptions o =
         options != nullptr ? options->options : strata::CpuOptimizerOptions{};
     // The setters store what they are given; out-of-enum values stop here.
-    if (static_cast<int>(o.algo) > STRATA_CPU_LION) {
+    if (static_cast<int>(o.algo) > STRATA_CPU_SM3) {
       return Status::InvalidArgument(std::string(kCall) + ": algo " +
                                      std::to_string(int(o.algo)) +
                                      " is not a strata_cpu_algo_t value");
@@ -1100,21 +1200,8 @@ strata_code_t strata_cpu_optimizer_step(strata_cpu_optimizer_t* optimizer,
     constexpr const char* kCall = "strata_cpu_optimizer_step";
     STRATA_RETURN_IF_ERROR(Require(optimizer, kCall, "optimizer"));
     STRATA_RETURN_IF_ERROR(Require(t, kCall, "tensors"));
-    strata::CpuOptimizerTensors ct;
-    ct.n = t->n;
-    ct.master = t->master;
-    ct.grad = t->grad;
-    STRATA_ASSIGN_OR_RETURN(ct.grad_dtype,
-                            ToCpuDType(EnumValue(t->grad_dtype), kCall));
-    ct.exp_avg = t->exp_avg;
-    ct.exp_avg_sq = t->exp_avg_sq;
-    STRATA_ASSIGN_OR_RETURN(ct.moment_dtype,
-                            ToCpuDType(EnumValue(t->moment_dtype), kCall));
-    ct.working = t->working;
-    if (t->working != nullptr) {
-      STRATA_ASSIGN_OR_RETURN(ct.working_dtype,
-                              ToCpuDType(EnumValue(t->working_dtype), kCall));
-    }
+    STRATA_ASSIGN_OR_RETURN(strata::CpuOptimizerTensors ct,
+                            ToCpuTensors(*t, kCall));
     strata::CpuStepArgs args;
     args.step = step;
     args.lr = lr;
@@ -1124,6 +1211,92 @@ strata_code_t strata_cpu_optimizer_step(strata_cpu_optimizer_t* optimizer,
     STRATA_ASSIGN_OR_RETURN(strata::CpuStepResult r,
                             optimizer->optimizer->Step(ct, args));
     if (applied != nullptr) *applied = r.applied ? 1 : 0;
+    return Status::Ok();
+  });
+}
+
+strata_cpu_step_args_t strata_cpu_step_args_default(void) {
+  const strata::CpuStepArgs d;
+  strata_cpu_step_args_t a{};
+  a.step = d.step;
+  a.lr = d.lr;
+  a.inv_loss_scale = d.inv_loss_scale;
+  a.clip_coef = d.clip_coef;
+  a.check_overflow = d.check_overflow ? 1 : 0;
+  a.param_sq = d.param_sq;
+  return a;
+}
+
+static_assert(sizeof(strata_cpu_step_result_t::pass_seconds) ==
+              sizeof(strata::CpuStepResult::pass_seconds));
+
+strata_code_t strata_cpu_optimizer_step_shaped(
+    strata_cpu_optimizer_t* optimizer, const strata_cpu_tensors_t* t,
+    size_t rows, size_t cols, const strata_cpu_step_args_t* args,
+    strata_cpu_step_result_t* result, char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_cpu_optimizer_step_shaped";
+    STRATA_RETURN_IF_ERROR(Require(optimizer, kCall, "optimizer"));
+    STRATA_RETURN_IF_ERROR(Require(t, kCall, "tensors"));
+    STRATA_RETURN_IF_ERROR(Require(args, kCall, "args"));
+    STRATA_ASSIGN_OR_RETURN(strata::CpuOptimizerTensors ct,
+                            ToCpuTensors(*t, kCall));
+    ct.rows = rows;
+    ct.cols = cols;
+    strata::CpuStepArgs a;
+    a.step = args->step;
+    a.lr = args->lr;
+    a.inv_loss_scale = args->inv_loss_scale;
+    a.clip_coef = args->clip_coef;
+    a.check_overflow = args->check_overflow != 0;
+    a.param_sq = args->param_sq;
+    STRATA_ASSIGN_OR_RETURN(strata::CpuStepResult r,
+                            optimizer->optimizer->Step(ct, a));
+    if (result != nullptr) {
+      *result = strata_cpu_step_result_t{};
+      result->applied = r.applied ? 1 : 0;
+      result->param_sq = r.param_sq;
+      result->check_seconds = r.check_seconds;
+      result->passes = r.passes;
+      std::copy(std::begin(r.pass_seconds), std::end(r.pass_seconds),
+                result->pass_seconds);
+    }
+    return Status::Ok();
+  });
+}
+
+strata_code_t strata_cpu_step_footprint_of(
+    const strata_cpu_optimizer_options_t* options,
+    const strata_cpu_step_shape_t* shape, strata_cpu_step_footprint_t* out,
+    char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    constexpr const char* kCall = "strata_cpu_step_footprint_of";
+    STRATA_RETURN_IF_ERROR(Require(shape, kCall, "shape"));
+    STRATA_RETURN_IF_ERROR(Require(out, kCall, "out"));
+    strata::CpuStepShape s;
+    s.n = shape->n;
+    s.rows = shape->rows;
+    s.cols = shape->cols;
+    STRATA_ASSIGN_OR_RETURN(s.grad_dtype,
+                            ToCpuDType(EnumValue(shape->grad_dtype), kCall));
+    STRATA_ASSIGN_OR_RETURN(s.moment_dtype,
+                            ToCpuDType(EnumValue(shape->moment_dtype), kCall));
+    s.has_working = shape->has_working != 0;
+    if (s.has_working) {
+      STRATA_ASSIGN_OR_RETURN(
+          s.working_dtype, ToCpuDType(EnumValue(shape->working_dtype), kCall));
+    }
+    s.param_sq_known = shape->param_sq_known != 0;
+    const strata::CpuOptimizerOptions o =
+        options != nullptr ? options->options : strata::CpuOptimizerOptions{};
+    STRATA_ASSIGN_OR_RETURN(strata::CpuStepFootprint f,
+                            strata::CpuStepFootprintOf(o, s));
+    *out = strata_cpu_step_footprint_t{};
+    out->exp_avg_bytes = f.exp_avg_bytes;
+    out->exp_avg_sq_bytes = f.exp_avg_sq_bytes;
+    out->read_bytes = f.read_bytes;
+    out->written_bytes = f.written_bytes;
+    out->passes = f.passes;
     return Status::Ok();
   });
 }

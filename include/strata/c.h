@@ -418,7 +418,14 @@ typedef enum strata_cpu_algo {
   STRATA_CPU_ADAM = 0,    /* torch.optim.Adam: L2 decay added to the grad */
   STRATA_CPU_ADAMW = 1,   /* torch.optim.AdamW: decoupled weight decay */
   STRATA_CPU_ADAGRAD = 2, /* torch.optim.Adagrad (lr_decay 0) */
-  STRATA_CPU_LION = 3     /* Lion, decoupled weight decay */
+  STRATA_CPU_LION = 3,    /* Lion, decoupled weight decay */
+  /* Adafactor (Shazeer & Stern 2018) as HF transformers' Adafactor: second
+   * moment factored into one statistic per row and per column of a matrix
+   * (strata_cpu_optimizer_step_shaped gives the shape). */
+  STRATA_CPU_ADAFACTOR = 4,
+  /* SM3-II (Anil et al. 2019), the rows and the columns of a matrix as
+   * cover sets; momentum beta1 (0 = none). */
+  STRATA_CPU_SM3 = 5
 } strata_cpu_algo_t;
 
 typedef enum strata_cpu_variant {
@@ -438,8 +445,24 @@ STRATA_EXPORT void strata_cpu_optimizer_options_destroy(
     strata_cpu_optimizer_options_t* options);
 STRATA_EXPORT void strata_cpu_optimizer_options_set_algo(
     strata_cpu_optimizer_options_t* options, strata_cpu_algo_t algo);
+/* The algorithm by name: "adam", "adamw", "adagrad", "lion", "adafactor"
+ * or "sm3", in any case; STRATA_INVALID_ARGUMENT naming the accepted names
+ * otherwise (the options are left as they were). */
+STRATA_EXPORT strata_code_t strata_cpu_optimizer_options_set_algo_name(
+    strata_cpu_optimizer_options_t* options, const char* name, char** errptr);
+/* Sets the algorithm and its hyper-parameters from an optimizer section as
+ * DeepSpeed writes it: `length` bytes of JSON (no NUL needed) such as
+ * {"type": "Adafactor", "params": {"lr": null, "scale_parameter": true}}.
+ * The type and params accepted are cpu_adam's (docs/cpu_adam.md, "Selection
+ * by name"); what the section leaves out keeps the values `options` holds
+ * (variant, threads included). *lr (NULL: not written) receives the
+ * section's learning rate. STRATA_INVALID_ARGUMENT names the JSON path at
+ * fault; the options are then left as they were. */
+STRATA_EXPORT strata_code_t strata_cpu_optimizer_options_from_json(
+    strata_cpu_optimizer_options_t* options, const char* json, size_t length,
+    double* lr, char** errptr);
 /* Adam/AdamW: moment decay rates, each in [0, 1). Lion: interpolation and
- * momentum decay. */
+ * momentum decay. SM3: beta1 is the momentum (0 = none), beta2 unused. */
 STRATA_EXPORT void strata_cpu_optimizer_options_set_betas(
     strata_cpu_optimizer_options_t* options, double beta1, double beta2);
 STRATA_EXPORT void strata_cpu_optimizer_options_set_eps(
@@ -455,6 +478,28 @@ STRATA_EXPORT void strata_cpu_optimizer_options_set_variant(
  * use. */
 STRATA_EXPORT void strata_cpu_optimizer_options_set_threads(
     strata_cpu_optimizer_options_t* options, int threads);
+/* Adafactor's hyper-parameters, with HF transformers' names and defaults.
+ * eps1 (1e-30) is added to g^2 before the statistics, eps2 (1e-3) bounds
+ * the parameter scale from below; both >= 0. */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_adafactor_eps(
+    strata_cpu_optimizer_options_t* options, double eps1, double eps2);
+/* d (1.0, > 0): the update is divided by max(1, RMS(update) / d). */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_adafactor_clip_threshold(
+    strata_cpu_optimizer_options_t* options, double clip_threshold);
+/* beta2_t = 1 - step^decay_rate (-0.8, in [-1, 0)). */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_adafactor_decay_rate(
+    strata_cpu_optimizer_options_t* options, double decay_rate);
+/* First-moment decay in [0, 1); 0 (the default) = no first moment, and
+ * exp_avg is unused. */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_adafactor_beta1(
+    strata_cpu_optimizer_options_t* options, double beta1);
+/* Nonzero relative_step (default 1): lr = min(1e-2, 1 / sqrt(step)), the
+ * step's lr ignored (warmup_init, default 0: min(1e-6 step, 1 /
+ * sqrt(step))). Nonzero scale_parameter (default 1): lr is multiplied by
+ * max(eps2, RMS(master before the step)). */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_adafactor_schedule(
+    strata_cpu_optimizer_options_t* options, int relative_step,
+    int scale_parameter, int warmup_init);
 
 /* An optimizer with its own thread arena; NULL options = the defaults.
  * STRATA_INVALID_ARGUMENT for out-of-range values, STRATA_NOT_SUPPORTED for
@@ -481,10 +526,15 @@ typedef struct strata_cpu_tensors {
   strata_dtype_t grad_dtype; /* FLOAT32, FLOAT16 or BFLOAT16 */
   /* Adam/AdamW: first and second moment; Adagrad: exp_avg_sq is the sum
    * of squares (exp_avg may be NULL); Lion: exp_avg only. Zeroed by the
-   * caller before step 1; strata_cpu_state_bytes(moment_dtype, n) each. */
+   * caller before step 1; strata_cpu_state_bytes(moment_dtype, n) each.
+   * Adafactor and SM3: exp_avg the first moment / momentum (NULL when
+   * beta1 is 0), exp_avg_sq the fp32 row and column statistics; their
+   * sizes are strata_cpu_step_footprint_of's. */
   void* exp_avg;
   void* exp_avg_sq;
-  strata_dtype_t moment_dtype; /* FLOAT32, BFLOAT16 or BLOCK8 */
+  /* FLOAT32, BFLOAT16 or BLOCK8 (Adam, AdamW, Lion); Adafactor and SM3:
+   * exp_avg's, FLOAT32 or BFLOAT16 */
+  strata_dtype_t moment_dtype;
   /* Optional (NULL: not written): the updated master rounded to
    * working_dtype (FLOAT16 or BFLOAT16), written in the same pass. */
   void* working;
@@ -505,6 +555,86 @@ STRATA_EXPORT strata_code_t strata_cpu_optimizer_step(
 STRATA_EXPORT strata_code_t strata_cpu_optimizer_grad_stats(
     strata_cpu_optimizer_t* optimizer, const void* grad, strata_dtype_t dtype,
     size_t n, double scale, double* sum_sq, int* finite, char** errptr);
+
+/* The per-step values of strata_cpu_optimizer_step_shaped. New fields
+ * never go into this struct (nor into the two below): a later version adds
+ * a new struct and call. */
+typedef struct strata_cpu_step_args {
+  int64_t step; /* 1-based; a skipped step does not count */
+  double lr;    /* >= 0; Adafactor with relative_step ignores it */
+  /* The gradient is multiplied by inv_loss_scale * clip_coef; finite, > 0 */
+  double inv_loss_scale;
+  double clip_coef;
+  /* Nonzero: a scaled gradient holding an inf or nan writes nothing and
+   * the result's `applied` is 0 (not an error). */
+  int check_overflow;
+  /* Adafactor with scale_parameter: the sum of the squares of master as it
+   * is now, the param_sq of the result of the step that last wrote it; the
+   * statistics pass then does not read master (4 bytes a parameter fewer).
+   * Negative: not known (the step sums it). Only while nothing else has
+   * written master since that step; the other algorithms ignore it. */
+  double param_sq;
+} strata_cpu_step_args_t;
+
+/* Step 1, lr 1e-3, scales 1, check_overflow 1, param_sq -1. */
+STRATA_EXPORT strata_cpu_step_args_t strata_cpu_step_args_default(void);
+
+/* What one strata_cpu_optimizer_step_shaped did. */
+typedef struct strata_cpu_step_result {
+  int applied; /* 0: an inf or nan, nothing written */
+  /* Adafactor with scale_parameter, applied: the sum of the squares of the
+   * updated master, for the next step's args.param_sq; negative otherwise
+   * (a step not applied left master as it was). */
+  double param_sq;
+  /* Wall seconds of the inf/nan check (0 when not run) and of each pass
+   * over the arrays, in order: `passes` of them (Adafactor: statistics,
+   * then the update, with the RMS of the update between them on rows of
+   * more than 32768 columns; the others one). */
+  double check_seconds;
+  int passes;
+  double pass_seconds[3];
+} strata_cpu_step_result_t;
+
+/* One fused update of `t` as a row-major rows x cols matrix (rows * cols ==
+ * n; rows 0: a vector). Adafactor and SM3 keep one statistic per row and
+ * per column of it; the other algorithms ignore the shape and update as
+ * strata_cpu_optimizer_step does. `result` may be NULL. */
+STRATA_EXPORT strata_code_t strata_cpu_optimizer_step_shaped(
+    strata_cpu_optimizer_t* optimizer, const strata_cpu_tensors_t* t,
+    size_t rows, size_t cols, const strata_cpu_step_args_t* args,
+    strata_cpu_step_result_t* result, char** errptr);
+
+/* A step's shape and element types, for strata_cpu_step_footprint_of. */
+typedef struct strata_cpu_step_shape {
+  size_t n;
+  size_t rows; /* as strata_cpu_optimizer_step_shaped */
+  size_t cols;
+  strata_dtype_t grad_dtype;
+  strata_dtype_t moment_dtype;
+  int has_working; /* nonzero: a working copy is written */
+  strata_dtype_t working_dtype;
+  int param_sq_known; /* nonzero: args.param_sq is given (Adafactor) */
+} strata_cpu_step_shape_t;
+
+typedef struct strata_cpu_step_footprint {
+  /* Bytes of the caller's state arrays (0: unused, may be NULL). */
+  size_t exp_avg_bytes;
+  size_t exp_avg_sq_bytes;
+  /* Bytes one step reads and writes with check_overflow off (on adds one
+   * read of the gradient), over all its passes: master, gradient, state,
+   * working copy. The optimizer's O(rows + cols) scratch is not counted. */
+  uint64_t read_bytes;
+  uint64_t written_bytes;
+  int passes; /* passes over the gradient */
+} strata_cpu_step_footprint_t;
+
+/* What one step of `options` (NULL: the defaults) over `shape` needs and
+ * moves. STRATA_INVALID_ARGUMENT for a shape that does not match n, or a
+ * moment dtype the algorithm refuses. */
+STRATA_EXPORT strata_code_t
+strata_cpu_step_footprint_of(const strata_cpu_optimizer_options_t* options,
+                             const strata_cpu_step_shape_t* shape,
+                             strata_cpu_step_footprint_t* out, char** errptr);
 
 /* Bytes of one optimizer-state array of `n` elements of `dtype`; 0 for a
  * value outside the enum. */

@@ -7,6 +7,51 @@
 
 int strata_c_smoke(char* why, size_t why_len);
 
+/* Adafactor over a 2 x 2 matrix, its state sized by the footprint. */
+static int factored_smoke(char* why, size_t why_len) {
+  char* err = NULL;
+  strata_cpu_optimizer_options_t* o = NULL;
+  strata_cpu_optimizer_t* opt = NULL;
+  strata_cpu_step_shape_t shape;
+  strata_cpu_step_footprint_t f;
+  strata_cpu_tensors_t t;
+  strata_cpu_step_args_t args = strata_cpu_step_args_default();
+  strata_cpu_step_result_t res;
+  float master[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  float grad[4] = {1.0f, -1.0f, 1.0f, -1.0f};
+  float stats[4] = {0, 0, 0, 0};
+  int ok;
+
+  memset(&shape, 0, sizeof shape);
+  shape.n = 4;
+  shape.rows = 2;
+  shape.cols = 2;
+  shape.grad_dtype = STRATA_FLOAT32;
+  shape.moment_dtype = STRATA_FLOAT32;
+  memset(&t, 0, sizeof t);
+  t.n = 4;
+  t.master = master;
+  t.grad = grad;
+  t.grad_dtype = STRATA_FLOAT32;
+  t.exp_avg_sq = stats;
+  t.moment_dtype = STRATA_FLOAT32;
+  ok = strata_cpu_optimizer_options_create(&o, &err) == STRATA_OK &&
+       strata_cpu_optimizer_options_set_algo_name(o, "adafactor", &err) ==
+           STRATA_OK &&
+       strata_cpu_step_footprint_of(o, &shape, &f, &err) == STRATA_OK &&
+       f.exp_avg_sq_bytes == sizeof stats &&
+       strata_cpu_optimizer_create(o, &opt, &err) == STRATA_OK &&
+       strata_cpu_optimizer_step_shaped(opt, &t, 2, 2, &args, &res, &err) ==
+           STRATA_OK &&
+       res.applied && res.param_sq > 0.0 && master[0] < 1.0f &&
+       master[1] > 1.0f;
+  if (!ok) snprintf(why, why_len, "adafactor: %s", err ? err : "no update");
+  strata_free(err);
+  strata_cpu_optimizer_destroy(opt);
+  strata_cpu_optimizer_options_destroy(o);
+  return ok ? 0 : 1;
+}
+
 /* 0 on success; otherwise 1 and a reason in `why`. */
 int strata_c_smoke(char* why, size_t why_len) {
   char* err = NULL;
@@ -63,5 +108,5 @@ int strata_c_smoke(char* why, size_t why_len) {
     return 1;
   }
   strata_cpu_optimizer_destroy(opt);
-  return 0;
+  return factored_smoke(why, why_len);
 }

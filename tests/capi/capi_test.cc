@@ -1144,6 +1144,407 @@ TEST(CApiCpuOptimizerTest, MatchesTheCppOptimizerBitForBit) {
   strata_cpu_optimizer_destroy(opt);
 }
 
+// One optimizer through the C API and its C++ twin, both given `t`'s arrays
+// (the C++ one copies of them), stepped alike.
+struct FactoredRun {
+  std::vector<float> master, grad;
+  std::vector<uint8_t> m, stats;
+  std::vector<uint16_t> working;
+};
+
+FactoredRun NewFactoredRun(size_t rows, size_t cols,
+                           const strata_cpu_step_footprint_t& f) {
+  FactoredRun r;
+  const size_t n = rows * cols;
+  r.master.resize(n);
+  r.grad.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    r.master[i] = 0.1f * std::sin(float(i) * 0.7f);
+    r.grad[i] = std::cos(float(i) * 0.37f) * (1.0f + float(i % cols) / 8.0f);
+  }
+  r.m.assign(f.exp_avg_bytes, 0);
+  r.stats.assign(f.exp_avg_sq_bytes, 0);
+  r.working.assign(n, 0);
+  return r;
+}
+
+// Adafactor (by name, with its setters, the weights' sum of squares
+// carried) and SM3 (from a DeepSpeed section, bf16 momentum) over an odd
+// matrix, through the C API and the C++ API: the same bits, the same
+// results, the same footprint.
+TEST(CApiCpuOptimizerTest, FactoredMatchTheCppOptimizerBitForBit) {
+  constexpr size_t kMatRows = 37, kMatCols = 129, n = kMatRows * kMatCols;
+  for (const bool sm3 : {false, true}) {
+    SCOPED_TRACE(sm3 ? "sm3" : "adafactor");
+    CErr e;
+    strata_cpu_optimizer_options_t* o = nullptr;
+    ASSERT_EQ(strata_cpu_optimizer_options_create(&o, e.ptr()), STRATA_OK);
+    strata_cpu_optimizer_options_set_variant(o, STRATA_CPU_VARIANT_SCALAR);
+    strata_cpu_optimizer_options_set_threads(o, 2);
+    double lr = 1e-2;
+    if (sm3) {
+      const std::string json =
+          R"({"type": "SM3", "params": {"lr": 0.05, "momentum": 0.8,)"
+          R"( "eps": 1e-6, "weight_decay": 0.01}})";
+      double got = 0;
+      ASSERT_EQ(strata_cpu_optimizer_options_from_json(
+                    o, json.data(), json.size(), &got, e.ptr()),
+                STRATA_OK)
+          << e.str();
+      EXPECT_EQ(got, 0.05);
+      lr = got;
+    } else {
+      ASSERT_EQ(
+          strata_cpu_optimizer_options_set_algo_name(o, "AdaFactor", e.ptr()),
+          STRATA_OK)
+          << e.str();
+      strata_cpu_optimizer_options_set_adafactor_eps(o, 1e-29, 2e-3);
+      strata_cpu_optimizer_options_set_adafactor_clip_threshold(o, 0.5);
+      strata_cpu_optimizer_options_set_adafactor_decay_rate(o, -0.7);
+      strata_cpu_optimizer_options_set_adafactor_beta1(o, 0.9);
+      strata_cpu_optimizer_options_set_adafactor_schedule(o, 1, 1, 0);
+      strata_cpu_optimizer_options_set_weight_decay(o, 0.01);
+    }
+    strata_cpu_optimizer_t* opt = nullptr;
+    ASSERT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()), STRATA_OK)
+        << e.str();
+
+    CpuOptimizerOptions co;
+    co.variant = CpuKernelVariant::kScalar;
+    co.threads = 2;
+    co.weight_decay = 0.01;
+    if (sm3) {
+      co.algo = CpuOptimizerAlgo::kSm3;
+      co.beta1 = 0.8;
+      co.eps = 1e-6;
+    } else {
+      co.algo = CpuOptimizerAlgo::kAdafactor;
+      co.adafactor.eps1 = 1e-29;
+      co.adafactor.eps2 = 2e-3;
+      co.adafactor.clip_threshold = 0.5;
+      co.adafactor.decay_rate = -0.7;
+      co.adafactor.beta1 = 0.9;
+    }
+    auto ref = NewCpuOptimizer(co);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+
+    const CpuDType moment = sm3 ? CpuDType::kBFloat16 : CpuDType::kFloat32;
+    strata_cpu_step_shape_t shape{};
+    shape.n = n;
+    shape.rows = kMatRows;
+    shape.cols = kMatCols;
+    shape.grad_dtype = STRATA_FLOAT32;
+    shape.moment_dtype = sm3 ? STRATA_BFLOAT16 : STRATA_FLOAT32;
+    shape.has_working = 1;
+    shape.working_dtype = STRATA_BFLOAT16;
+    shape.param_sq_known = sm3 ? 0 : 1;
+    strata_cpu_step_footprint_t f{};
+    ASSERT_EQ(strata_cpu_step_footprint_of(o, &shape, &f, e.ptr()), STRATA_OK)
+        << e.str();
+    strata_cpu_optimizer_options_destroy(o);
+    CpuStepShape cs;
+    cs.n = n;
+    cs.rows = kMatRows;
+    cs.cols = kMatCols;
+    cs.moment_dtype = moment;
+    cs.param_sq_known = !sm3;
+    auto rf = CpuStepFootprintOf(co, cs);
+    ASSERT_TRUE(rf.ok()) << rf.status().ToString();
+    EXPECT_EQ(f.exp_avg_bytes, rf->exp_avg_bytes);
+    EXPECT_EQ(f.exp_avg_sq_bytes, rf->exp_avg_sq_bytes);
+    EXPECT_EQ(f.exp_avg_sq_bytes, (kMatRows + kMatCols) * sizeof(float));
+    EXPECT_EQ(f.read_bytes, rf->read_bytes);
+    EXPECT_EQ(f.written_bytes, rf->written_bytes);
+    EXPECT_EQ(f.passes, rf->passes);
+    EXPECT_EQ(f.passes, sm3 ? 1 : 2);
+
+    FactoredRun c = NewFactoredRun(kMatRows, kMatCols, f), r = c;
+    strata_cpu_step_args_t args = strata_cpu_step_args_default();
+    EXPECT_EQ(args.step, 1);
+    EXPECT_EQ(args.inv_loss_scale, 1.0);
+    EXPECT_EQ(args.check_overflow, 1);
+    EXPECT_LT(args.param_sq, 0.0);
+    double ref_param_sq = -1.0;
+    for (int64_t step = 1; step <= 4; ++step) {
+      strata_cpu_tensors_t t =
+          CTensors(n, c.master.data(), c.grad.data(), c.m.data(),
+                   c.stats.data(), shape.moment_dtype);
+      t.working = c.working.data();
+      t.working_dtype = STRATA_BFLOAT16;
+      args.step = step;
+      args.lr = lr;
+      args.inv_loss_scale = 0.5;
+      strata_cpu_step_result_t res{};
+      ASSERT_EQ(strata_cpu_optimizer_step_shaped(opt, &t, kMatRows, kMatCols,
+                                                 &args, &res, e.ptr()),
+                STRATA_OK)
+          << e.str();
+
+      CpuOptimizerTensors rt;
+      rt.n = n;
+      rt.rows = kMatRows;
+      rt.cols = kMatCols;
+      rt.master = r.master.data();
+      rt.grad = r.grad.data();
+      rt.exp_avg = r.m.data();
+      rt.exp_avg_sq = r.stats.data();
+      rt.moment_dtype = moment;
+      rt.working = r.working.data();
+      CpuStepArgs a;
+      a.step = step;
+      a.lr = lr;
+      a.inv_loss_scale = 0.5;
+      a.param_sq = ref_param_sq;
+      auto rr = (*ref)->Step(rt, a);
+      ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+      EXPECT_EQ(res.applied, 1);
+      EXPECT_EQ(res.passes, rr->passes);
+      EXPECT_EQ(res.param_sq, rr->param_sq);
+      EXPECT_GE(res.pass_seconds[0], 0.0);
+      if (sm3) {
+        EXPECT_LT(res.param_sq, 0.0);
+      } else {
+        EXPECT_GT(res.param_sq, 0.0);
+        args.param_sq = res.param_sq;  // carried, as a training loop would
+        ref_param_sq = rr->param_sq;
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(c.master.data(), r.master.data(), n * 4));
+    EXPECT_NE(c.master, NewFactoredRun(kMatRows, kMatCols, f).master);
+    EXPECT_EQ(c.m, r.m);
+    EXPECT_EQ(c.stats, r.stats);
+    EXPECT_EQ(c.working, r.working);
+    if (!sm3) {
+      // The step uses the param_sq it is given, not its own sum: a wrong one
+      // (100 times the weights' squares) moves the C and the C++ weights
+      // alike, and away from a step that sums them.
+      FactoredRun summed = r;
+      for (FactoredRun* run : {&c, &r, &summed}) {
+        const bool via_c = run == &c;
+        const double param_sq = run == &summed ? -1.0 : 100.0 * ref_param_sq;
+        if (via_c) {
+          strata_cpu_tensors_t t =
+              CTensors(n, run->master.data(), run->grad.data(), run->m.data(),
+                       run->stats.data(), shape.moment_dtype);
+          args.step = 5;
+          args.param_sq = param_sq;
+          ASSERT_EQ(strata_cpu_optimizer_step_shaped(
+                        opt, &t, kMatRows, kMatCols, &args, nullptr, e.ptr()),
+                    STRATA_OK)
+              << e.str();
+        } else {
+          CpuOptimizerTensors rt;
+          rt.n = n;
+          rt.rows = kMatRows;
+          rt.cols = kMatCols;
+          rt.master = run->master.data();
+          rt.grad = run->grad.data();
+          rt.exp_avg = run->m.data();
+          rt.exp_avg_sq = run->stats.data();
+          CpuStepArgs a;
+          a.step = 5;
+          a.lr = lr;
+          a.inv_loss_scale = 0.5;
+          a.param_sq = param_sq;
+          ASSERT_TRUE((*ref)->Step(rt, a).ok());
+        }
+      }
+      EXPECT_EQ(0, std::memcmp(c.master.data(), r.master.data(), n * 4));
+      EXPECT_NE(c.master, summed.master);
+    }
+
+    // A null result is allowed; an inf is not an error and writes nothing.
+    c.grad[40] = INFINITY;
+    const std::vector<float> before = c.master;
+    strata_cpu_tensors_t t =
+        CTensors(n, c.master.data(), c.grad.data(), c.m.data(), c.stats.data(),
+                 shape.moment_dtype);
+    ASSERT_EQ(strata_cpu_optimizer_step_shaped(opt, &t, kMatRows, kMatCols,
+                                               &args, nullptr, e.ptr()),
+              STRATA_OK)
+        << e.str();
+    strata_cpu_step_result_t res{};
+    res.applied = 1;
+    ASSERT_EQ(strata_cpu_optimizer_step_shaped(opt, &t, kMatRows, kMatCols,
+                                               &args, &res, e.ptr()),
+              STRATA_OK);
+    EXPECT_EQ(res.applied, 0);
+    EXPECT_EQ(res.passes, 0);
+    EXPECT_LT(res.param_sq, 0.0);
+    EXPECT_EQ(c.master, before);
+    strata_cpu_optimizer_destroy(opt);
+  }
+}
+
+// The shaped step of the Adam family ignores the shape: the same bits as
+// strata_cpu_optimizer_step.
+TEST(CApiCpuOptimizerTest, ShapedStepOfAdamWIsTheFlatStep) {
+  CErr e;
+  strata_cpu_optimizer_t* opt = nullptr;
+  ASSERT_EQ(strata_cpu_optimizer_create(nullptr, &opt, e.ptr()), STRATA_OK);
+  constexpr size_t n = 6 * 50;
+  std::vector<float> m1(n), g(n), a1(n, 0), v1(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    m1[i] = std::sin(float(i));
+    g[i] = std::cos(float(i) * 0.3f);
+  }
+  std::vector<float> m2 = m1, a2 = a1, v2 = v1;
+  for (int64_t step = 1; step <= 3; ++step) {
+    strata_cpu_tensors_t t1 =
+        CTensors(n, m1.data(), g.data(), a1.data(), v1.data(), STRATA_FLOAT32);
+    strata_cpu_tensors_t t2 =
+        CTensors(n, m2.data(), g.data(), a2.data(), v2.data(), STRATA_FLOAT32);
+    int applied = 0;
+    ASSERT_EQ(strata_cpu_optimizer_step(opt, &t1, step, 1e-2, 1.0, 1.0, 1,
+                                        &applied, e.ptr()),
+              STRATA_OK);
+    strata_cpu_step_args_t args = strata_cpu_step_args_default();
+    args.step = step;
+    args.lr = 1e-2;
+    strata_cpu_step_result_t res{};
+    ASSERT_EQ(
+        strata_cpu_optimizer_step_shaped(opt, &t2, 6, 50, &args, &res, e.ptr()),
+        STRATA_OK)
+        << e.str();
+    EXPECT_EQ(res.applied, 1);
+    EXPECT_EQ(res.passes, 1);
+  }
+  EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * 4));
+  EXPECT_EQ(a1, a2);
+  EXPECT_EQ(v1, v2);
+  strata_cpu_optimizer_destroy(opt);
+}
+
+TEST(CApiCpuOptimizerTest, FactoredBadArguments) {
+  CErr e;
+  strata_cpu_optimizer_options_t* o = nullptr;
+  ASSERT_EQ(strata_cpu_optimizer_options_create(&o, e.ptr()), STRATA_OK);
+  // By name: an unknown name leaves the algorithm as it was.
+  ASSERT_EQ(strata_cpu_optimizer_options_set_algo_name(o, "sm3", e.ptr()),
+            STRATA_OK);
+  EXPECT_EQ(strata_cpu_optimizer_options_set_algo_name(o, "adamax", e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_cpu_optimizer_options_set_algo_name");
+  EXPECT_MESSAGE_HAS(e, "'adamax'");
+  EXPECT_MESSAGE_HAS(e, "adafactor or sm3");
+  EXPECT_EQ(strata_cpu_optimizer_options_set_algo_name(o, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "name is NULL");
+  EXPECT_EQ(
+      strata_cpu_optimizer_options_set_algo_name(nullptr, "adam", e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  // From JSON: the path at fault, and the options left as they were.
+  const std::string bad =
+      R"({"type": "Adafactor", "params": {"clip_threshold": -1}})";
+  double lr = 7.0;
+  EXPECT_EQ(strata_cpu_optimizer_options_from_json(o, bad.data(), bad.size(),
+                                                   &lr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "optimizer.params.clip_threshold");
+  EXPECT_EQ(lr, 7.0);
+  const std::string typo = R"({"type": "Adafactor", "params": {"beta": 0}})";
+  EXPECT_EQ(strata_cpu_optimizer_options_from_json(o, typo.data(), typo.size(),
+                                                   nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "optimizer.params.beta");
+  EXPECT_EQ(strata_cpu_optimizer_options_from_json(o, "{", 1, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      strata_cpu_optimizer_options_from_json(o, nullptr, 4, nullptr, e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "json is NULL");
+  strata_cpu_optimizer_t* opt = nullptr;
+  ASSERT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()), STRATA_OK)
+      << e.str();  // still SM3, with the defaults
+  strata_cpu_optimizer_destroy(opt);
+  opt = nullptr;
+
+  // Adafactor's values are checked at create.
+  strata_cpu_optimizer_options_set_algo(o, STRATA_CPU_ADAFACTOR);
+  strata_cpu_optimizer_options_set_adafactor_clip_threshold(o, 0.0);
+  EXPECT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "clip_threshold");
+  EXPECT_EQ(opt, nullptr);
+  strata_cpu_optimizer_options_set_adafactor_clip_threshold(o, 1.0);
+  strata_cpu_optimizer_options_set_adafactor_decay_rate(o, 0.5);
+  EXPECT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "decay_rate");
+  strata_cpu_optimizer_options_set_adafactor_decay_rate(o, -0.8);
+  strata_cpu_optimizer_options_set_algo(o, static_cast<strata_cpu_algo_t>(6));
+  EXPECT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "algo 6");
+  strata_cpu_optimizer_options_set_algo(o, STRATA_CPU_ADAFACTOR);
+  strata_cpu_optimizer_options_set_adafactor_eps(nullptr, 1, 1);  // ignored
+  strata_cpu_optimizer_options_set_adafactor_schedule(nullptr, 0, 0, 0);
+
+  // The footprint: a shape that does not match n, a refused moment type.
+  strata_cpu_step_shape_t shape{};
+  shape.n = 12;
+  shape.rows = 5;
+  shape.cols = 3;
+  shape.grad_dtype = STRATA_FLOAT32;
+  shape.moment_dtype = STRATA_FLOAT32;
+  strata_cpu_step_footprint_t f{};
+  EXPECT_EQ(strata_cpu_step_footprint_of(o, &shape, &f, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  shape.rows = 4;
+  shape.moment_dtype = STRATA_BLOCK8;
+  EXPECT_EQ(strata_cpu_step_footprint_of(o, &shape, &f, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  shape.moment_dtype = static_cast<strata_dtype_t>(9);
+  EXPECT_EQ(strata_cpu_step_footprint_of(o, &shape, &f, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "dtype 9");
+  shape.moment_dtype = STRATA_FLOAT32;
+  EXPECT_EQ(strata_cpu_step_footprint_of(o, nullptr, &f, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_cpu_step_footprint_of(o, &shape, nullptr, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  ASSERT_EQ(strata_cpu_step_footprint_of(o, &shape, &f, e.ptr()), STRATA_OK)
+      << e.str();
+  EXPECT_EQ(f.exp_avg_sq_bytes, (4u + 3u) * sizeof(float));
+  EXPECT_EQ(f.exp_avg_bytes, 0u);  // no first moment
+
+  // The shaped step: its shape, its args, the state it needs.
+  ASSERT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()), STRATA_OK);
+  strata_cpu_optimizer_options_destroy(o);
+  float master[12] = {0}, grad[12] = {0}, stats[7] = {0};
+  strata_cpu_tensors_t t =
+      CTensors(12, master, grad, nullptr, stats, STRATA_FLOAT32);
+  strata_cpu_step_args_t args = strata_cpu_step_args_default();
+  EXPECT_EQ(
+      strata_cpu_optimizer_step_shaped(opt, &t, 5, 3, &args, nullptr, e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_cpu_optimizer_step_shaped(opt, &t, 4, 3, nullptr, nullptr,
+                                             e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "strata_cpu_optimizer_step_shaped: args is NULL");
+  EXPECT_EQ(strata_cpu_optimizer_step_shaped(nullptr, &t, 4, 3, &args, nullptr,
+                                             e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  args.param_sq = NAN;
+  EXPECT_EQ(
+      strata_cpu_optimizer_step_shaped(opt, &t, 4, 3, &args, nullptr, e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  args.param_sq = -1.0;
+  t.exp_avg_sq = nullptr;
+  EXPECT_EQ(
+      strata_cpu_optimizer_step_shaped(opt, &t, 4, 3, &args, nullptr, e.ptr()),
+      STRATA_INVALID_ARGUMENT);
+  t.exp_avg_sq = stats;
+  strata_cpu_step_result_t res{};
+  ASSERT_EQ(
+      strata_cpu_optimizer_step_shaped(opt, &t, 4, 3, &args, &res, e.ptr()),
+      STRATA_OK)
+      << e.str();
+  EXPECT_EQ(res.applied, 1);
+  EXPECT_EQ(res.passes, 2);
+  strata_cpu_optimizer_destroy(opt);
+}
+
 TEST(CApiCpuOptimizerTest, BadArguments) {
   CErr e;
   strata_cpu_optimizer_t* opt = nullptr;
