@@ -7,6 +7,21 @@
 
 int strata_c_smoke(char* why, size_t why_len);
 
+/* Four fp32 elements and fp32 state arrays (exp_avg may be NULL). */
+static strata_cpu_tensors_t four_floats(float* master, const float* grad,
+                                        float* exp_avg, float* exp_avg_sq) {
+  strata_cpu_tensors_t t;
+  memset(&t, 0, sizeof t);
+  t.n = 4;
+  t.master = master;
+  t.grad = grad;
+  t.grad_dtype = STRATA_FLOAT32;
+  t.exp_avg = exp_avg;
+  t.exp_avg_sq = exp_avg_sq;
+  t.moment_dtype = STRATA_FLOAT32;
+  return t;
+}
+
 /* Adafactor over a 2 x 2 matrix, its state sized by the footprint. */
 static int factored_smoke(char* why, size_t why_len) {
   char* err = NULL;
@@ -28,13 +43,7 @@ static int factored_smoke(char* why, size_t why_len) {
   shape.cols = 2;
   shape.grad_dtype = STRATA_FLOAT32;
   shape.moment_dtype = STRATA_FLOAT32;
-  memset(&t, 0, sizeof t);
-  t.n = 4;
-  t.master = master;
-  t.grad = grad;
-  t.grad_dtype = STRATA_FLOAT32;
-  t.exp_avg_sq = stats;
-  t.moment_dtype = STRATA_FLOAT32;
+  t = four_floats(master, grad, NULL, stats);
   ok = strata_cpu_optimizer_options_create(&o, &err) == STRATA_OK &&
        strata_cpu_optimizer_options_set_algo_name(o, "adafactor", &err) ==
            STRATA_OK &&
@@ -91,14 +100,7 @@ int strata_c_smoke(char* why, size_t why_len) {
     strata_free(err);
     return 1;
   }
-  memset(&t, 0, sizeof t);
-  t.n = 4;
-  t.master = master;
-  t.grad = grad;
-  t.grad_dtype = STRATA_FLOAT32;
-  t.exp_avg = m;
-  t.exp_avg_sq = v;
-  t.moment_dtype = STRATA_FLOAT32;
+  t = four_floats(master, grad, m, v);
   if (strata_cpu_optimizer_step(opt, &t, 1, 0.5, 1.0, 1.0, 1, &applied, &err) !=
           STRATA_OK ||
       !applied || !(master[0] < 1.0f) || !(master[1] > 1.0f)) {
