@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -379,6 +380,13 @@ class PyCpuOptimizer {
 
   double last_param_sq() const { return last_param_sq_; }
 
+  // The learning rate of the config section it was made from
+  // (PyCpuOptimizerFromConfig); None when made by the constructor.
+  py::object config_lr() const {
+    return config_lr_ ? py::object(py::float_(*config_lr_)) : py::none();
+  }
+  void set_config_lr(double lr) { config_lr_ = lr; }
+
   py::tuple GradStats(py::handle grad, double scale) {
     CpuOptimizer& opt = Open("grad_stats");
     const Borrowed g =
@@ -433,6 +441,7 @@ class PyCpuOptimizer {
   std::unique_ptr<CpuOptimizer> opt_;
   std::atomic<bool> busy_{false};
   double last_param_sq_ = -1.0;  // CpuStepResult::param_sq of the last step
+  std::optional<double> config_lr_;
 };
 
 std::unique_ptr<PyCpuOptimizer> NewPyCpuOptimizer(
@@ -450,6 +459,42 @@ std::unique_ptr<PyCpuOptimizer> NewPyCpuOptimizer(
   o.variant = ValueOrThrow(ParseCpuKernelVariant(variant));
   o.tile_elems = tile_elems;
   return std::make_unique<PyCpuOptimizer>(o);
+}
+
+// An optimizer from a DeepSpeed-style optimizer section: a dict (made JSON
+// by Python's json module) or JSON text, read by ParseCpuOptimizerConfig,
+// the one parser of it.
+std::unique_ptr<PyCpuOptimizer> PyCpuOptimizerFromConfig(
+    py::handle section, int threads, const std::string& variant,
+    size_t tile_elems) {
+  const std::string json = py::isinstance<py::str>(section)
+                               ? section.cast<std::string>()
+                               : py::module_::import("json")
+                                     .attr("dumps")(section)
+                                     .cast<std::string>();
+  CpuOptimizerOptions base;
+  base.threads = threads;
+  base.variant = ValueOrThrow(ParseCpuKernelVariant(variant));
+  base.tile_elems = tile_elems;
+  const CpuOptimizerConfig c =
+      ValueOrThrow(ParseCpuOptimizerConfig(json, "optimizer", base));
+  auto opt = std::make_unique<PyCpuOptimizer>(c.options);
+  opt->set_config_lr(c.lr);
+  return opt;
+}
+
+// Adafactor's options with HF transformers' names (beta1 None: no first
+// moment).
+py::dict AdafactorDict(const CpuAdafactorOptions& a) {
+  py::dict d;
+  d["eps"] = py::make_tuple(a.eps1, a.eps2);
+  d["clip_threshold"] = a.clip_threshold;
+  d["decay_rate"] = a.decay_rate;
+  d["beta1"] = a.beta1 > 0 ? py::object(py::float_(a.beta1)) : py::none();
+  d["relative_step"] = a.relative_step;
+  d["scale_parameter"] = a.scale_parameter;
+  d["warmup_init"] = a.warmup_init;
+  return d;
 }
 
 PyObject* NewException(const char* name, const char* doc, PyObject* bases) {
@@ -506,16 +551,30 @@ CpuOptimizer(algo='adamw', betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
              bias_correction=True, threads=0, variant='auto',
              tile_elems=65536)
 
-algo: adam, adamw, adagrad, lion, adafactor (HF defaults), sm3. threads: the
-optimizer's worker threads, 0 = all cores. Hyper-parameters out of range raise
-strata.InvalidArgumentError. Calls must not overlap on one object (a second
-concurrent call raises strata.Error); close() frees the threads.
+algo: adam, adamw, adagrad, lion, adafactor (HF defaults), sm3 (momentum =
+betas[0]). threads: the optimizer's worker threads, 0 = all cores.
+Hyper-parameters out of range raise strata.InvalidArgumentError. Calls must not
+overlap on one object (a second concurrent call raises strata.Error); close()
+frees the threads. CpuOptimizer.from_config takes any algorithm's parameters,
+Adafactor's included.
 )doc")
       .def(py::init(&NewPyCpuOptimizer), py::arg("algo") = "adamw",
            py::arg("betas") = std::pair<double, double>(0.9, 0.999),
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.0,
            py::arg("bias_correction") = true, py::arg("threads") = 0,
            py::arg("variant") = "auto", py::arg("tile_elems") = 65536)
+      .def_static("from_config", &PyCpuOptimizerFromConfig, py::arg("section"),
+                  py::kw_only(), py::arg("threads") = 0,
+                  py::arg("variant") = "auto", py::arg("tile_elems") = 65536,
+                  R"doc(
+An optimizer from an optimizer section as DeepSpeed writes it, a dict or JSON
+text: {"type": "Adafactor", "params": {"lr": 1e-3, "beta1": 0.9, ...}}. type:
+adam (AdamW unless params.adam_w_mode is false), adamw, adagrad, lion,
+adafactor or sm3, any case; params as each type takes them (Adafactor: HF
+transformers' names, eps = [eps1, eps2]; SM3: momentum). The section's
+learning rate is the optimizer's lr. strata.InvalidArgumentError names the
+JSON path at fault (optimizer.params.betas[1]).
+)doc")
       .def("step", &PyCpuOptimizer::Step, py::arg("master"), py::arg("grad"),
            py::arg("exp_avg") = py::none(), py::arg("exp_avg_sq") = py::none(),
            py::kw_only(), py::arg("step"), py::arg("lr"),
@@ -575,9 +634,20 @@ Negative: not known.
       .def_property_readonly(
           "eps",
           [](PyCpuOptimizer& self) { return self.get("eps").options().eps; })
-      .def_property_readonly("weight_decay", [](PyCpuOptimizer& self) {
-        return self.get("weight_decay").options().weight_decay;
-      });
+      .def_property_readonly(
+          "weight_decay",
+          [](PyCpuOptimizer& self) {
+            return self.get("weight_decay").options().weight_decay;
+          })
+      .def_property_readonly("lr", &PyCpuOptimizer::config_lr,
+                             "the learning rate of the section from_config "
+                             "read; None when made by the constructor")
+      .def_property_readonly(
+          "adafactor",
+          [](PyCpuOptimizer& self) {
+            return AdafactorDict(self.get("adafactor").options().adafactor);
+          },
+          "Adafactor's options, with HF transformers' names");
 }
 
 }  // namespace strata::python

@@ -3,6 +3,7 @@ overflow contract, and the errors a caller gets for bad arrays."""
 
 import math
 import os
+import sys
 import unittest
 
 import strata
@@ -98,6 +99,50 @@ class NumpyStepTest(unittest.TestCase):
             v = np.zeros(self.n, np.float32)
             opt.step(p, self.grads[0], m, v, step=1, lr=1e-3, param_sq=5.0)
             self.assertEqual(opt.last_param_sq, -1.0)
+
+    def test_from_config_takes_adafactors_parameters(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(
+            os.path.abspath(__file__)), "..", "cpu_adam"))
+        import factored_reference  # the NumPy reference of the C++ tests
+        rows, cols = 30, 100
+        section = {"type": "Adafactor",
+                   "params": {"lr": 0.02, "eps": [1e-30, 2e-3],
+                              "clip_threshold": 0.5, "decay_rate": -0.7,
+                              "beta1": 0.9, "weight_decay": 0.01}}
+        p = self.p.copy()
+        stats = np.zeros(rows + cols, np.float32)
+        m = np.zeros(self.n, np.float32)
+        with strata.CpuOptimizer.from_config(section, threads=2) as opt:
+            self.assertEqual(opt.algo, "adafactor")
+            self.assertEqual(opt.lr, 0.02)
+            self.assertEqual(opt.threads, 2)
+            self.assertEqual(opt.adafactor, {
+                "eps": (1e-30, 2e-3), "clip_threshold": 0.5,
+                "decay_rate": -0.7, "beta1": 0.9,
+                "relative_step": False,  # a given lr turns it off, as in HF
+                "scale_parameter": True, "warmup_init": False})
+            for step, g in enumerate(self.grads, start=1):
+                self.assertTrue(opt.step(p, g, m, stats, step=step,
+                                         lr=opt.lr, rows=rows, cols=cols))
+        kw = {"lr": "0.02", "eps2": "2e-3", "clip_threshold": "0.5",
+              "decay_rate": "-0.7", "beta1": "0.9", "weight_decay": "0.01",
+              "relative_step": "0"}
+        rp, rstats, rm = factored_reference.adafactor(
+            self.p.copy(), self.grads, rows, cols, len(self.grads), kw)
+        np.testing.assert_allclose(p, rp.ravel(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(stats, rstats, rtol=1e-5)
+        np.testing.assert_allclose(m, rm.ravel(), rtol=1e-5, atol=1e-9)
+        # JSON text works too; the constructor's optimizers have no lr.
+        with strata.CpuOptimizer.from_config(
+                '{"type": "sm3", "params": {"momentum": 0.8}}',
+                variant="scalar") as opt:
+            self.assertEqual((opt.algo, opt.betas[0], opt.lr),
+                             ("sm3", 0.8, 1e-3))
+            self.assertEqual(opt.variant, "scalar")
+        with strata.CpuOptimizer("adafactor") as opt:
+            self.assertIsNone(opt.lr)
+            self.assertIsNone(opt.adafactor["beta1"])
+            self.assertTrue(opt.adafactor["relative_step"])
 
     def test_capsule_and_reshaped_arrays_are_accepted(self):
         p = self.p.reshape(30, 100).copy()
@@ -203,6 +248,18 @@ class BadInputTest(unittest.TestCase):
             strata.CpuOptimizer(betas=(1.5, 0.999))
         with self.assertRaisesRegex(ValueError, "adamw"):
             strata.CpuOptimizer(algo="sgd")
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"optimizer\.params\.beta\b"):
+            strata.CpuOptimizer.from_config(
+                {"type": "Adafactor", "params": {"beta": 0.9}})
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"optimizer\.params\.clip_threshold"):
+            strata.CpuOptimizer.from_config(
+                {"type": "Adafactor", "params": {"clip_threshold": 0}})
+        with self.assertRaisesRegex(ValueError, "variant"):
+            strata.CpuOptimizer.from_config({"type": "adamw"}, variant="x")
+        with self.assertRaises(TypeError):  # not JSON-serializable
+            strata.CpuOptimizer.from_config({"type": object()})
         self.assertUntouched()
 
     def test_closed(self):
