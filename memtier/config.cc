@@ -1153,7 +1153,8 @@ void ReadDsOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
                   type.value->get<std::string>() +
                       " keeps statistics per row and column of each tensor, "
                       "and the engine steps flat partitions: it is not an "
-                      "engine optimizer yet (CpuOptimizer and "
+                      "engine optimizer yet (CpuOptimizer, "
+                      "strata_cpu_optimizer_step_shaped and "
                       "strata.CpuOptimizer run it on caller arrays); "
                       "accepted here: Adam, AdamW, Adagrad, Lion");
         return;
