@@ -11,7 +11,8 @@
 //          step (Adafactor) timed apart and bounded by its fastest kernel;
 //   step   one CpuOptimizer::Step per variant over all N parameters;
 // and the best repetition of each is kept (other jobs share the machine;
-// the best run is the one least disturbed). ratio_to_bound =
+// the best run is the one least disturbed); rows over the same arrays share
+// the best of all their bound samples (ShareBound). ratio_to_bound =
 // time(bound) / time(step), each the best of all repetitions;
 // paired_ratio_to_bound is the median over the repetitions of each one's
 // bound over its own step, which the host's drift from one repetition to
@@ -672,6 +673,243 @@ double AddSpeedups(AdamOutcome& out, size_t first) {
   return pps;
 }
 
+// What one optimizer and moment dtype measured at one thread count: every
+// variant beside the same bounds. Its rows are written once every optimizer
+// of the thread count has run, against the bound over all their samples
+// (SharedBound).
+struct Measured {
+  std::string algo_name, mom_name;
+  CpuDType mom = CpuDType::kFloat32;
+  CpuOptimizerOptions options;
+  size_t rows = 0, cols = 0;
+  CpuStepFootprint fp;
+  std::vector<BoundArrays> passes;
+  BoundBest bounds = BoundBest(0);
+  int bound_samples = 0;     // timed runs of each bound kernel per pass
+  std::vector<int> threads;  // [variant]: what ran
+  std::vector<double> best;  // [variant]: the best step
+  // [variant][pass]: each pass's best, as the step timed it.
+  std::vector<std::vector<double>> pass_best;
+  // [variant][pass]: each repetition's pass bound over its pass.
+  std::vector<std::vector<std::vector<double>>> pass_paired;
+  // [variant]: each repetition's bound over each variant's step in it.
+  std::vector<std::vector<double>> paired;
+
+  double bound_bytes() const {
+    double b = 0;
+    for (const BoundArrays& ba : passes) b += ba.BytesPerElem();
+    return b;
+  }
+};
+
+// Each bound kernel runs kBoundSamples times per repetition: on a shared
+// host a streaming kernel's time varied more from pass to pass than the
+// step's did, and with one pass per repetition the best of five bound passes
+// fell 10-20% under the step's own rate in some runs (one thread, 256M: the
+// bf16-moment AdamW step read 1.20 of the bound at --reps 5, 0.97 at --reps
+// 15).
+constexpr int kBoundSamples = 3;
+
+// The optimizers `opts` (one per variant) with moment dtype `mom` over the
+// arrays, cfg.reps times after a warm-up, each repetition with the bound
+// kernels over the same arrays first; and the gradient statistics pass
+// (*best_stats, its best).
+StatusOr<Measured> MeasureRows(
+    const AdamConfig& cfg, Arrays& a, CpuDType mom, const char* mom_name,
+    const std::vector<std::unique_ptr<CpuOptimizer>>& opts, BoundRunner& bound,
+    CpuOptimizer& stats_opt, int64_t* step, double* best_stats) {
+  const uint64_t n = cfg.n;
+  Measured m;
+  const CpuOptimizerOptions& o = opts[0]->options();
+  m.algo_name = CpuOptimizerAlgoName(o.algo);
+  m.mom_name = mom_name;
+  m.mom = mom;
+  m.options = o;
+  CpuOptimizerTensors tensors;
+  tensors.n = n;
+  tensors.master = reinterpret_cast<float*>(a.master.data());
+  tensors.grad = a.grad.data();
+  tensors.grad_dtype = cfg.grad;
+  tensors.exp_avg = (mom == CpuDType::kFloat32  ? a.m32
+                     : mom == CpuDType::kBlock8 ? a.m8
+                                                : a.m16)
+                        .data();
+  tensors.exp_avg_sq = (mom == CpuDType::kFloat32  ? a.v32
+                        : mom == CpuDType::kBlock8 ? a.v8
+                                                   : a.v16)
+                           .data();
+  tensors.moment_dtype = mom;
+  if (IsFactored(o.algo)) {
+    tensors.exp_avg_sq = a.stats.data();
+    tensors.rows = cfg.cols == 0 ? 0 : n / cfg.cols;
+    tensors.cols = cfg.cols;
+  }
+  tensors.working = cfg.has_working ? a.working.data() : nullptr;
+  if (cfg.has_working) tensors.working_dtype = cfg.working;
+  m.rows = tensors.rows;
+  m.cols = tensors.cols;
+  // Bytes one parameter moves, all passes: what the bounds move, and
+  // what the library predicts for an NVMe-resident step.
+  CpuStepShape shape;
+  shape.n = n;
+  shape.rows = tensors.rows;
+  shape.cols = tensors.cols;
+  shape.grad_dtype = cfg.grad;
+  shape.moment_dtype = mom;
+  shape.has_working = cfg.has_working;
+  shape.working_dtype = cfg.working;
+  shape.param_sq_known = cfg.carry_param_sq;
+  STRATA_ASSIGN_OR_RETURN(m.fp, CpuStepFootprintOf(o, shape));
+  m.passes = PassesOf(cfg, o, tensors, m.fp.passes);
+  const size_t passes = m.passes.size(), variants = opts.size();
+  CpuStepArgs args;
+  args.lr = 1e-5;
+  args.check_overflow = false;  // the fused pass alone; stats timed apart
+  m.bounds = BoundBest(passes);
+  m.best.assign(variants, 1e30);
+  m.pass_best.assign(variants, std::vector<double>(passes, 1e30));
+  m.pass_paired.assign(variants, std::vector<std::vector<double>>(passes));
+  m.paired.assign(variants, {});
+  for (const auto& opt : opts) m.threads.push_back(opt->threads());
+  for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    BoundBest rep_bounds(passes);
+    for (int sample = 0; sample < kBoundSamples; ++sample) {
+      for (size_t k = 0; k < std::size(kBoundKernels); ++k) {
+        for (size_t p = 0; p < passes; ++p) {
+          const auto t0 = Clock::now();
+          bound.Run(kBoundKernels[k], m.passes[p], n);
+          const auto t1 = Clock::now();
+          rep_bounds.Note(p, k, Seconds(t0, t1));
+        }
+      }
+    }
+    if (r > 0) {
+      m.bounds.Merge(rep_bounds);
+      m.bound_samples += kBoundSamples;
+    }
+    for (size_t k = 0; k < variants; ++k) {
+      args.step = ++*step;
+      const auto t0 = Clock::now();
+      auto res = opts[k]->Step(tensors, args);
+      const auto t1 = Clock::now();
+      if (!res.ok()) return res.status();
+      if (!res->applied) return Status::Internal("adam: a step was skipped");
+      // Every variant's steps update the same weights in turn.
+      if (cfg.carry_param_sq) args.param_sq = res->param_sq;
+      if (static_cast<size_t>(res->passes) != passes) {
+        return Status::Internal(
+            "adam: a step ran " + std::to_string(res->passes) +
+            " passes where its bound has " + std::to_string(passes));
+      }
+      if (r == 0) continue;
+      for (size_t p = 0; p < passes; ++p) {
+        m.pass_best[k][p] = std::min(m.pass_best[k][p], res->pass_seconds[p]);
+        m.pass_paired[k][p].push_back(rep_bounds.PassSeconds(p) /
+                                      res->pass_seconds[p]);
+      }
+      m.best[k] = std::min(m.best[k], Seconds(t0, t1));
+      m.paired[k].push_back(rep_bounds.Seconds() / Seconds(t0, t1));
+    }
+    const auto t0 = Clock::now();
+    auto stats = stats_opt.ComputeGradStats(tensors.grad, cfg.grad, n, 1.0);
+    const auto t1 = Clock::now();
+    if (!stats.ok()) return stats.status();
+    if (r > 0) *best_stats = std::min(*best_stats, Seconds(t0, t1));
+  }
+  return m;
+}
+
+// The bound of all[i]: its own samples and those of every other entry of
+// the thread count over the same arrays (Adam's and AdamW's, say), so that
+// a phase in which the host's other tenants slowed the bound kernels more
+// than the step cannot set one row's bound under what the same kernels
+// reached over the same bytes in the same run. The JSON names the rows
+// whose samples it holds (`bound_rows`) and counts them (`bound_samples`).
+struct SharedBound {
+  BoundBest bounds = BoundBest(0);
+  int samples = 0;
+  nlohmann::json rows = nlohmann::json::array();
+};
+
+SharedBound ShareBound(const std::vector<Measured>& all, size_t i) {
+  SharedBound s;
+  s.bounds = BoundBest(all[i].passes.size());
+  for (const Measured& m : all) {
+    if (m.passes != all[i].passes) continue;
+    s.bounds.Merge(m.bounds);
+    s.samples += m.bound_samples;
+    s.rows.push_back(m.algo_name + " " + m.mom_name);
+  }
+  return s;
+}
+
+// The rows of all[i], one per variant, into `out`. *fp32_rate: the best
+// variant's params/s of the same optimizer with fp32 moments, when its row
+// came first (0 otherwise); set here by that row.
+void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
+             const std::string& bound_isa, AdamOutcome& out,
+             double* fp32_rate) {
+  const uint64_t n = cfg.n;
+  const Measured& m = all[i];
+  const SharedBound shared = ShareBound(all, i);
+  const double bound_bytes = m.bound_bytes();
+  const double best_bound = shared.bounds.Seconds();
+  const double bound_gbps = n * bound_bytes / 1e9 / best_bound;
+  const double bytes_per_param =
+      static_cast<double>(m.fp.read_bytes + m.fp.written_bytes) / n;
+  for (size_t k = 0; k < cfg.variants.size(); ++k) {
+    const double pps = n / m.best[k];
+    const double gbps = pps * bound_bytes / 1e9;
+    const double ratio = best_bound / m.best[k];
+    std::vector<double> paired = m.paired[k];  // Percentile sorts
+    const double paired_ratio = Percentile(paired, 50);
+    nlohmann::json row = {
+        {"optimizer", m.algo_name},
+        {"variant", std::string(CpuKernelVariantName(cfg.variants[k]))},
+        {"threads", m.threads[k]},
+        {"params", n},
+        {"rows", m.rows},
+        {"cols", m.cols},
+        {"options", OptionsJson(m.options)},
+        {"moment_dtype", m.mom_name},
+        {"grad_dtype", cfg.grad_name},
+        {"working_dtype", cfg.working_name},
+        {"passes", m.fp.passes},
+        {"bytes_per_param", bytes_per_param},
+        {"read_bytes_per_param", static_cast<double>(m.fp.read_bytes) / n},
+        {"written_bytes_per_param",
+         static_cast<double>(m.fp.written_bytes) / n},
+        {"bound_bytes_per_param", bound_bytes},
+        {"state_bytes_per_param",
+         static_cast<double>(m.fp.exp_avg_bytes + m.fp.exp_avg_sq_bytes) / n},
+        {"seconds", m.best[k]},
+        {"params_per_s", pps},
+        {"gbps", gbps},
+        {"bound_gbps", bound_gbps},
+        {"bound_isa", bound_isa},
+        {"bound_seconds", best_bound},
+        {"bound_samples", shared.samples},
+        {"bound_rows", shared.rows},
+        {"ratio_to_bound", ratio},
+        {"paired_ratio_to_bound", paired_ratio}};
+    AddBoundJson(shared.bounds, m.passes, n, bound_bytes, row);
+    AddPassJson(shared.bounds, m.passes, n, m.pass_best[k], m.pass_paired[k],
+                row, out.passes);
+    if (cfg.variants[k] == BestCpuKernelVariant()) {
+      if (m.mom == CpuDType::kFloat32) *fp32_rate = pps;
+      if (m.mom != CpuDType::kFloat32 && *fp32_rate > 0) {
+        row["speedup_vs_fp32_moments"] = pps / *fp32_rate;
+      }
+    }
+    out.results.push_back(row);
+    out.table.AddRow({m.algo_name, row["variant"], std::to_string(m.threads[k]),
+                      m.mom_name, Fixed(pps / 1e9, 3), Fixed(gbps, 1),
+                      Fixed(bound_gbps, 1), Fixed(ratio, 3),
+                      Fixed(paired_ratio, 3), Fixed(bytes_per_param, 2)});
+  }
+}
+
 // One thread count: every optimizer, variant and moment dtype, beside the
 // bounds and the gradient statistics. Appends rows; *adamw_fp32_rate gets
 // the best variant's params/s of fp32-moment AdamW (0 if not measured).
@@ -690,178 +928,28 @@ Status MeasureThreads(const AdamConfig& cfg, Arrays& a, int t, int64_t* step,
   const std::string bound_isa(BoundIsaName(bound.isa()));
   const size_t first_row = out.results.size();
   double best_stats = 1e30;
+  std::vector<Measured> all;
   for (CpuOptimizerAlgo algo : cfg.algos) {
-    const std::string algo_name(CpuOptimizerAlgoName(algo));
     std::vector<std::unique_ptr<CpuOptimizer>> opts;
     for (CpuKernelVariant v : cfg.variants) {
       STRATA_ASSIGN_OR_RETURN(auto opt,
                               NewCpuOptimizer(OptionsFor(cfg, algo, v, t)));
       opts.push_back(std::move(opt));
     }
-    const CpuOptimizerOptions& o = opts[0]->options();
-    double fp32_rate = 0;
-    for (auto [mom, mom_name] : MomentsFor(cfg, o)) {
+    for (auto [mom, mom_name] : MomentsFor(cfg, opts[0]->options())) {
       STRATA_RETURN_IF_ERROR(CheckInterrupted());
-      progress.Step("threads " + std::to_string(threads) + " " + algo_name);
-      CpuOptimizerTensors tensors;
-      tensors.n = n;
-      tensors.master = reinterpret_cast<float*>(a.master.data());
-      tensors.grad = a.grad.data();
-      tensors.grad_dtype = cfg.grad;
-      tensors.exp_avg = (mom == CpuDType::kFloat32  ? a.m32
-                         : mom == CpuDType::kBlock8 ? a.m8
-                                                    : a.m16)
-                            .data();
-      tensors.exp_avg_sq = (mom == CpuDType::kFloat32  ? a.v32
-                            : mom == CpuDType::kBlock8 ? a.v8
-                                                       : a.v16)
-                               .data();
-      tensors.moment_dtype = mom;
-      if (IsFactored(algo)) {
-        tensors.exp_avg_sq = a.stats.data();
-        tensors.rows = cfg.cols == 0 ? 0 : n / cfg.cols;
-        tensors.cols = cfg.cols;
-      }
-      tensors.working = cfg.has_working ? a.working.data() : nullptr;
-      if (cfg.has_working) tensors.working_dtype = cfg.working;
-      // Bytes one parameter moves, all passes: what the bounds move, and
-      // what the library predicts for an NVMe-resident step.
-      CpuStepShape shape;
-      shape.n = n;
-      shape.rows = tensors.rows;
-      shape.cols = tensors.cols;
-      shape.grad_dtype = cfg.grad;
-      shape.moment_dtype = mom;
-      shape.has_working = cfg.has_working;
-      shape.working_dtype = cfg.working;
-      shape.param_sq_known = cfg.carry_param_sq;
-      STRATA_ASSIGN_OR_RETURN(CpuStepFootprint fp,
-                              CpuStepFootprintOf(o, shape));
-      const std::vector<BoundArrays> passes =
-          PassesOf(cfg, o, tensors, fp.passes);
-      double bound_bytes = 0;
-      for (const BoundArrays& ba : passes) bound_bytes += ba.BytesPerElem();
-      const double bytes_per_param =
-          static_cast<double>(fp.read_bytes + fp.written_bytes) / n;
-      const double state_bytes_per_param =
-          static_cast<double>(fp.exp_avg_bytes + fp.exp_avg_sq_bytes) / n;
-      CpuStepArgs args;
-      args.lr = 1e-5;
-      args.check_overflow = false;  // the fused pass alone; stats timed apart
-      std::vector<double> best(cfg.variants.size(), 1e30);
-      // [variant][pass]: each pass's best, as the step timed it.
-      std::vector<std::vector<double>> pass_best(
-          cfg.variants.size(), std::vector<double>(passes.size(), 1e30));
-      // [variant][pass]: each repetition's pass bound over its pass.
-      std::vector<std::vector<std::vector<double>>> pass_paired(
-          cfg.variants.size(), std::vector<std::vector<double>>(passes.size()));
-      BoundBest bounds(passes.size());
-      // Each repetition's bound over each variant's step in it.
-      std::vector<std::vector<double>> paired(cfg.variants.size());
-      for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
-        STRATA_RETURN_IF_ERROR(CheckInterrupted());
-        BoundBest rep_bounds(passes.size());
-        // Each bound kernel runs kBoundSamples times per repetition: on a
-        // shared host a streaming kernel's time varied more from pass to
-        // pass than the step's did, and with one pass per repetition the
-        // best of five bound passes fell 10-20% under the step's own rate
-        // in some runs (one thread, 256M: the bf16-moment AdamW step read
-        // 1.20 of the bound at --reps 5, 0.97 at --reps 15).
-        constexpr int kBoundSamples = 3;
-        for (int sample = 0; sample < kBoundSamples; ++sample) {
-          for (size_t k = 0; k < std::size(kBoundKernels); ++k) {
-            for (size_t p = 0; p < passes.size(); ++p) {
-              const auto t0 = Clock::now();
-              bound.Run(kBoundKernels[k], passes[p], n);
-              const auto t1 = Clock::now();
-              rep_bounds.Note(p, k, Seconds(t0, t1));
-            }
-          }
-        }
-        if (r > 0) bounds.Merge(rep_bounds);
-        for (size_t k = 0; k < cfg.variants.size(); ++k) {
-          args.step = ++*step;
-          const auto t0 = Clock::now();
-          auto res = opts[k]->Step(tensors, args);
-          const auto t1 = Clock::now();
-          if (!res.ok()) return res.status();
-          if (!res->applied) {
-            return Status::Internal("adam: a step was skipped");
-          }
-          // Every variant's steps update the same weights in turn.
-          if (cfg.carry_param_sq) args.param_sq = res->param_sq;
-          if (static_cast<size_t>(res->passes) != passes.size()) {
-            return Status::Internal(
-                "adam: a step ran " + std::to_string(res->passes) +
-                " passes where its bound has " + std::to_string(passes.size()));
-          }
-          if (r > 0) {
-            for (size_t p = 0; p < passes.size(); ++p) {
-              pass_best[k][p] = std::min(pass_best[k][p], res->pass_seconds[p]);
-              pass_paired[k][p].push_back(rep_bounds.PassSeconds(p) /
-                                          res->pass_seconds[p]);
-            }
-            best[k] = std::min(best[k], Seconds(t0, t1));
-            paired[k].push_back(rep_bounds.Seconds() / Seconds(t0, t1));
-          }
-        }
-        const auto t0 = Clock::now();
-        auto stats =
-            stats_opt->ComputeGradStats(tensors.grad, cfg.grad, n, 1.0);
-        const auto t1 = Clock::now();
-        if (!stats.ok()) return stats.status();
-        if (r > 0) best_stats = std::min(best_stats, Seconds(t0, t1));
-      }
-      const double best_bound = bounds.Seconds();
-      const double bound_gbps = n * bound_bytes / 1e9 / best_bound;
-      for (size_t k = 0; k < cfg.variants.size(); ++k) {
-        const double pps = n / best[k];
-        const double gbps = pps * bound_bytes / 1e9;
-        const double ratio = best_bound / best[k];
-        const double paired_ratio = Percentile(paired[k], 50);
-        nlohmann::json row = {
-            {"optimizer", algo_name},
-            {"variant", std::string(CpuKernelVariantName(cfg.variants[k]))},
-            {"threads", opts[k]->threads()},
-            {"params", n},
-            {"rows", tensors.rows},
-            {"cols", tensors.cols},
-            {"options", OptionsJson(o)},
-            {"moment_dtype", mom_name},
-            {"grad_dtype", cfg.grad_name},
-            {"working_dtype", cfg.working_name},
-            {"passes", fp.passes},
-            {"bytes_per_param", bytes_per_param},
-            {"read_bytes_per_param", static_cast<double>(fp.read_bytes) / n},
-            {"written_bytes_per_param",
-             static_cast<double>(fp.written_bytes) / n},
-            {"bound_bytes_per_param", bound_bytes},
-            {"state_bytes_per_param", state_bytes_per_param},
-            {"seconds", best[k]},
-            {"params_per_s", pps},
-            {"gbps", gbps},
-            {"bound_gbps", bound_gbps},
-            {"bound_isa", bound_isa},
-            {"bound_seconds", best_bound},
-            {"ratio_to_bound", ratio},
-            {"paired_ratio_to_bound", paired_ratio}};
-        AddBoundJson(bounds, passes, n, bound_bytes, row);
-        AddPassJson(bounds, passes, n, pass_best[k], pass_paired[k], row,
-                    out.passes);
-        if (cfg.variants[k] == BestCpuKernelVariant()) {
-          if (mom == CpuDType::kFloat32) fp32_rate = pps;
-          if (mom != CpuDType::kFloat32 && fp32_rate > 0) {
-            row["speedup_vs_fp32_moments"] = pps / fp32_rate;
-          }
-        }
-        out.results.push_back(row);
-        out.table.AddRow({algo_name, row["variant"],
-                          std::to_string(opts[k]->threads()), mom_name,
-                          Fixed(pps / 1e9, 3), Fixed(gbps, 1),
-                          Fixed(bound_gbps, 1), Fixed(ratio, 3),
-                          Fixed(paired_ratio, 3), Fixed(bytes_per_param, 2)});
-      }
+      progress.Step("threads " + std::to_string(threads) + " " +
+                    std::string(CpuOptimizerAlgoName(algo)));
+      STRATA_ASSIGN_OR_RETURN(Measured m,
+                              MeasureRows(cfg, a, mom, mom_name, opts, bound,
+                                          *stats_opt, step, &best_stats));
+      all.push_back(std::move(m));
     }
+  }
+  double fp32_rate = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i > 0 && all[i].algo_name != all[i - 1].algo_name) fp32_rate = 0;
+    AddRows(cfg, all, i, bound_isa, out, &fp32_rate);
   }
   *adamw_fp32_rate = AddSpeedups(out, first_row);
   const double stats_gbps = n * gsize / best_stats / 1e9;

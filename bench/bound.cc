@@ -37,6 +37,19 @@ double BoundArrays::BytesPerElem() const {
   return bytes;
 }
 
+bool BoundArrays::operator==(const BoundArrays& other) const {
+  if (count != other.count) return false;
+  for (int s = 0; s < count; ++s) {
+    const BoundStream& a = streams[s];
+    const BoundStream& b = other.streams[s];
+    if (a.data != b.data || a.elem_bytes != b.elem_bytes ||
+        a.access != b.access || a.per_elems != b.per_elems) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string_view BoundKernelName(BoundKernel k) {
   switch (k) {
     case BoundKernel::kFused:

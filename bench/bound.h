@@ -80,6 +80,10 @@ struct BoundArrays {
   // Bytes one element moves (reads plus writes), as the byte counts of a
   // step are given.
   double BytesPerElem() const;
+  // The same streams in the same order: the same arrays, element sizes and
+  // accesses, so that a bound kernel's time over one is a sample of its
+  // time over the other.
+  bool operator==(const BoundArrays& other) const;
 };
 
 enum class BoundKernel {

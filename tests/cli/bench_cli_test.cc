@@ -1007,6 +1007,12 @@ void CheckBoundRows(uint64_t n, uint64_t cols, size_t af_passes) {
     } else {
       EXPECT_EQ(names, nlohmann::json({"step"}));
     }
+    // No two of these rows move the same arrays: each bound is the row's
+    // own, three samples of each kernel in its one repetition.
+    EXPECT_EQ(row["bound_rows"],
+              nlohmann::json::array({row["optimizer"].get<std::string>() + " " +
+                                     row["moment_dtype"].get<std::string>()}));
+    EXPECT_EQ(row["bound_samples"].get<int>(), 3);
     // One repetition: its own bound over its own step is the row's ratio.
     const double ratio = row["ratio_to_bound"].get<double>();
     EXPECT_NEAR(row["paired_ratio_to_bound"].get<double>(), ratio,
@@ -1040,6 +1046,38 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     SCOPED_TRACE("cols " + std::to_string(cols));
     CheckBoundRows(n, cols, af_passes);
   }
+}
+
+// Adam and AdamW with fp32 moments move the same arrays, and Adagrad other
+// ones: the first two share one bound, the best of both rows' samples, and
+// each row's ratio is that bound over its own best step; Adagrad keeps its
+// own.
+TEST(BenchCliTest, AdamRowsOverTheSameArraysShareTheirBound) {
+  ScratchDir d;
+  const std::string json = d.path() + "/a.json";
+  const Outcome o =
+      RunBench({"adam", "--params", "64K", "--threads", "1", "--torch", "off",
+                "--reps", "2", "--variants", "scalar", "--moments", "fp32",
+                "--optimizer", "adam,adamw,adagrad", "--json", json},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::vector<nlohmann::json> rows = BoundRows(json);
+  ASSERT_EQ(rows.size(), 3u);
+  const nlohmann::json both = {"adam fp32", "adamw fp32"};
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.dump());
+    const bool adagrad = row["optimizer"] == "adagrad";
+    EXPECT_EQ(row["bound_rows"],
+              adagrad ? nlohmann::json({"adagrad fp32"}) : both);
+    // Two repetitions, three samples each, of every row sharing it.
+    EXPECT_EQ(row["bound_samples"].get<int>(), adagrad ? 6 : 12);
+    const double bound_s = row["bound_seconds"].get<double>();
+    const double ratio = row["ratio_to_bound"].get<double>();
+    EXPECT_NEAR(ratio, bound_s / row["seconds"].get<double>(), ratio * 1e-9);
+  }
+  EXPECT_EQ(rows[0]["bound_seconds"], rows[1]["bound_seconds"]);
+  EXPECT_EQ(rows[0]["bound_gbps"], rows[1]["bound_gbps"]);
+  EXPECT_NE(rows[0]["bound_seconds"], rows[2]["bound_seconds"]);
 }
 
 // The best variant's rows set against that thread count's fp32-moment
