@@ -479,5 +479,133 @@ class BadInputTest(unittest.TestCase):
         self.assertTrue(torch.equal(p.detach(), before))
 
 
+def factored_reference():
+    """The NumPy reference of Adafactor the C++ suites use."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "..", "cpu_adam"))
+    import factored_reference as ref
+    return ref
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class AdafactorTest(unittest.TestCase):
+    """strata.torch.Adafactor against the NumPy reference of HF's algorithm
+    (transformers is not a test package), its state keys and round trips."""
+
+    SHAPES = [(30, 100), (50,)]
+    CONFIGS = [
+        ({}, {}),  # HF's defaults: relative step, scale_parameter
+        (dict(lr=0.02, relative_step=False, beta1=0.9, clip_threshold=0.5,
+              decay_rate=-0.7, weight_decay=0.01, eps=(1e-30, 2e-3)),
+         {"lr": "0.02", "relative_step": "0", "beta1": "0.9",
+          "clip_threshold": "0.5", "decay_rate": "-0.7",
+          "weight_decay": "0.01", "eps2": "2e-3"}),
+    ]
+
+    def grads(self, shape, steps, seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [torch.randn(shape, generator=gen) for _ in range(steps)]
+
+    def test_matches_the_numpy_reference(self):
+        ref = factored_reference()
+        import numpy as np
+        steps = 6
+        for kwargs, kw in self.CONFIGS:
+            with self.subTest(kwargs=kwargs):
+                gen = torch.Generator().manual_seed(3)
+                params = [torch.nn.Parameter(torch.randn(s, generator=gen))
+                          for s in self.SHAPES]
+                init = [p.detach().clone() for p in params]
+                grads = [self.grads(s, steps, 10 + i)
+                         for i, s in enumerate(self.SHAPES)]
+                opt = storch.Adafactor(params, threads=2, **kwargs)
+                for t in range(steps):
+                    for p, g in zip(params, grads):
+                        p.grad = g[t].clone()
+                    opt.step()
+                for p, p0, g in zip(params, init, grads):
+                    rows, cols = ((p.shape[0], p.shape[1]) if p.dim() == 2
+                                  else (0, p.numel()))
+                    rp, rstats, rm = ref.adafactor(
+                        p0.numpy().ravel().copy(),
+                        [x.numpy().ravel() for x in g], rows, cols, steps,
+                        kw)
+                    np.testing.assert_allclose(p.detach().numpy().ravel(),
+                                               rp.ravel(), rtol=1e-5,
+                                               atol=1e-7)
+                    st = opt.state[p]
+                    self.assertEqual(st["step"], steps)
+                    if rows:
+                        got = torch.cat([st["exp_avg_sq_row"],
+                                         st["exp_avg_sq_col"]])
+                    else:
+                        got = st["exp_avg_sq"]
+                        rstats = rstats[1:]  # the reference's unused row
+                    np.testing.assert_allclose(got.numpy(), rstats,
+                                               rtol=1e-5)
+                    if "beta1" in kwargs:
+                        np.testing.assert_allclose(
+                            st["exp_avg"].numpy().ravel(), rm.ravel(),
+                            rtol=1e-5, atol=1e-9)
+                    else:
+                        self.assertNotIn("exp_avg", st)
+
+    def test_state_dict_round_trips_with_hfs_keys(self):
+        kwargs = self.CONFIGS[1][0]
+        gen = torch.Generator().manual_seed(5)
+        a = [torch.nn.Parameter(torch.randn(s, generator=gen))
+             for s in self.SHAPES]
+        b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+        opt_a = storch.Adafactor(a, threads=1, **kwargs)
+        grads = [self.grads(s, 6, 20 + i) for i, s in enumerate(self.SHAPES)]
+        for t in range(3):
+            for p, g in zip(a, grads):
+                p.grad = g[t].clone()
+            opt_a.step()
+        sd = opt_a.state_dict()
+        self.assertEqual(set(sd["state"][0]),
+                         {"step", "exp_avg", "exp_avg_sq_row",
+                          "exp_avg_sq_col"})
+        self.assertEqual(set(sd["state"][1]),
+                         {"step", "exp_avg", "exp_avg_sq"})
+        self.assertIn("_stats", opt_a.state[a[0]])  # the live state kept it
+        for q, p in zip(b, a):
+            q.data.copy_(p.detach())
+        opt_b = storch.Adafactor(b, threads=2, **kwargs)
+        opt_b.load_state_dict(copy.deepcopy(sd))
+        for t in range(3, 6):
+            for ps, g in zip(zip(a, b), grads):
+                for p in ps:
+                    p.grad = g[t].clone()
+            opt_a.step()
+            opt_b.step()
+        for p, q in zip(a, b):
+            self.assertTrue(torch.equal(p.detach(), q.detach()))
+        self.assertEqual(opt_b.state[b[0]]["step"], 6)
+        # The loaded statistics were packed into one array again.
+        st = opt_b.state[b[0]]
+        self.assertEqual(st["exp_avg_sq_col"].data_ptr(),
+                         st["_stats"][a[0].shape[0]:].data_ptr())
+
+    def test_refusals(self):
+        p = torch.nn.Parameter(torch.zeros(2, 3, 4))
+        opt = storch.Adafactor([p])
+        p.grad = torch.ones_like(p)
+        with self.assertRaisesRegex(ValueError,
+                                    r"parameter 0 of group 0: a 3-dimens"):
+            opt.step()
+        with self.assertRaisesRegex(ValueError, "relative_step"):
+            storch.Adafactor([p], lr=1e-3)
+        with self.assertRaisesRegex(ValueError, "warmup_init"):
+            storch.Adafactor([p], lr=1e-3, relative_step=False,
+                             warmup_init=True)
+        q = torch.nn.Parameter(torch.zeros(4, 4))
+        q.grad = torch.ones_like(q)
+        with self.assertRaisesRegex(ValueError, "clip_threshold"):
+            storch.Adafactor([q], clip_threshold=0.0).step()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,8 +1,9 @@
 """PyTorch front end of strata (docs/python.md).
 
-``Adam``, ``AdamW``, ``Adagrad`` and ``Lion`` are ``torch.optim.Optimizer``
-subclasses that run strata's fused CPU kernel on CPU tensors: drop-ins for
-``torch.optim.Adam`` / ``AdamW`` / ``Adagrad``, lion-pytorch's ``Lion``, and
+``Adam``, ``AdamW``, ``Adagrad``, ``Lion`` and ``Adafactor`` are
+``torch.optim.Optimizer`` subclasses that run strata's fused CPU kernel on CPU
+tensors: drop-ins for ``torch.optim.Adam`` / ``AdamW`` / ``Adagrad``,
+lion-pytorch's ``Lion``, transformers' ``Adafactor``, and
 DeepSpeed's ``DeepSpeedCPUAdam`` / ``DeepSpeedCPUAdagrad`` /
 ``DeepSpeedCPULion`` (``CPUAdam``, ``CPUAdagrad`` and ``CPULion`` take their
 constructors' arguments). Tensors reach the kernel through DLPack; the
@@ -13,8 +14,8 @@ package does not link libtorch.
 """
 
 from strata.torch.offload import Offloaded, offload
-from strata.torch.optim import (Adagrad, Adam, AdamW, CPUAdagrad, CPUAdam,
-                                CPULion, Lion)
+from strata.torch.optim import (Adafactor, Adagrad, Adam, AdamW, CPUAdagrad,
+                                CPUAdam, CPULion, Lion)
 
-__all__ = ["Adagrad", "Adam", "AdamW", "CPUAdagrad", "CPUAdam", "CPULion",
-           "Lion", "Offloaded", "offload"]
+__all__ = ["Adafactor", "Adagrad", "Adam", "AdamW", "CPUAdagrad", "CPUAdam",
+           "CPULion", "Lion", "Offloaded", "offload"]

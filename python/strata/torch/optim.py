@@ -2,9 +2,9 @@
 
 Each parameter's state is what the matching torch optimizer keeps ('step' as
 a 0-dim float tensor; 'exp_avg' and 'exp_avg_sq' for Adam/AdamW, 'sum' for
-Adagrad, 'exp_avg' for Lion as lion-pytorch keeps it), in tensors this
-optimizer owns, so state_dict() / load_state_dict() are interchangeable with
-torch's. step() hands the parameter, its gradient and the state to the
+Adagrad, 'exp_avg' for Lion as lion-pytorch keeps it; Adafactor's as
+transformers' Adafactor keeps it), in tensors this optimizer owns, so
+state_dict() / load_state_dict() are interchangeable with torch's. step() hands the parameter, its gradient and the state to the
 kernel through DLPack (no copy), which updates them in place in one
 multi-threaded pass.
 """
@@ -149,13 +149,16 @@ class _StrataOptimizer(Optimizer):
             if len(self._kernels) >= _MAX_KERNELS:
                 oldest = next(iter(self._kernels))
                 self._kernels.pop(oldest).close()
-            betas, eps, weight_decay, bias_correction = key
-            kernel = _strata.CpuOptimizer(
-                algo=self._algo, betas=betas, eps=eps,
-                weight_decay=weight_decay, bias_correction=bias_correction,
-                threads=self._threads)
+            kernel = self._new_kernel(key)
         self._kernels[key] = kernel  # most recently used last
         return kernel
+
+    # A kernel for the hyper-parameters `key` (_kernel_key's).
+    def _new_kernel(self, key: tuple) -> "_strata.CpuOptimizer":
+        betas, eps, weight_decay, bias_correction = key
+        return _strata.CpuOptimizer(
+            algo=self._algo, betas=betas, eps=eps, weight_decay=weight_decay,
+            bias_correction=bias_correction, threads=self._threads)
 
     def _state_of(self, p: torch.Tensor, group) -> dict:
         state = self.state[p]
@@ -373,6 +376,144 @@ class Lion(_StrataOptimizer):
         beta1, beta2 = group["betas"]
         return ((float(beta1), float(beta2)), 1e-8,
                 float(group["weight_decay"]), True)
+
+
+class Adafactor(_StrataOptimizer):
+    """transformers.optimization.Adafactor with strata's kernel (Shazeer and
+    Stern 2018; docs/cpu_adam.md): the same arguments and defaults, the same
+    state keys ('step' as an int, 'exp_avg' with beta1, 'exp_avg_sq_row' and
+    'exp_avg_sq_col' for a matrix, 'exp_avg_sq' for a vector), so that
+    state_dict() / load_state_dict() are interchangeable with it.
+
+    The kernel keeps a matrix's row and column statistics in one array: the
+    two state tensors are views of it (a loaded state_dict's are packed into
+    one again at the next step). Parameters of one or two dimensions only:
+    HF's factors of a higher-dimensional tensor are per leading index while
+    its RMS and clipping are over the whole tensor, which one kernel call
+    does not give. Extra keyword argument: threads.
+    """
+
+    _algo = "adafactor"
+    _name = "strata.torch.Adafactor"
+    _state_keys = ()
+    _refused_flags = ()
+
+    def __init__(self, params, lr=None, eps=(1e-30, 1e-3),
+                 clip_threshold=1.0, decay_rate=-0.8, beta1=None,
+                 weight_decay=0.0, scale_parameter=True, relative_step=True,
+                 warmup_init=False, *, threads=0):
+        if lr is not None and relative_step:
+            raise ValueError(f"{self._name}: a fixed lr cannot be combined "
+                             "with relative_step=True")
+        if warmup_init and not relative_step:
+            raise ValueError(f"{self._name}: warmup_init=True needs "
+                             "relative_step=True")
+        defaults = dict(lr=lr, eps=eps, clip_threshold=clip_threshold,
+                        decay_rate=decay_rate, beta1=beta1,
+                        weight_decay=weight_decay,
+                        scale_parameter=scale_parameter,
+                        relative_step=relative_step, warmup_init=warmup_init)
+        self._setup(params, defaults, torch.float32, threads)
+
+    def _kernel_key(self, group) -> tuple:
+        eps1, eps2 = group["eps"]
+        beta1 = group["beta1"]
+        return (float(eps1), float(eps2), float(group["clip_threshold"]),
+                float(group["decay_rate"]),
+                None if beta1 is None else float(beta1),
+                float(group["weight_decay"]), bool(group["scale_parameter"]),
+                bool(group["relative_step"]), bool(group["warmup_init"]))
+
+    def _new_kernel(self, key: tuple) -> "_strata.CpuOptimizer":
+        (eps1, eps2, clip, decay, beta1, weight_decay, scale_parameter,
+         relative_step, warmup_init) = key
+        section = {"type": "adafactor",
+                   "params": {"eps": [eps1, eps2], "clip_threshold": clip,
+                              "decay_rate": decay, "beta1": beta1,
+                              "weight_decay": weight_decay,
+                              "scale_parameter": scale_parameter,
+                              "relative_step": relative_step,
+                              "warmup_init": warmup_init}}
+        if not relative_step:
+            section["params"]["lr"] = 0.0  # each step's lr is the group's
+        return _strata.CpuOptimizer.from_config(section, threads=self._threads)
+
+    @staticmethod
+    def _shape(p: torch.Tensor, context: str) -> Tuple[int, int]:
+        # (rows, cols) as the kernel takes them: rows 0 for a vector.
+        if p.dim() == 2:
+            return p.shape[0], p.shape[1]
+        if p.dim() <= 1:
+            return 0, p.numel()
+        raise ValueError(
+            f"{context}: a {p.dim()}-dimensional parameter {tuple(p.shape)}; "
+            "strata's Adafactor takes vectors and matrices (reshape it, or "
+            "use transformers' Adafactor for it)")
+
+    def _stats_of(self, state: dict, p: torch.Tensor, rows: int) -> torch.Tensor:
+        # The kernel's array of statistics, the state tensors views of it.
+        if rows == 0:
+            keys, shapes = ("exp_avg_sq",), (p.shape,)
+            sizes, lead = (p.numel(),), 1  # one unused row statistic first
+        else:
+            keys = ("exp_avg_sq_row", "exp_avg_sq_col")
+            shapes, sizes, lead = (p.shape[:-1], p.shape[-1:]), (
+                p.shape[0], p.shape[1]), 0
+        buf = state.get("_stats")
+        views = [state.get(k) for k in keys]
+        if buf is not None and all(
+                v is not None and v.data_ptr() == buf[o:].data_ptr()
+                for v, o in zip(views, (lead, lead + sizes[0]))):
+            return buf
+        buf = torch.zeros(lead + sum(sizes), dtype=torch.float32)
+        offset = lead
+        for key, shape, size, old in zip(keys, shapes, sizes, views):
+            view = buf[offset:offset + size].view(shape)
+            if old is not None:  # from load_state_dict, or HF's own
+                view.copy_(old.reshape(shape))
+            state[key] = view
+            offset += size
+        state["_stats"] = buf
+        return buf
+
+    def _step_one(self, kernel, group, p, gi, pi, working) -> None:
+        grad = p.grad
+        context = f"{self._name}.step: parameter {pi} of group {gi}"
+        if grad.is_sparse:
+            raise RuntimeError(f"{context}: sparse gradients are not supported")
+        rows, cols = self._shape(p, context)
+        state = self.state[p]
+        step = int(state.get("step", 0)) + 1
+        stats = self._stats_of(state, p, rows)
+        exp_avg = None
+        if group["beta1"] is not None:
+            m = state.get("exp_avg")
+            if (m is None or m.dtype != torch.float32 or
+                    not m.is_contiguous() or m.shape != p.shape):
+                m = (torch.zeros_like(p, memory_format=torch.contiguous_format)
+                     if m is None else
+                     m.to(dtype=torch.float32).contiguous().view(p.shape))
+                state["exp_avg"] = m
+            exp_avg = to_dlpack(m)
+        lr = 0.0 if group["relative_step"] else float(group["lr"])
+        try:
+            kernel.step(to_dlpack(p), to_dlpack(grad), exp_avg,
+                        to_dlpack(stats), step=step, lr=lr, rows=rows,
+                        cols=cols,
+                        working=(None if working is None else
+                                 to_dlpack(working)),
+                        check_overflow=False)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise _with_context(e, context) from e
+        state["step"] = step
+
+    def state_dict(self):
+        # HF's keys only: the packed array is the views' storage. (torch's
+        # state_dict holds the live state dicts: filter, do not pop.)
+        sd = super().state_dict()
+        sd["state"] = {k: {key: v for key, v in s.items() if key != "_stats"}
+                       for k, s in sd["state"].items()}
+        return sd
 
 
 def CPUAdam(model_params, lr=1e-3, bias_correction=True,
