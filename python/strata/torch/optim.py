@@ -229,11 +229,17 @@ class _StrataOptimizer(Optimizer):
                                None if working is None else working[gi][pi])
         return loss
 
-    def _step_one(self, kernel, group, p, gi, pi, working) -> None:
-        grad = p.grad
+    # What an error of parameter pi of group gi says first; a sparse
+    # gradient is refused here.
+    def _context(self, grad: torch.Tensor, gi: int, pi: int) -> str:
         context = f"{self._name}.step: parameter {pi} of group {gi}"
         if grad.is_sparse:
             raise RuntimeError(f"{context}: sparse gradients are not supported")
+        return context
+
+    def _step_one(self, kernel, group, p, gi, pi, working) -> None:
+        grad = p.grad
+        context = self._context(grad, gi, pi)
         state = self._state_of(p, group)
         step_t = state["step"]
         step = int(step_t.item()) + 1
@@ -478,9 +484,7 @@ class Adafactor(_StrataOptimizer):
 
     def _step_one(self, kernel, group, p, gi, pi, working) -> None:
         grad = p.grad
-        context = f"{self._name}.step: parameter {pi} of group {gi}"
-        if grad.is_sparse:
-            raise RuntimeError(f"{context}: sparse gradients are not supported")
+        context = self._context(grad, gi, pi)
         rows, cols = self._shape(p, context)
         state = self.state[p]
         step = int(state.get("step", 0)) + 1
