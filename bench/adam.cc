@@ -685,7 +685,6 @@ struct Measured {
   CpuStepFootprint fp;
   std::vector<BoundArrays> passes;
   BoundBest bounds = BoundBest(0);
-  int bound_samples = 0;     // timed runs of each bound kernel per pass
   std::vector<int> threads;  // [variant]: what ran
   std::vector<double> best;  // [variant]: the best step
   // [variant][pass]: each pass's best, as the step timed it.
@@ -784,10 +783,7 @@ StatusOr<Measured> MeasureRows(
         }
       }
     }
-    if (r > 0) {
-      m.bounds.Merge(rep_bounds);
-      m.bound_samples += kBoundSamples;
-    }
+    if (r > 0) m.bounds.Merge(rep_bounds);
     for (size_t k = 0; k < variants; ++k) {
       args.step = ++*step;
       const auto t0 = Clock::now();
@@ -826,19 +822,22 @@ StatusOr<Measured> MeasureRows(
 // than the step cannot set one row's bound under what the same kernels
 // reached over the same bytes in the same run. The JSON names the rows
 // whose samples it holds (`bound_rows`) and counts them (`bound_samples`).
+// Each row's bound is kBoundSamples runs of each kernel in each of
+// cfg.reps repetitions.
 struct SharedBound {
   BoundBest bounds = BoundBest(0);
   int samples = 0;
   nlohmann::json rows = nlohmann::json::array();
 };
 
-SharedBound ShareBound(const std::vector<Measured>& all, size_t i) {
+SharedBound ShareBound(const AdamConfig& cfg, const std::vector<Measured>& all,
+                       size_t i) {
   SharedBound s;
   s.bounds = BoundBest(all[i].passes.size());
   for (const Measured& m : all) {
     if (m.passes != all[i].passes) continue;
     s.bounds.Merge(m.bounds);
-    s.samples += m.bound_samples;
+    s.samples += cfg.reps * kBoundSamples;
     s.rows.push_back(m.algo_name + " " + m.mom_name);
   }
   return s;
@@ -852,7 +851,7 @@ void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
              double* fp32_rate) {
   const uint64_t n = cfg.n;
   const Measured& m = all[i];
-  const SharedBound shared = ShareBound(all, i);
+  const SharedBound shared = ShareBound(cfg, all, i);
   const double bound_bytes = m.bound_bytes();
   const double best_bound = shared.bounds.Seconds();
   const double bound_gbps = n * bound_bytes / 1e9 / best_bound;

@@ -236,6 +236,35 @@ StatusOr<strata::CpuOptimizerTensors> ToCpuTensors(
   return ct;
 }
 
+// One update of `t` as a rows x cols matrix (rows 0: a vector) with the
+// per-step values `a`: what both step calls run.
+StatusOr<strata::CpuStepResult> StepCpu(strata_cpu_optimizer* optimizer,
+                                        const strata_cpu_tensors_t* t,
+                                        size_t rows, size_t cols,
+                                        const strata_cpu_step_args_t& a,
+                                        const char* call) {
+  STRATA_RETURN_IF_ERROR(Require(optimizer, call, "optimizer"));
+  STRATA_RETURN_IF_ERROR(Require(t, call, "tensors"));
+  STRATA_ASSIGN_OR_RETURN(strata::CpuOptimizerTensors ct,
+                          ToCpuTensors(*t, call));
+  ct.rows = rows;
+  ct.cols = cols;
+  strata::CpuStepArgs args;
+  args.step = a.step;
+  args.lr = a.lr;
+  args.inv_loss_scale = a.inv_loss_scale;
+  args.clip_coef = a.clip_coef;
+  args.check_overflow = a.check_overflow != 0;
+  args.param_sq = a.param_sq;
+  return optimizer->optimizer->Step(ct, args);
+}
+
+// The options a handle holds, or strata's defaults for a NULL one.
+strata::CpuOptimizerOptions OptionsOf(
+    const strata_cpu_optimizer_options_t* options) {
+  return options != nullptr ? options->options : strata::CpuOptimizerOptions{};
+}
+
 // The stream must be one of the device's.
 Status SameDevice(const strata_stream* s, const strata_device* d,
                   const char* call) {
@@ -1144,8 +1173,7 @@ strata_code_t strata_cpu_optimizer_create(
     constexpr const char* kCall = "strata_cpu_optimizer_create";
     STRATA_RETURN_IF_ERROR(Require(out, kCall, "out"));
     *out = nullptr;
-    const strata::CpuOptimizerOptions o =
-        options != nullptr ? options->options : strata::CpuOptimizerOptions{};
+    const strata::CpuOptimizerOptions o = OptionsOf(options);
     // The setters store what they are given; out-of-enum values stop here.
     if (static_cast<int>(o.algo) > STRATA_CPU_SM3) {
       return Status::InvalidArgument(std::string(kCall) + ": algo " +
@@ -1197,19 +1225,15 @@ strata_code_t strata_cpu_optimizer_step(strata_cpu_optimizer_t* optimizer,
                                         int check_overflow, int* applied,
                                         char** errptr) {
   return Guard(errptr, [&]() -> Status {
-    constexpr const char* kCall = "strata_cpu_optimizer_step";
-    STRATA_RETURN_IF_ERROR(Require(optimizer, kCall, "optimizer"));
-    STRATA_RETURN_IF_ERROR(Require(t, kCall, "tensors"));
-    STRATA_ASSIGN_OR_RETURN(strata::CpuOptimizerTensors ct,
-                            ToCpuTensors(*t, kCall));
-    strata::CpuStepArgs args;
+    strata_cpu_step_args_t args = strata_cpu_step_args_default();
     args.step = step;
     args.lr = lr;
     args.inv_loss_scale = inv_loss_scale;
     args.clip_coef = clip_coef;
-    args.check_overflow = check_overflow != 0;
-    STRATA_ASSIGN_OR_RETURN(strata::CpuStepResult r,
-                            optimizer->optimizer->Step(ct, args));
+    args.check_overflow = check_overflow;
+    STRATA_ASSIGN_OR_RETURN(
+        strata::CpuStepResult r,
+        StepCpu(optimizer, t, 0, 0, args, "strata_cpu_optimizer_step"));
     if (applied != nullptr) *applied = r.applied ? 1 : 0;
     return Status::Ok();
   });
@@ -1236,22 +1260,9 @@ strata_code_t strata_cpu_optimizer_step_shaped(
     strata_cpu_step_result_t* result, char** errptr) {
   return Guard(errptr, [&]() -> Status {
     constexpr const char* kCall = "strata_cpu_optimizer_step_shaped";
-    STRATA_RETURN_IF_ERROR(Require(optimizer, kCall, "optimizer"));
-    STRATA_RETURN_IF_ERROR(Require(t, kCall, "tensors"));
     STRATA_RETURN_IF_ERROR(Require(args, kCall, "args"));
-    STRATA_ASSIGN_OR_RETURN(strata::CpuOptimizerTensors ct,
-                            ToCpuTensors(*t, kCall));
-    ct.rows = rows;
-    ct.cols = cols;
-    strata::CpuStepArgs a;
-    a.step = args->step;
-    a.lr = args->lr;
-    a.inv_loss_scale = args->inv_loss_scale;
-    a.clip_coef = args->clip_coef;
-    a.check_overflow = args->check_overflow != 0;
-    a.param_sq = args->param_sq;
     STRATA_ASSIGN_OR_RETURN(strata::CpuStepResult r,
-                            optimizer->optimizer->Step(ct, a));
+                            StepCpu(optimizer, t, rows, cols, *args, kCall));
     if (result != nullptr) {
       *result = strata_cpu_step_result_t{};
       result->applied = r.applied ? 1 : 0;
@@ -1287,10 +1298,8 @@ strata_code_t strata_cpu_step_footprint_of(
           s.working_dtype, ToCpuDType(EnumValue(shape->working_dtype), kCall));
     }
     s.param_sq_known = shape->param_sq_known != 0;
-    const strata::CpuOptimizerOptions o =
-        options != nullptr ? options->options : strata::CpuOptimizerOptions{};
     STRATA_ASSIGN_OR_RETURN(strata::CpuStepFootprint f,
-                            strata::CpuStepFootprintOf(o, s));
+                            strata::CpuStepFootprintOf(OptionsOf(options), s));
     *out = strata_cpu_step_footprint_t{};
     out->exp_avg_bytes = f.exp_avg_bytes;
     out->exp_avg_sq_bytes = f.exp_avg_sq_bytes;
