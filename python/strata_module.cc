@@ -444,20 +444,28 @@ class PyCpuOptimizer {
   std::optional<double> config_lr_;
 };
 
+// The options both constructors take apart from the algorithm's: threads,
+// kernel variant, tile size.
+CpuOptimizerOptions RunOptions(int threads, const std::string& variant,
+                               size_t tile_elems) {
+  CpuOptimizerOptions o;
+  o.threads = threads;
+  o.variant = ValueOrThrow(ParseCpuKernelVariant(variant));
+  o.tile_elems = tile_elems;
+  return o;
+}
+
 std::unique_ptr<PyCpuOptimizer> NewPyCpuOptimizer(
     const std::string& algo, std::pair<double, double> betas, double eps,
     double weight_decay, bool bias_correction, int threads,
     const std::string& variant, size_t tile_elems) {
-  CpuOptimizerOptions o;
+  CpuOptimizerOptions o = RunOptions(threads, variant, tile_elems);
   o.algo = ValueOrThrow(ParseCpuOptimizerAlgo(algo));
   o.beta1 = betas.first;
   o.beta2 = betas.second;
   o.eps = eps;
   o.weight_decay = weight_decay;
   o.bias_correction = bias_correction;
-  o.threads = threads;
-  o.variant = ValueOrThrow(ParseCpuKernelVariant(variant));
-  o.tile_elems = tile_elems;
   return std::make_unique<PyCpuOptimizer>(o);
 }
 
@@ -472,12 +480,8 @@ std::unique_ptr<PyCpuOptimizer> PyCpuOptimizerFromConfig(
                                : py::module_::import("json")
                                      .attr("dumps")(section)
                                      .cast<std::string>();
-  CpuOptimizerOptions base;
-  base.threads = threads;
-  base.variant = ValueOrThrow(ParseCpuKernelVariant(variant));
-  base.tile_elems = tile_elems;
-  const CpuOptimizerConfig c =
-      ValueOrThrow(ParseCpuOptimizerConfig(json, "optimizer", base));
+  const CpuOptimizerConfig c = ValueOrThrow(ParseCpuOptimizerConfig(
+      json, "optimizer", RunOptions(threads, variant, tile_elems)));
   auto opt = std::make_unique<PyCpuOptimizer>(c.options);
   opt->set_config_lr(c.lr);
   return opt;

@@ -4,9 +4,9 @@ Each parameter's state is what the matching torch optimizer keeps ('step' as
 a 0-dim float tensor; 'exp_avg' and 'exp_avg_sq' for Adam/AdamW, 'sum' for
 Adagrad, 'exp_avg' for Lion as lion-pytorch keeps it; Adafactor's as
 transformers' Adafactor keeps it), in tensors this optimizer owns, so
-state_dict() / load_state_dict() are interchangeable with torch's. step() hands the parameter, its gradient and the state to the
-kernel through DLPack (no copy), which updates them in place in one
-multi-threaded pass.
+state_dict() / load_state_dict() are interchangeable with torch's. step()
+hands the parameter, its gradient and the state to the kernel through DLPack
+(no copy), which updates them in place in one multi-threaded pass.
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -36,6 +36,16 @@ def _with_context(e: Exception, context: str) -> Exception:
     if hasattr(e, "code"):
         new.code = e.code
     return new
+
+
+def _as_state(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A state tensor as the kernel takes it: on the CPU, of `dtype`,
+    contiguous (after load_state_dict torch casts floating state to the
+    parameter's dtype); `t` itself when it already is."""
+    if t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.to(device="cpu", dtype=dtype,
+                memory_format=torch.contiguous_format)
 
 
 def _check_ranges(lr, weight_decay, betas=None, eps=None) -> None:
@@ -172,11 +182,7 @@ class _StrataOptimizer(Optimizer):
         # After load_state_dict: torch casts floating state to the
         # parameter's dtype, and a state_dict may hold a plain-number step.
         for key, _ in self._state_keys:
-            t = state[key]
-            if (t.dtype != self._moment_dtype or t.device.type != "cpu" or
-                    not t.is_contiguous()):
-                state[key] = t.to(device="cpu", dtype=self._moment_dtype,
-                                  memory_format=torch.contiguous_format)
+            state[key] = _as_state(state[key], self._moment_dtype)
         step = state.get("step", 0)  # lion-pytorch's state has none
         if not torch.is_tensor(step):
             state["step"] = torch.tensor(float(step))
@@ -492,12 +498,13 @@ class Adafactor(_StrataOptimizer):
         exp_avg = None
         if group["beta1"] is not None:
             m = state.get("exp_avg")
-            if (m is None or m.dtype != torch.float32 or
-                    not m.is_contiguous() or m.shape != p.shape):
-                m = (torch.zeros_like(p, memory_format=torch.contiguous_format)
-                     if m is None else
-                     m.to(dtype=torch.float32).contiguous().view(p.shape))
-                state["exp_avg"] = m
+            if m is None:
+                m = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            else:
+                m = _as_state(m, torch.float32)
+                if m.shape != p.shape:
+                    m = m.view(p.shape)
+            state["exp_avg"] = m
             exp_avg = to_dlpack(m)
         lr = 0.0 if group["relative_step"] else float(group["lr"])
         try:
