@@ -316,6 +316,208 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     return GradStatsOf(grad, dtype, n, static_cast<float>(scale));
   }
 
+  // Note [Factored steps in ranges]
+  // A range [b, e) of a rows x cols tensor is cut into rectangles: the
+  // tail of its first row when it begins mid-row, a grid of the whole rows
+  // between (bands of rows by strips of columns, as Step's), the head of
+  // its last row when it ends mid-row; a single row's segment (a vector's
+  // range) into strips. The kernels index the range's arrays from its first
+  // element (FactoredArrays::origin). Each rectangle writes its rows'
+  // partials at row_part[i * strips + strip] (strips: the most strips any
+  // row of the range has) and its columns' into its band of col_part (the
+  // first row's rectangles share band 0, the last row's the last band:
+  // they cover distinct columns). After the sweep the pass adds the
+  // partials into the plan's sums rectangle by rectangle, in order (SM3:
+  // their maxima), so a range gives the same bits on any thread count.
+  // Adafactor's RMS is a pass of its own here: the fused one needs whole
+  // rows.
+  struct RangeRects {
+    std::vector<cpu_adam::TileRect> rects;
+    size_t strips = 1;
+    size_t bands = 0;
+  };
+
+  RangeRects CutRange(size_t cols, size_t b, size_t e) const {
+    RangeRects out;
+    const size_t seg = (std::max<size_t>(4096, tile_) + 15) / 16 * 16;
+    // One row's segment [c0, c1), in strips of `seg` columns.
+    auto segment = [&](size_t r, size_t c0, size_t c1, size_t band) {
+      size_t strip = 0;
+      for (size_t c = c0; c < c1; c += seg, ++strip) {
+        out.rects.push_back({r, r + 1, c, std::min(c1, c + seg), band, strip});
+      }
+      out.strips = std::max(out.strips, strip);
+    };
+    const size_t first = b / cols, last = (e - 1) / cols;
+    if (first == last) {
+      segment(first, b % cols, (e - 1) % cols + 1, 0);
+      out.bands = 1;
+      return out;
+    }
+    size_t body0 = first, body1 = last + 1;
+    if (b % cols != 0) {
+      segment(first, b % cols, cols, 0);
+      body0 = first + 1;
+      out.bands = 1;
+    }
+    const bool tail = e % cols != 0;
+    if (tail) body1 = last;
+    if (body1 > body0) {
+      const cpu_adam::Grid g =
+          cpu_adam::MakeGrid(body1 - body0, cols, tile_, {});
+      for (size_t k = 0; k < g.tiles(); ++k) {
+        cpu_adam::TileRect t = g.Tile(k);
+        t.r0 += body0;
+        t.r1 += body0;
+        t.band += out.bands;
+        out.rects.push_back(t);
+      }
+      out.bands += g.bands;
+      out.strips = std::max(out.strips, g.strips);
+    }
+    if (tail) {
+      segment(last, 0, e % cols, out.bands);
+      ++out.bands;
+    }
+    return out;
+  }
+
+  Status FactoredBegin(const CpuStepShape& shape, const CpuStepArgs& args,
+                       CpuFactoredPlan* plan) override {
+    if (plan == nullptr) {
+      return Status::InvalidArgument("FactoredBegin: null plan");
+    }
+    if (!cpu_adam::IsFactoredAlgo(options_.algo)) {
+      return Status::InvalidArgument(
+          "FactoredBegin: " + std::string(CpuOptimizerAlgoName(options_.algo)) +
+          " steps each range with Step; only Adafactor and SM3 step in "
+          "passes");
+    }
+    STRATA_RETURN_IF_ERROR(
+        ValidateFactoredArgs(args).WithContext("FactoredBegin"));
+    size_t rows = 1, cols = shape.n;
+    if (shape.n > 0) {
+      STRATA_RETURN_IF_ERROR(
+          cpu_adam::FactoredShape(shape.n, shape.rows, shape.cols, &rows, &cols)
+              .WithContext("FactoredBegin"));
+    }
+    CpuFactoredPlan& p = *plan;
+    p = CpuFactoredPlan{};
+    p.n = shape.n;
+    p.rows = rows;
+    p.cols = cols;
+    p.args = args;
+    if (shape.n == 0) return Status::Ok();
+    const size_t lines = rows + (rows > 1 ? cols : 0);
+    if (options_.algo == CpuOptimizerAlgo::kAdafactor) {
+      p.phase = CpuFactoredPhase::kStatistics;
+      p.sums.assign(lines + 2, 0.0);  // then the weights' and u's squares
+      p.row_factor.resize(rows);
+      p.col_factor.resize(cols);
+    } else {
+      p.phase = CpuFactoredPhase::kUpdate;
+      p.reduce = CpuFactoredReduce::kMax;
+      p.sums.assign(lines, 0.0);
+    }
+    return Status::Ok();
+  }
+
+  Status FactoredPass(const CpuOptimizerTensors& t, size_t begin,
+                      CpuFactoredPlan* plan) override {
+    if (plan == nullptr || plan->phase == CpuFactoredPhase::kDone) {
+      return Status::InvalidArgument(
+          "FactoredPass: no pass is due (a null plan, one not begun, or "
+          "done)");
+    }
+    CpuFactoredPlan& plan_ref = *plan;
+    if (t.n == 0) return Status::Ok();
+    if (begin > plan_ref.n || t.n > plan_ref.n - begin) {
+      return Status::InvalidArgument(
+          "FactoredPass: elements [" + std::to_string(begin) + ", " +
+          std::to_string(begin + t.n) + ") are outside the tensor's " +
+          std::to_string(plan_ref.n));
+    }
+    size_t rows = 0, cols = 0;
+    STRATA_RETURN_IF_ERROR(
+        cpu_adam::FactoredShape(plan_ref.n, t.rows, t.cols, &rows, &cols)
+            .WithContext("FactoredPass"));
+    if (rows != plan_ref.rows || cols != plan_ref.cols) {
+      return Status::InvalidArgument(
+          "FactoredPass: the range's rows x cols differ from the plan's");
+    }
+    STRATA_RETURN_IF_ERROR(
+        ValidateFactoredArrays(t).WithContext("FactoredPass"));
+    const RangeRects rr = CutRange(cols, begin, begin + t.n);
+    cpu_adam::FactoredParams p = FactoredParamsOf(t, plan_ref.args);
+    cpu_adam::FactoredArrays a = FactoredArraysOf(t, rows, cols, begin);
+    a.strips = rr.strips;
+    plan_ref.pass_seconds += SecondsOf([&] { RangePass(p, a, rr, plan_ref); });
+    return Status::Ok();
+  }
+
+  Status FactoredNext(float* stats, CpuFactoredPlan* plan) override {
+    if (plan == nullptr || plan->phase == CpuFactoredPhase::kDone) {
+      return Status::InvalidArgument(
+          "FactoredNext: no pass is due (a null plan, one not begun, or "
+          "done)");
+    }
+    if (stats == nullptr) {
+      return Status::InvalidArgument("FactoredNext: null statistics");
+    }
+    CpuFactoredPlan& p = *plan;
+    const size_t rows = p.rows, cols = p.cols;
+    float* row_state = stats;
+    float* col_state = stats + rows;
+    const bool adafactor = options_.algo == CpuOptimizerAlgo::kAdafactor;
+    if (!adafactor) {  // SM3's maxima are its new accumulators
+      for (size_t i = 0; i < rows; ++i) {
+        row_state[i] = static_cast<float>(p.sums[i]);
+      }
+      if (rows > 1) {
+        for (size_t j = 0; j < cols; ++j) {
+          col_state[j] = static_cast<float>(p.sums[rows + j]);
+        }
+      }
+      p.phase = CpuFactoredPhase::kDone;
+      return Status::Ok();
+    }
+    switch (p.phase) {
+      case CpuFactoredPhase::kStatistics: {
+        cpu_adam::FactoredParams fp{};
+        AdafactorParams(p.args, fp);
+        const size_t lines = rows + (rows > 1 ? cols : 0);
+        for (size_t i = 0; i < rows; ++i) {
+          row_state[i] = cpu_adam::AdafactorStat(row_state[i], fp.beta2,
+                                                 fp.omb2, p.sums[i], cols);
+        }
+        if (rows > 1) {
+          AdafactorColumns(fp, p.sums.data() + rows, rows, cols, col_state,
+                           p.col_factor.data());
+        }
+        AdafactorRowFactors(row_state, rows, p.row_factor.data());
+        p.lr = AdafactorLr(p.args, fp.scale_p ? p.sums[lines] : p.args.param_sq,
+                           p.n);
+        if (rows > 1) {
+          p.phase = CpuFactoredPhase::kRms;
+        } else {  // a vector's came with its statistics
+          p.clip = AdafactorClipOf(p.sums[lines + 1], p.n);
+          p.phase = CpuFactoredPhase::kUpdate;
+        }
+        break;
+      }
+      case CpuFactoredPhase::kRms:
+        p.clip = AdafactorClipOf(p.sums[0], p.n);
+        p.phase = CpuFactoredPhase::kUpdate;
+        break;
+      default:  // kUpdate
+        if (options_.adafactor.scale_parameter) p.param_sq = p.sums[0];
+        p.phase = CpuFactoredPhase::kDone;
+        return Status::Ok();
+    }
+    p.sums.assign(1, 0.0);
+    return Status::Ok();
+  }
+
   Status PlaceOnNumaNodes(void* ptr, size_t elem_size, size_t n) override {
     if (arenas_.size() < 2 || n == 0) return Status::Ok();
     if (ptr == nullptr || elem_size == 0) {
@@ -422,13 +624,25 @@ class CpuOptimizerImpl final : public CpuOptimizer {
 
   // ---- Adafactor and SM3 ----
 
-  Status ValidateFactored(const CpuOptimizerTensors& t,
-                          const CpuStepArgs& args) const {
+  Status ValidateFactoredArgs(const CpuStepArgs& args) const {
     STRATA_RETURN_IF_ERROR(ValidateArgs(args));
     if (options_.algo == CpuOptimizerAlgo::kAdafactor && args.step < 1) {
       return Status::InvalidArgument("Step: step counts from 1");
     }
+    return Status::Ok();
+  }
+
+  Status ValidateFactored(const CpuOptimizerTensors& t,
+                          const CpuStepArgs& args) const {
+    STRATA_RETURN_IF_ERROR(ValidateFactoredArgs(args));
     if (t.n == 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(ValidateFactoredArrays(t));
+    size_t r = 0, c = 0;
+    return cpu_adam::FactoredShape(t.n, t.rows, t.cols, &r, &c);
+  }
+
+  // The arrays of a whole tensor or of a range (t.n > 0).
+  Status ValidateFactoredArrays(const CpuOptimizerTensors& t) const {
     const bool need_m = cpu_adam::UsesFirstMoment(options_);
     if (t.master == nullptr || t.grad == nullptr || t.exp_avg_sq == nullptr ||
         (need_m && t.exp_avg == nullptr)) {
@@ -441,9 +655,6 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           "Step: Adafactor's and SM3's exp_avg is kFloat32 or kBFloat16");
     }
     STRATA_RETURN_IF_ERROR(ValidateGradAndWorking(t));
-    size_t r = 0, c = 0;
-    STRATA_RETURN_IF_ERROR(
-        cpu_adam::FactoredShape(t.n, t.rows, t.cols, &r, &c));
     if (!IsAligned(t.master, 4) ||
         !IsAligned(t.grad, cpu_adam::DTypeSize(t.grad_dtype)) ||
         !IsAligned(t.exp_avg, cpu_adam::DTypeSize(t.moment_dtype)) ||
@@ -474,23 +685,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
                            adafactor && cpu_adam::AdafactorFusesRms(rows, cols)
                                ? cpu_adam::kAdafactorFusedGrid
                                : cpu_adam::GridPolicy{});
-    cpu_adam::FactoredParams p{};
-    p.grad_dtype = t.grad_dtype;
-    p.moment_dtype = t.moment_dtype;
-    p.working_dtype = t.working_dtype;
-    p.has_working = t.working != nullptr;
-    p.use_m = cpu_adam::UsesFirstMoment(options_);
-    p.gscale = gscale;
-    cpu_adam::FactoredArrays a{};
-    a.rows = rows;
-    a.cols = cols;
+    cpu_adam::FactoredParams p = FactoredParamsOf(t, args);
+    cpu_adam::FactoredArrays a = FactoredArraysOf(t, rows, cols, 0);
     a.strips = grid.strips;
-    a.master = t.master;
-    a.grad = t.grad;
-    a.m = t.exp_avg;
-    a.row_state = static_cast<float*>(t.exp_avg_sq);
-    a.col_state = a.row_state + rows;
-    a.working = t.working;
     if (adafactor) {
       AdafactorStep(t, args, grid, p, a, result);
     } else {
@@ -531,21 +728,11 @@ class CpuOptimizerImpl final : public CpuOptimizer {
                      cpu_adam::FactoredArrays& a, CpuStepResult& result) {
     const CpuAdafactorOptions& o = options_.adafactor;
     const size_t rows = a.rows, cols = a.cols, tiles = grid.tiles();
-    const double step = static_cast<double>(args.step);
-    const double beta2t = 1.0 - std::pow(step, o.decay_rate);
     // Note [Adafactor's fused RMS] in kernels.h: a vector's or a matrix's
     // whole rows need no pass of their own for the update's RMS.
     const bool fused = cpu_adam::AdafactorFusesRms(rows, cols);
-    p.eps = static_cast<float>(o.eps1);
-    p.beta2 = static_cast<float>(beta2t);
-    p.omb2 = static_cast<float>(1.0 - beta2t);
-    p.beta1 = static_cast<float>(o.beta1);
-    p.omb1 = static_cast<float>(1.0 - o.beta1);
-    // A sum of the weights' squares the caller carried from the last step
-    // (CpuStepArgs::param_sq) spares the statistics pass its read of them.
-    const bool carried = o.scale_parameter && args.param_sq >= 0.0;
-    p.scale_p = o.scale_parameter && !carried;
-    p.sum_new_sq = o.scale_parameter;
+    AdafactorParams(args, p);
+    const bool carried = !p.scale_p && o.scale_parameter;
     p.fuse_rms = fused && rows > 1;
     row_part_.assign(rows * grid.strips, 0.0);
     col_part_.resize(rows > 1 ? grid.bands * cols : 0);
@@ -581,33 +768,17 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     }
     if (rows > 1) {
       SumBands(col_part_, grid.bands, cols);
-      for (size_t j = 0; j < cols; ++j) {
-        const float col = cpu_adam::AdafactorStat(a.col_state[j], p.beta2,
-                                                  p.omb2, col_sum_[j], rows);
-        a.col_state[j] = col;
-        col_factor_[j] = 1.0f / std::sqrt(col);
-      }
+      AdafactorColumns(p, col_sum_.data(), rows, cols, a.col_state,
+                       col_factor_.data());
     }
-    double row_sum = 0.0;
-    for (size_t i = 0; i < rows; ++i) row_sum += a.row_state[i];
     const float row_mean =
-        static_cast<float>(row_sum / static_cast<double>(rows));
-    for (size_t i = 0; i < rows; ++i) {
-      row_factor_[i] = 1.0f / std::sqrt(a.row_state[i] / row_mean);
-    }
+        AdafactorRowFactors(a.row_state, rows, row_factor_.data());
     double p_sum = 0.0, u_sum = 0.0;
     for (size_t i = 0; i < tiles; ++i) {
       p_sum += tile_sums_[i].p_sq;
       u_sum += tile_sums_[i].u_sq;
     }
-    double lr = args.lr;
-    if (o.relative_step) {
-      lr = std::min(o.warmup_init ? 1e-6 * step : 1e-2, 1.0 / std::sqrt(step));
-    }
-    if (o.scale_parameter) {
-      const double sq = carried ? args.param_sq : p_sum;
-      lr *= std::max(o.eps2, std::sqrt(sq / static_cast<double>(t.n)));
-    }
+    const double lr = AdafactorLr(args, carried ? args.param_sq : p_sum, t.n);
     if (p.fuse_rms) {  // mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j
       SumBands(rms_part_, grid.bands, cols);
       for (size_t j = 0; j < cols; ++j) {
@@ -623,11 +794,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       });
       for (size_t i = 0; i < tiles; ++i) u_sum += tile_sums_[i].u_sq;
     }
-    const double rms_u = std::sqrt(u_sum / static_cast<double>(t.n));
-    const double clip = std::max(1.0, rms_u / o.clip_threshold);
-    p.coef = static_cast<float>(lr / clip);
-    p.decay = static_cast<float>(-options_.weight_decay * lr);
-    p.use_decay = options_.weight_decay != 0.0;
+    AdafactorUpdateParams(lr, AdafactorClipOf(u_sum, t.n), p);
     // The last pass: the update (and the new weights' squares, per tile).
     TimePass(result, [&] {
       ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
@@ -638,6 +805,190 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       double new_sq = 0.0;
       for (size_t i = 0; i < tiles; ++i) new_sq += tile_sums_[i].p_sq;
       result.param_sq = new_sq;
+    }
+  }
+
+  // What every factored pass shares: the types, the first moment and the
+  // gradient's scale.
+  cpu_adam::FactoredParams FactoredParamsOf(const CpuOptimizerTensors& t,
+                                            const CpuStepArgs& args) const {
+    cpu_adam::FactoredParams p{};
+    p.grad_dtype = t.grad_dtype;
+    p.moment_dtype = t.moment_dtype;
+    p.working_dtype = t.working_dtype;
+    p.has_working = t.working != nullptr;
+    p.use_m = cpu_adam::UsesFirstMoment(options_);
+    p.gscale = static_cast<float>(args.inv_loss_scale * args.clip_coef);
+    return p;
+  }
+
+  // `t`'s arrays, from the tensor's element `origin`, over its statistics.
+  static cpu_adam::FactoredArrays FactoredArraysOf(const CpuOptimizerTensors& t,
+                                                   size_t rows, size_t cols,
+                                                   size_t origin) {
+    cpu_adam::FactoredArrays a{};
+    a.rows = rows;
+    a.cols = cols;
+    a.origin = origin;
+    a.master = t.master;
+    a.grad = t.grad;
+    a.m = t.exp_avg;
+    a.row_state = static_cast<float*>(t.exp_avg_sq);
+    a.col_state = a.row_state + rows;
+    a.working = t.working;
+    return a;
+  }
+
+  // Adafactor's scalars of the step's statistics; scale_p unless the
+  // weights' sum of squares is carried (CpuStepArgs::param_sq), which
+  // spares the statistics pass its read of them.
+  void AdafactorParams(const CpuStepArgs& args,
+                       cpu_adam::FactoredParams& p) const {
+    const CpuAdafactorOptions& o = options_.adafactor;
+    const double beta2t =
+        1.0 - std::pow(static_cast<double>(args.step), o.decay_rate);
+    p.eps = static_cast<float>(o.eps1);
+    p.beta2 = static_cast<float>(beta2t);
+    p.omb2 = static_cast<float>(1.0 - beta2t);
+    p.beta1 = static_cast<float>(o.beta1);
+    p.omb1 = static_cast<float>(1.0 - o.beta1);
+    p.scale_p = o.scale_parameter && args.param_sq < 0.0;
+    p.sum_new_sq = o.scale_parameter;
+  }
+
+  // The column statistics' moving averages from their sums, and their
+  // factors 1 / sqrt(col).
+  static void AdafactorColumns(const cpu_adam::FactoredParams& p,
+                               const double* sums, size_t rows, size_t cols,
+                               float* col_state, float* col_factor) {
+    for (size_t j = 0; j < cols; ++j) {
+      const float col =
+          cpu_adam::AdafactorStat(col_state[j], p.beta2, p.omb2, sums[j], rows);
+      col_state[j] = col;
+      col_factor[j] = 1.0f / std::sqrt(col);
+    }
+  }
+
+  // The rows' factors 1 / sqrt(R_i / mean(R)); returns mean(R).
+  static float AdafactorRowFactors(const float* row_state, size_t rows,
+                                   float* row_factor) {
+    double row_sum = 0.0;
+    for (size_t i = 0; i < rows; ++i) row_sum += row_state[i];
+    const float row_mean =
+        static_cast<float>(row_sum / static_cast<double>(rows));
+    for (size_t i = 0; i < rows; ++i) {
+      row_factor[i] = 1.0f / std::sqrt(row_state[i] / row_mean);
+    }
+    return row_mean;
+  }
+
+  // The step's lr: relative (or the caller's), times the weights' RMS with
+  // scale_parameter (`param_sq` their sum of squares, of n weights).
+  double AdafactorLr(const CpuStepArgs& args, double param_sq, size_t n) const {
+    const CpuAdafactorOptions& o = options_.adafactor;
+    const double step = static_cast<double>(args.step);
+    double lr = args.lr;
+    if (o.relative_step) {
+      lr = std::min(o.warmup_init ? 1e-6 * step : 1e-2, 1.0 / std::sqrt(step));
+    }
+    if (o.scale_parameter) {
+      lr *= std::max(o.eps2, std::sqrt(param_sq / static_cast<double>(n)));
+    }
+    return lr;
+  }
+
+  // max(1, RMS(u) / d), `u_sum` the sum of u^2 over n elements.
+  double AdafactorClipOf(double u_sum, size_t n) const {
+    const double rms_u = std::sqrt(u_sum / static_cast<double>(n));
+    return std::max(1.0, rms_u / options_.adafactor.clip_threshold);
+  }
+
+  // The update's coefficient lr / clip and the weight decay.
+  void AdafactorUpdateParams(double lr, double clip,
+                             cpu_adam::FactoredParams& p) const {
+    p.coef = static_cast<float>(lr / clip);
+    p.decay = static_cast<float>(-options_.weight_decay * lr);
+    p.use_decay = options_.weight_decay != 0.0;
+  }
+
+  void Sm3Params(const CpuStepArgs& args, cpu_adam::FactoredParams& p) const {
+    p.eps = static_cast<float>(options_.eps);
+    p.beta1 = static_cast<float>(options_.beta1);
+    p.omb1 = static_cast<float>(1.0 - options_.beta1);
+    p.l2 = static_cast<float>(options_.weight_decay);
+    p.use_l2 = options_.weight_decay != 0.0;
+    p.neg_lr = static_cast<float>(-args.lr);
+  }
+
+  // One pass of a plan over a range's rectangles (Note [Factored steps in
+  // ranges]), its partials added into plan.sums.
+  void RangePass(cpu_adam::FactoredParams& p, cpu_adam::FactoredArrays& a,
+                 const RangeRects& rr, CpuFactoredPlan& plan) {
+    const size_t rows = a.rows, cols = a.cols, nr = rr.rects.size();
+    const size_t lines = rows + (rows > 1 ? cols : 0);
+    const auto& k = *kernels_;
+    const auto& rects = rr.rects;
+    a.row_factor = plan.row_factor.data();
+    a.col_factor = plan.col_factor.data();
+    tile_sums_.assign(nr, cpu_adam::AfTileSums{});
+    double* sums = plan.sums.data();
+    if (options_.algo == CpuOptimizerAlgo::kSm3) {
+      Sm3Params(plan.args, p);
+      row_fpart_.resize(rows * rr.strips);
+      col_fpart_.resize(rows > 1 ? rr.bands * cols : 0);
+      a.row_fpart = row_fpart_.data();
+      a.col_fpart = col_fpart_.data();
+      ParallelTiles(
+          nr, 1, [&](size_t r, size_t, size_t) { k.sm3_step(p, a, rects[r]); });
+      for (const cpu_adam::TileRect& t : rects) {
+        for (size_t i = t.r0; i < t.r1; ++i) {
+          const double m = row_fpart_[i * rr.strips + t.strip];
+          sums[i] = std::max(sums[i], m);
+        }
+        if (rows == 1) continue;
+        const float* part = col_fpart_.data() + t.band * cols;
+        for (size_t j = t.c0; j < t.c1; ++j) {
+          sums[rows + j] = std::max(sums[rows + j], double{part[j]});
+        }
+      }
+      return;
+    }
+    AdafactorParams(plan.args, p);
+    switch (plan.phase) {
+      case CpuFactoredPhase::kStatistics:
+        row_part_.resize(rows * rr.strips);
+        col_part_.resize(rows > 1 ? rr.bands * cols : 0);
+        a.row_part = row_part_.data();
+        a.col_part = col_part_.data();
+        ParallelTiles(nr, 1, [&](size_t r, size_t, size_t) {
+          tile_sums_[r] = k.adafactor_stats(p, a, rects[r]);
+        });
+        for (size_t r = 0; r < nr; ++r) {
+          const cpu_adam::TileRect& t = rects[r];
+          for (size_t i = t.r0; i < t.r1; ++i) {
+            sums[i] += row_part_[i * rr.strips + t.strip];
+          }
+          if (rows > 1) {
+            const double* part = col_part_.data() + t.band * cols;
+            for (size_t j = t.c0; j < t.c1; ++j) sums[rows + j] += part[j];
+          }
+          sums[lines] += tile_sums_[r].p_sq;
+          sums[lines + 1] += tile_sums_[r].u_sq;
+        }
+        return;
+      case CpuFactoredPhase::kRms:
+        ParallelTiles(nr, 1, [&](size_t r, size_t, size_t) {
+          tile_sums_[r].u_sq = k.adafactor_sumsq(p, a, rects[r]);
+        });
+        for (size_t r = 0; r < nr; ++r) sums[0] += tile_sums_[r].u_sq;
+        return;
+      default:  // kUpdate
+        AdafactorUpdateParams(plan.lr, plan.clip, p);
+        ParallelTiles(nr, 1, [&](size_t r, size_t, size_t) {
+          tile_sums_[r].p_sq = k.adafactor_apply(p, a, rects[r]);
+        });
+        for (size_t r = 0; r < nr; ++r) sums[0] += tile_sums_[r].p_sq;
+        return;
     }
   }
 
@@ -657,12 +1008,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
                cpu_adam::FactoredParams& p, cpu_adam::FactoredArrays& a,
                CpuStepResult& result) {
     const size_t rows = a.rows, cols = a.cols;
-    p.eps = static_cast<float>(options_.eps);
-    p.beta1 = static_cast<float>(options_.beta1);
-    p.omb1 = static_cast<float>(1.0 - options_.beta1);
-    p.l2 = static_cast<float>(options_.weight_decay);
-    p.use_l2 = options_.weight_decay != 0.0;
-    p.neg_lr = static_cast<float>(-args.lr);
+    Sm3Params(args, p);
     row_fpart_.resize(rows * grid.strips);
     col_fpart_.resize(rows > 1 ? grid.bands * cols : 0);
     a.row_fpart = row_fpart_.data();

@@ -1053,7 +1053,7 @@ STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
   size_t j = c0;
   bool stream = false;
   if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
-    const size_t head = StreamHead<V>(w + row + j);
+    const size_t head = StreamHead<V>(w + (row + j));
     if (head != SIZE_MAX) {
       for (const size_t stop = std::min(c1, j + head); j < stop; ++j) {
         op.template At<Scalar, false>(j);
@@ -1124,7 +1124,7 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
   } else {
     DPutOrAccum<V>(colp + j, s, first);
   }
-  if constexpr (kParam) *x = V::Load(a.master + row + j);
+  if constexpr (kParam) *x = V::Load(a.master + (row + j));
   return s;
 }
 
@@ -1490,7 +1490,7 @@ struct AfGroupRowOp {
                                           typename U::F*) const {
     const FConsts<U>& c = *PickConsts<U>(cv, cs);
     const typename U::F g = ScaledGrad<U, kUnit>(c, grad, row + j);
-    if constexpr (kParam) *x = U::Load(master + row + j);
+    if constexpr (kParam) *x = U::Load(master + (row + j));
     return U::Add(U::Mul(g, g), c.eps);
   }
 };
@@ -1568,7 +1568,7 @@ AfTileSums AfStatsT(const FactoredParams& params, const FactoredArrays& arrays,
   double* colp = kVec ? nullptr : a.col_part + t.band * a.cols;
   AfTileSums sums;
   for (size_t i = t.r0; i < t.r1; ++i) {
-    const size_t row = i * a.cols;
+    const size_t row = RowStart(a, i);
     const bool first = i == t.r0;
     AfStatsOp<V, G, kVec, kParam, kUnit> op{cv, cs, a, grad, colp, first, row};
     const AfRowSums rs = AfRowPass<V, kParam, kVec>(t.c0, t.c1, op);
@@ -1613,7 +1613,7 @@ STRATA_CPU_ADAM_INLINE typename V::F AfUpdateAt(const FConsts<V>& c,
                                                 const G* grad, typename V::F rf,
                                                 size_t row, size_t j) {
   const typename V::F f = V::Mul(rf, V::Load(a.col_factor + j));
-  return V::Mul(f, V::Mul(V::Load(grad + row + j), c.gscale));
+  return V::Mul(f, V::Mul(V::Load(grad + (row + j)), c.gscale));
 }
 
 template <class V, class G>
@@ -1627,7 +1627,7 @@ double AfSumsqT(const FactoredParams& params, const FactoredArrays& arrays,
   const G* grad = static_cast<const G*>(a.grad);
   double sum = 0.0;
   for (size_t i = t.r0; i < t.r1; ++i) {
-    const size_t row = i * a.cols;
+    const size_t row = RowStart(a, i);
     const float rf = a.row_factor[i];
     double l[kSumLanes] = {};
     size_t j = t.c0;
@@ -1765,10 +1765,10 @@ double AfApplyT(const FactoredParams& params, const FactoredArrays& arrays,
   AfApplyOp<V, G, M, W> op{cv, cs, p, a, 0, t.c0, 0.0f, lanes, {}, 0, false};
   double sum = 0.0;
   for (size_t i = t.r0; i < t.r1; ++i) {
-    op.row = i * a.cols;
+    op.row = RowStart(a, i);
     op.rf = a.row_factor[i];
     if (p.sum_new_sq) std::fill(std::begin(lanes), std::end(lanes), 0.0);
-    ForSegment<V>(static_cast<W*>(a.working), i * a.cols, t.c0, t.c1, op);
+    ForSegment<V>(static_cast<W*>(a.working), op.row, t.c0, t.c1, op);
     if (p.sum_new_sq) {
       op.FlushVectors();
       sum += LaneTree(lanes);
@@ -1851,10 +1851,10 @@ void Sm3T(const FactoredParams& params, const FactoredArrays& arrays,
   const FConsts<Scalar> cs(p);
   float* colf = kVec ? nullptr : a.col_fpart + t.band * a.cols;
   for (size_t i = t.r0; i < t.r1; ++i) {
+    const size_t row = RowStart(a, i);
     Sm3Op<V, G, M, W, kVec> op{
-        cv,         cs, p, a, colf, i * a.cols, i == t.r0, a.row_state[i],
-        V::ISet(0), 0u};
-    ForSegment<V>(static_cast<W*>(a.working), i * a.cols, t.c0, t.c1, op);
+        cv, cs, p, a, colf, row, i == t.r0, a.row_state[i], V::ISet(0), 0u};
+    ForSegment<V>(static_cast<W*>(a.working), row, t.c0, t.c1, op);
     a.row_fpart[i * a.strips + t.strip] =
         BitsFloat(std::max(V::IMaxAll(op.vmax), op.smax));
   }

@@ -83,6 +83,10 @@ struct FactoredParams {
 struct FactoredArrays {
   size_t rows, cols;
   size_t strips;  // strips per band (row_part's stride)
+  // The tensor's element that master, grad, m and working start at: 0 for
+  // a whole tensor, a range's first element (Note [Factored steps in
+  // ranges] in cpu_adam.cc); the fused statistics pass needs 0.
+  size_t origin;
   float* master;
   const void* grad;
   void* m;
@@ -136,6 +140,15 @@ struct AfTileSums {
 // over it per step, not three. A vector's u is known element by element in the
 // same pass. Rows wider than kCpuAdafactorFusedRowCols are cut into
 // strips (for threads and caches) and keep the RMS pass.
+// Where row i starts in the element arrays (master, grad, m, working),
+// which begin at element `origin`: in unsigned arithmetic, so a range's
+// first row, begun mid-way, wraps; its index row + j (j at least the
+// range's first column) does not. Index as p + (row + j), never
+// p + row + j.
+inline size_t RowStart(const FactoredArrays& a, size_t i) {
+  return i * a.cols - a.origin;
+}
+
 inline bool AdafactorFusesRms(size_t rows, size_t cols) {
   return rows <= 1 || cols <= kCpuAdafactorFusedRowCols;
 }

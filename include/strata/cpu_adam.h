@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "strata/export.h"
 #include "strata/status.h"
@@ -280,6 +281,61 @@ struct CpuStepResult {
   double param_sq = -1.0;
 };
 
+// Adafactor's and SM3's step over a tensor held in element ranges (an
+// engine's pieces, one rank's shard of it): both need statistics of the
+// whole tensor before any weight moves, so the step is cut into passes over
+// every range, with the plan's `sums` reduced over the ranks between them.
+// The passes in order, as `phase` names the next one:
+//   Adafactor: kStatistics (the gradient's row and column sums; a vector's
+//     statistics in place), kRms (a matrix: the sum of the update's
+//     squares, for clipping), kUpdate (the weights);
+//   SM3: kUpdate (the weights, and the new accumulators' row and column
+//     maxima).
+// A step of one tensor:
+//   CpuFactoredPlan plan;
+//   opt->FactoredBegin(shape, args, &plan);
+//   while (plan.phase != CpuFactoredPhase::kDone) {
+//     for each range: opt->FactoredPass(range, begin, &plan);
+//     (ranks: plan.sums reduced element-wise, by plan.reduce, in rank order)
+//     opt->FactoredNext(stats, &plan);
+//   }
+// A range's arrays (CpuOptimizerTensors master, grad, exp_avg, working)
+// hold its t.n elements from the tensor's element `begin`; its rows and
+// cols are the whole tensor's, and exp_avg_sq is the whole tensor's
+// statistics (CpuStepFootprintOf's exp_avg_sq_bytes), the same array on
+// every pass and FactoredNext. The ranges of a pass must cover the tensor
+// once, in any order and split (a rank covers its shard and the reduction
+// the rest). The result matches Step over the whole tensor: SM3's bit for
+// bit, Adafactor's up to the order of its sums (a few ulps; the same bits
+// for the same ranges whatever the thread count). Adafactor reads its
+// gradient in up to three passes here, not two (the fused RMS needs whole
+// rows). check_overflow is not run: check the gradient first
+// (ComputeGradStats over every range).
+enum class CpuFactoredPhase : uint8_t { kStatistics, kRms, kUpdate, kDone };
+enum class CpuFactoredReduce : uint8_t { kSum, kMax };
+
+struct CpuFactoredPlan {
+  CpuFactoredPhase phase = CpuFactoredPhase::kDone;
+  // What the ranges of the pass add up, to be reduced element-wise over the
+  // ranks (with `reduce`) before FactoredNext. The optimizer's business
+  // otherwise.
+  std::vector<double> sums;
+  CpuFactoredReduce reduce = CpuFactoredReduce::kSum;
+  // Adafactor with scale_parameter, once kDone: the sum of the squares of
+  // the updated weights (as CpuStepResult::param_sq, for the next step's
+  // CpuStepArgs::param_sq); negative otherwise.
+  double param_sq = -1.0;
+  // Seconds spent in FactoredPass, all passes and ranges.
+  double pass_seconds = 0.0;
+
+  // The optimizer's, from FactoredBegin: the tensor, the step, the scalars
+  // and factors formed between passes.
+  size_t n = 0, rows = 0, cols = 0;
+  CpuStepArgs args;
+  double lr = 0.0, clip = 1.0;
+  std::vector<float> row_factor, col_factor;
+};
+
 struct GradStats {
   // Sum of (g * scale)^2 over the elements, accumulated in double; inf or
   // nan when finite is false.
@@ -308,6 +364,23 @@ class STRATA_EXPORT CpuOptimizer {
   virtual StatusOr<GradStats> ComputeGradStats(const void* grad, CpuDType dtype,
                                                size_t n,
                                                double scale = 1.0) = 0;
+
+  // Adafactor's and SM3's step in ranges (CpuFactoredPlan). FactoredBegin
+  // checks the step's arguments and the shape (n with rows and cols as
+  // CpuOptimizerTensors) and starts the plan; kInvalidArgument for another
+  // algorithm. FactoredPass runs the plan's phase over one range (`t`
+  // holds elements [begin, begin + t.n) of the tensor); kInvalidArgument
+  // for a range outside the tensor or arrays that do not match the plan.
+  // FactoredNext, once every range has passed and `sums` is reduced,
+  // forms what the next pass needs (and writes `stats`, the tensor's
+  // statistics: Adafactor's row and column moving averages after
+  // kStatistics, SM3's new accumulators after kUpdate).
+  virtual Status FactoredBegin(const CpuStepShape& shape,
+                               const CpuStepArgs& args,
+                               CpuFactoredPlan* plan) = 0;
+  virtual Status FactoredPass(const CpuOptimizerTensors& t, size_t begin,
+                              CpuFactoredPlan* plan) = 0;
+  virtual Status FactoredNext(float* stats, CpuFactoredPlan* plan) = 0;
 
   // Binds the pages of [ptr, ptr + n * elem_size) to the NUMA nodes whose
   // threads will update them (the same split of n that Step uses), so that

@@ -5,8 +5,10 @@
 // AdamW (with 8-bit AdamW beside them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/cpu_adam.h"
@@ -780,6 +783,305 @@ TEST(FactoredTest, NamesAndConfig) {
     EXPECT_NE(r.status().message().find(b.names), std::string::npos)
         << r.status().ToString();
   }
+}
+
+// ---- Steps in ranges (CpuFactoredPlan)
+// ------------------------------------------------
+
+using Range = std::pair<size_t, size_t>;  // [first, first + count)
+
+// `p`'s arrays from element `b`, `n` of them (the whole statistics).
+CpuOptimizerTensors RangeOf(Problem& p, size_t b, size_t n) {
+  CpuOptimizerTensors t = p.Tensors();
+  const size_t gsize = p.grad_dtype == CpuDType::kFloat32 ? 4 : 2;
+  const size_t msize = p.moment_dtype == CpuDType::kFloat32 ? 4 : 2;
+  t.n = n;
+  t.master += b;
+  t.grad = static_cast<const std::byte*>(t.grad) + b * gsize;
+  t.exp_avg = static_cast<std::byte*>(t.exp_avg) + b * msize;
+  if (t.working != nullptr) t.working = static_cast<uint16_t*>(t.working) + b;
+  return t;
+}
+
+// One step of the tensor that `ranks` hold together: rank r owns its copy
+// of every array and steps its `shards[r]` ranges, in their order; the
+// plans' sums are reduced in rank order between the passes, as an engine's
+// ranks would. Returns the plans' param_sq (the same on every rank).
+double RangedStep(const std::vector<CpuOptimizer*>& opts,
+                  const std::vector<Problem*>& ranks,
+                  const std::vector<std::vector<Range>>& shards,
+                  const CpuStepArgs& args) {
+  const size_t world = ranks.size();
+  std::vector<CpuFactoredPlan> plans(world);
+  CpuStepShape shape;
+  shape.n = ranks[0]->n;
+  shape.rows = ranks[0]->rows;
+  shape.cols = ranks[0]->cols;
+  for (size_t r = 0; r < world; ++r) {
+    Status st = opts[r]->FactoredBegin(shape, args, &plans[r]);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  while (plans[0].phase != CpuFactoredPhase::kDone) {
+    for (size_t r = 0; r < world; ++r) {
+      EXPECT_EQ(plans[r].phase, plans[0].phase);
+      for (const auto& [b, n] : shards[r]) {
+        Status st =
+            opts[r]->FactoredPass(RangeOf(*ranks[r], b, n), b, &plans[r]);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        if (!st.ok()) return 0;
+      }
+    }
+    std::vector<double> all = plans[0].sums;
+    for (size_t r = 1; r < world; ++r) {
+      for (size_t i = 0; i < all.size(); ++i) {
+        all[i] = plans[0].reduce == CpuFactoredReduce::kMax
+                     ? std::max(all[i], plans[r].sums[i])
+                     : all[i] + plans[r].sums[i];
+      }
+    }
+    for (size_t r = 0; r < world; ++r) {
+      plans[r].sums = all;
+      Status st = opts[r]->FactoredNext(ranks[r]->stats.data(), &plans[r]);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+  for (size_t r = 1; r < world; ++r) {
+    EXPECT_EQ(plans[r].param_sq, plans[0].param_sq);
+  }
+  return plans[0].param_sq;
+}
+
+// The ranges of a split of [0, n): 0 one range, 1 ranges of random length
+// (one element to a row and a half) in order, 2 the same backwards.
+std::vector<Range> Split(size_t n, size_t cols, int how, uint32_t seed) {
+  std::vector<Range> out;
+  if (how == 0) return {{0, n}};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<size_t> len(1,
+                                            std::max<size_t>(1, cols * 3 / 2));
+  for (size_t b = 0; b < n;) {
+    const size_t k = std::min(n - b, len(rng));
+    out.push_back({b, k});
+    b += k;
+  }
+  if (how == 2) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// Elements [b, b + n) of `from` into `to`: the arrays a rank stepped.
+void TakeRange(const Problem& from, Problem& to, size_t b, size_t n) {
+  for (size_t i = b; i < b + n; ++i) {
+    to.master[i] = from.master[i];
+    to.m32[i] = from.m32[i];
+    to.m16[i] = from.m16[i];
+    to.working[i] = from.working[i];
+  }
+  if (to.rows == 0) {  // a vector's statistics are per element
+    for (size_t i = b; i < b + n; ++i) to.stats[1 + i] = from.stats[1 + i];
+  }
+}
+
+// Adafactor in ranges sums in another order than Step: the weights' moves
+// and the statistics agree to a few ulps.
+void ExpectClose(const Problem& ref, const Problem& got, const Problem& init,
+                 const std::string& what) {
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.n && bad < 5; ++i) {
+    const double moved = std::fabs(double{ref.master[i]} - init.master[i]);
+    if (std::fabs(double{ref.master[i]} - got.master[i]) >
+        1e-5 * moved + 1e-7 * std::fabs(ref.master[i])) {
+      ADD_FAILURE() << what << ": element " << i << " " << ref.master[i]
+                    << " vs " << got.master[i];
+      ++bad;
+    }
+  }
+  for (size_t i = 0; i < ref.stats.size() && bad < 5; ++i) {
+    if (std::fabs(double{ref.stats[i]} - got.stats[i]) >
+        1e-5 * std::fabs(ref.stats[i])) {
+      ADD_FAILURE() << what << ": statistic " << i << " " << ref.stats[i]
+                    << " vs " << got.stats[i];
+      ++bad;
+    }
+  }
+}
+
+// Every split of the tensor, over one rank or three, steps it as Step does
+// (SM3 bit for bit; Adafactor to its sums' rounding), with Adafactor's
+// param_sq carried from the plan.
+TEST(FactoredTest, RangesStepAsTheWholeTensor) {
+  const std::vector<Shape> shapes = {{0, 0, 5000},
+                                     {37, 300, 37 * 300},
+                                     {70, 33, 70 * 33},
+                                     {3, 5000, 3 * 5000},
+                                     {2, kCpuAdafactorFusedRowCols + 21,
+                                      2 * (kCpuAdafactorFusedRowCols + 21)}};
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    for (int flavour : {0, 1}) {
+      const CpuOptimizerOptions o = Opts(algo, flavour);
+      const bool sm3 = algo == CpuOptimizerAlgo::kSm3;
+      auto whole = Make(o, BestCpuKernelVariant(), 1);
+      std::vector<std::unique_ptr<CpuOptimizer>> own;
+      for (int r = 0; r < 3; ++r)
+        own.push_back(Make(o, BestCpuKernelVariant(), 2));
+      for (const Shape& sh : shapes) {
+        for (int how : {0, 1, 2}) {
+          for (size_t world : {1, 3}) {
+            const std::string what =
+                std::string(CpuOptimizerAlgoName(algo)) + " flavour " +
+                std::to_string(flavour) + " " + std::to_string(sh.rows) + "x" +
+                std::to_string(sh.cols) + " split " + std::to_string(how) +
+                " ranks " + std::to_string(world);
+            SCOPED_TRACE(what);
+            Problem ref(sh.rows, sh.cols, sh.n, CpuDType::kFloat32,
+                        CpuDType::kBFloat16, true, CpuDType::kBFloat16, 23);
+            const Problem init = ref;
+            std::vector<Problem> copies(world, ref);
+            // Each rank a contiguous shard, cut into ranges.
+            std::vector<std::vector<Range>> shards(world);
+            const std::vector<Range> ranges =
+                Split(sh.n, sh.cols == 0 ? 300 : sh.cols, how, 7);
+            for (size_t k = 0; k < ranges.size(); ++k) {
+              shards[k * world / ranges.size()].push_back(ranges[k]);
+            }
+            std::vector<CpuOptimizer*> opts;
+            std::vector<Problem*> ranks;
+            for (size_t r = 0; r < world; ++r) {
+              opts.push_back(own[r].get());
+              ranks.push_back(&copies[r]);
+            }
+            double carried = -1.0;
+            for (int s = 1; s <= 4; ++s) {
+              CpuStepArgs args;
+              args.step = s;
+              args.lr = 1e-2;
+              auto r = whole->Step(ref.Tensors(), args);
+              ASSERT_TRUE(r.ok() && r->applied);
+              args.param_sq = carried;
+              args.check_overflow = false;
+              carried = RangedStep(opts, ranks, shards, args);
+              if (HasFailure()) return;
+              if (!sm3 && o.adafactor.scale_parameter) {
+                EXPECT_NEAR(carried, r->param_sq, 1e-8 * r->param_sq);
+              } else {
+                EXPECT_LT(carried, 0);
+              }
+            }
+            Problem got = copies[0];
+            for (size_t r = 0; r < world; ++r) {
+              for (const auto& [b, n] : shards[r]) {
+                TakeRange(copies[r], got, b, n);
+              }
+            }
+            if (sm3) {
+              ExpectSame(ref, got, what);
+            } else {
+              ExpectClose(ref, got, init, what);
+            }
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The same ranges give the same bits on every variant and thread count.
+TEST(FactoredTest, RangesDoNotDependOnThreadsOrVariant) {
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    for (Shape sh : {Shape{0, 0, 300001}, Shape{301, 1000, 301000},
+                     Shape{5, 70001, 350005}}) {
+      CpuOptimizerOptions o = Opts(algo, 0);
+      o.tile_elems = size_t{1} << 16;
+      Problem ref(sh.rows, sh.cols, sh.n, CpuDType::kFloat32,
+                  CpuDType::kFloat32, true, CpuDType::kBFloat16, 5);
+      const std::vector<Range> ranges =
+          Split(sh.n, sh.cols == 0 ? 70000 : sh.cols, 1, 3);
+      std::vector<Problem> got;
+      for (CpuKernelVariant v : SupportedVariants()) {
+        for (int threads : {1, 3}) {
+          auto opt = Make(o, v, threads);
+          Problem p = ref;
+          double carried = -1.0;
+          for (int s = 1; s <= 3; ++s) {
+            CpuStepArgs args;
+            args.step = s;
+            args.param_sq = carried;
+            carried = RangedStep({opt.get()}, {&p}, {ranges}, args);
+          }
+          got.push_back(std::move(p));
+        }
+      }
+      for (size_t k = 1; k < got.size(); ++k) {
+        ExpectSame(got[0], got[k],
+                   std::string(CpuOptimizerAlgoName(algo)) + " run " +
+                       std::to_string(k));
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST(FactoredTest, RangeMisuseIsRefused) {
+  CpuFactoredPlan plan;
+  CpuStepShape shape;
+  shape.n = 12;
+  shape.rows = 3;
+  shape.cols = 4;
+  auto adamw = Make(CpuOptimizerOptions{}, CpuKernelVariant::kScalar);
+  Status st = adamw->FactoredBegin(shape, CpuStepArgs{}, &plan);
+  EXPECT_NE(st.message().find("adamw steps each range with Step"),
+            std::string::npos)
+      << st.ToString();
+  auto opt =
+      Make(Opts(CpuOptimizerAlgo::kAdafactor, 0), CpuKernelVariant::kScalar);
+  CpuStepShape bad = shape;
+  bad.cols = 5;
+  st = opt->FactoredBegin(bad, CpuStepArgs{}, &plan);
+  EXPECT_NE(st.message().find("must equal n"), std::string::npos)
+      << st.ToString();
+  CpuStepArgs zero;
+  zero.step = 0;
+  EXPECT_FALSE(opt->FactoredBegin(shape, zero, &plan).ok());
+  EXPECT_FALSE(opt->FactoredBegin(shape, CpuStepArgs{}, nullptr).ok());
+  Problem p(3, 4, 12, CpuDType::kFloat32, CpuDType::kFloat32, true,
+            CpuDType::kBFloat16, 1);
+  ASSERT_TRUE(opt->FactoredBegin(shape, CpuStepArgs{}, &plan).ok());
+  EXPECT_EQ(plan.phase, CpuFactoredPhase::kStatistics);
+  st = opt->FactoredPass(RangeOf(p, 8, 5), 8, &plan);
+  EXPECT_NE(st.message().find("[8, 13) are outside the tensor's 12"),
+            std::string::npos)
+      << st.ToString();
+  CpuOptimizerTensors other = RangeOf(p, 0, 4);
+  other.rows = 2;
+  other.cols = 6;
+  st = opt->FactoredPass(other, 0, &plan);
+  EXPECT_NE(st.message().find("differ from the plan's"), std::string::npos)
+      << st.ToString();
+  CpuOptimizerTensors null_master = RangeOf(p, 0, 4);
+  null_master.master = nullptr;
+  EXPECT_FALSE(opt->FactoredPass(null_master, 0, &plan).ok());
+  EXPECT_FALSE(opt->FactoredNext(nullptr, &plan).ok());
+  ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 0, 12), 0, &plan).ok());
+  ASSERT_TRUE(opt->FactoredNext(p.stats.data(), &plan).ok());
+  EXPECT_EQ(plan.phase, CpuFactoredPhase::kRms);
+  ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 0, 12), 0, &plan).ok());
+  ASSERT_TRUE(opt->FactoredNext(p.stats.data(), &plan).ok());
+  EXPECT_EQ(plan.phase, CpuFactoredPhase::kUpdate);
+  ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 0, 12), 0, &plan).ok());
+  ASSERT_TRUE(opt->FactoredNext(p.stats.data(), &plan).ok());
+  EXPECT_EQ(plan.phase, CpuFactoredPhase::kDone);
+  EXPECT_GT(plan.param_sq, 0);
+  EXPECT_GT(plan.pass_seconds, 0);
+  st = opt->FactoredPass(RangeOf(p, 0, 12), 0, &plan);
+  EXPECT_NE(st.message().find("no pass is due"), std::string::npos)
+      << st.ToString();
+  EXPECT_FALSE(opt->FactoredNext(p.stats.data(), &plan).ok());
+  // An empty tensor is done at once.
+  CpuStepShape empty;
+  ASSERT_TRUE(opt->FactoredBegin(empty, CpuStepArgs{}, &plan).ok());
+  EXPECT_EQ(plan.phase, CpuFactoredPhase::kDone);
 }
 
 // ---- Training
