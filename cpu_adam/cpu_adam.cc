@@ -445,8 +445,13 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       return Status::InvalidArgument(
           "FactoredPass: the range's rows x cols differ from the plan's");
     }
+    // Adafactor's first passes read the weights only for their squares.
+    const bool weights =
+        plan_ref.phase == CpuFactoredPhase::kUpdate ||
+        (plan_ref.phase == CpuFactoredPhase::kStatistics &&
+         options_.adafactor.scale_parameter && plan_ref.args.param_sq < 0.0);
     STRATA_RETURN_IF_ERROR(
-        ValidateFactoredArrays(t).WithContext("FactoredPass"));
+        ValidateFactoredArrays(t, weights).WithContext("FactoredPass"));
     const RangeRects rr = CutRange(cols, begin, begin + t.n);
     cpu_adam::FactoredParams p = FactoredParamsOf(t, plan_ref.args);
     cpu_adam::FactoredArrays a = FactoredArraysOf(t, rows, cols, begin);
@@ -642,10 +647,13 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   }
 
   // The arrays of a whole tensor or of a range (t.n > 0).
-  Status ValidateFactoredArrays(const CpuOptimizerTensors& t) const {
-    const bool need_m = cpu_adam::UsesFirstMoment(options_);
-    if (t.master == nullptr || t.grad == nullptr || t.exp_avg_sq == nullptr ||
-        (need_m && t.exp_avg == nullptr)) {
+  // `weights`: the pass reads master (and exp_avg); Adafactor's statistics
+  // and RMS passes over a range may not (FactoredPass).
+  Status ValidateFactoredArrays(const CpuOptimizerTensors& t,
+                                bool weights = true) const {
+    const bool need_m = weights && cpu_adam::UsesFirstMoment(options_);
+    if ((weights && t.master == nullptr) || t.grad == nullptr ||
+        t.exp_avg_sq == nullptr || (need_m && t.exp_avg == nullptr)) {
       return Status::InvalidArgument(
           "Step: null master, gradient or optimizer state array");
     }

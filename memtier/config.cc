@@ -236,6 +236,24 @@ void CheckSizes(const EngineOptions& o, Checker& c) {
          false);
 }
 
+// Whether a narrow moment format holds what `algo` keeps per element: both
+// moments of Adam, AdamW and Lion (bf16, int8), Adafactor's and SM3's first
+// moment (bf16).
+bool MomentFormatFits(CpuDType format, CpuOptimizerAlgo algo) {
+  switch (algo) {
+    case CpuOptimizerAlgo::kAdam:
+    case CpuOptimizerAlgo::kAdamW:
+    case CpuOptimizerAlgo::kLion:
+      return true;
+    case CpuOptimizerAlgo::kAdafactor:
+    case CpuOptimizerAlgo::kSm3:
+      return format == CpuDType::kBFloat16;
+    case CpuOptimizerAlgo::kAdagrad:
+      break;
+  }
+  return false;
+}
+
 void CheckTraining(const EngineOptions& o, Checker& c) {
   if (o.working_dtype != CpuDType::kFloat16 &&
       o.working_dtype != CpuDType::kBFloat16 &&
@@ -279,14 +297,21 @@ void CheckTraining(const EngineOptions& o, Checker& c) {
     c.Fail("optimizer.moment_dtype",
            "fp16 is not a moment format; accepted: fp32, bf16, int8");
   } else if (opt.moment_dtype != CpuDType::kFloat32 &&
-             opt.cpu.algo != CpuOptimizerAlgo::kAdam &&
-             opt.cpu.algo != CpuOptimizerAlgo::kAdamW &&
-             opt.cpu.algo != CpuOptimizerAlgo::kLion) {
+             !MomentFormatFits(opt.moment_dtype, opt.cpu.algo)) {
     c.Fail("optimizer.moment_dtype",
            std::string(MomentDTypeName(opt.moment_dtype)) + " with " +
                std::string(CpuOptimizerAlgoName(opt.cpu.algo)) +
-               "; accepted: fp32 with any optimizer, bf16 or int8 with adam, "
+               "; accepted: fp32 with any optimizer, bf16 with adam, adamw, "
+               "lion, adafactor or sm3 (their first moment), int8 with adam, "
                "adamw or lion");
+  }
+  if ((opt.cpu.algo == CpuOptimizerAlgo::kAdafactor ||
+       opt.cpu.algo == CpuOptimizerAlgo::kSm3) &&
+      o.grads == Residence::kNvme) {
+    c.Fail("grads", "nvme with " +
+                        std::string(CpuOptimizerAlgoName(opt.cpu.algo)) +
+                        ", which reads each gradient before the update (its "
+                        "row and column statistics); accepted: host");
   }
   c.Count("optimizer.cpu.tile_elems",
           static_cast<int64_t>(std::min<size_t>(opt.cpu.tile_elems, INT64_MAX)),
@@ -634,13 +659,15 @@ constexpr CommMemory kCommMemories[] = {CommMemory::kAuto, CommMemory::kHost,
                                         CommMemory::kDevice};
 constexpr Residence kResidences[] = {Residence::kDevice, Residence::kHost,
                                      Residence::kNvme};
-constexpr std::string_view kAlgoNames[] = {"adam", "adamw", "adagrad", "lion"};
+constexpr std::string_view kAlgoNames[] = {"adam", "adamw",     "adagrad",
+                                           "lion", "adafactor", "sm3"};
 constexpr CpuOptimizerAlgo kAlgos[] = {
-    CpuOptimizerAlgo::kAdam, CpuOptimizerAlgo::kAdamW,
-    CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion};
+    CpuOptimizerAlgo::kAdam,      CpuOptimizerAlgo::kAdamW,
+    CpuOptimizerAlgo::kAdagrad,   CpuOptimizerAlgo::kLion,
+    CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3};
 // DeepSpeed's type names (any case); its "Adam" is AdamW by default.
-constexpr std::string_view kDsAlgoNames[] = {"Adam", "AdamW", "Adagrad",
-                                             "Lion"};
+constexpr std::string_view kDsAlgoNames[] = {"Adam", "AdamW",     "Adagrad",
+                                             "Lion", "Adafactor", "SM3"};
 constexpr std::string_view kModeNames[] = {"none", "static", "dynamic"};
 constexpr LossScaleMode kModes[] = {
     LossScaleMode::kNone, LossScaleMode::kStatic, LossScaleMode::kDynamic};
@@ -1145,23 +1172,11 @@ void ReadDsOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
     ObjReader opt(ctx, f);
     if (!opt.present()) return;
     type = opt.Take("type");
-    if (type && type.value->is_string()) {
-      const std::string name = Lower(type.value->get<std::string>());
-      if (name == "adafactor" || name == "sm3") {
-        // CpuOptimizer runs them; the engine does not yet.
-        ctx.Error(type.path,
-                  type.value->get<std::string>() +
-                      " keeps statistics per row and column of each tensor, "
-                      "and the engine steps flat partitions: it is not an "
-                      "engine optimizer yet (CpuOptimizer, "
-                      "strata_cpu_optimizer_step_shaped and "
-                      "strata.CpuOptimizer run it on caller arrays); "
-                      "accepted here: Adam, AdamW, Adagrad, Lion");
-        return;
-      }
-    }
     algo = ReadChoice(ctx, type, kDsAlgoNames, true);
-    if (!type) ctx.Error(type.path, "required: Adam, AdamW, Adagrad or Lion");
+    if (!type) {
+      ctx.Error(type.path,
+                "required: Adam, AdamW, Adagrad, Lion, Adafactor or SM3");
+    }
     Unsupported(ctx, opt.Take("legacy_fusion"), "no effect in strata");
     params_field = opt.Take("params");
     ObjReader params(ctx, params_field);
@@ -1169,8 +1184,11 @@ void ReadDsOptimizer(Ctx& ctx, const Field& f, EngineOptions* o) {
     betas = params.Take("betas");
     eps = params.Take("eps");
     wd = params.Take("weight_decay");
+    // The rest of each type's params (ParseCpuOptimizerConfig's).
     for (std::string_view key :
-         {"bias_correction", "adam_w_mode", "amsgrad", "torch_adam"}) {
+         {"bias_correction", "adam_w_mode", "amsgrad", "torch_adam",
+          "clip_threshold", "decay_rate", "beta1", "scale_parameter",
+          "relative_step", "warmup_init", "momentum"}) {
       params.Take(key);
     }
   }  // the readers report unknown keys here

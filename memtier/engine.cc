@@ -269,6 +269,7 @@ Residence EngineImpl::RoleResidence(int role) const {
 // the same calls), but with kBlock8 they do depend on piece_elems_: a block
 // is quantized with its own scale.
 uint64_t EngineImpl::RoleBytes(int role, const UnitState& s, uint64_t n) const {
+  if (!RoleKept(role)) return 0;  // Note [Factored optimizers in the engine]
   if (IsMoment(role)) return CpuStateBytes(MomentDType(), n);
   return n * (role == kParam ? ElementSize(s.dtype) : 4);
 }
@@ -399,11 +400,12 @@ Status EngineImpl::Start() {
   }
   CpuOptimizerOptions oo = options_.optimizer.cpu;
   STRATA_ASSIGN_OR_RETURN(optimizer_, NewCpuOptimizer(oo));
+  STRATA_RETURN_IF_ERROR(StartFactored());
 
   // Host tier: one pinned array per role resting on the host.
   uint64_t host_bytes = 0;
   for (int r = 0; r < kRoles; ++r) {
-    if (RoleResidence(r) != Residence::kHost) continue;
+    if (RoleResidence(r) != Residence::kHost || !RoleKept(r)) continue;
     uint64_t off = 0;
     for (UnitState& s : units_) {
       s.host_offset[r] = off;
@@ -420,7 +422,7 @@ Status EngineImpl::Start() {
         " (rest params or optimizer_states on nvme, or raise the budget)");
   }
   for (int r = 0; r < kRoles; ++r) {
-    if (RoleResidence(r) != Residence::kHost) continue;
+    if (RoleResidence(r) != Residence::kHost || !RoleKept(r)) continue;
     const uint64_t bytes =
         units_.back().host_offset[r] + HostBlockBytes(r, units_.back());
     HostBufferOptions ho;
@@ -569,7 +571,7 @@ Status EngineImpl::Start() {
     so.synchronous_io = false;  // every byte moves through staging buffers
     uint64_t cap = 0;
     for (int r = 0; r < kRoles; ++r) {
-      if (RoleResidence(r) != Residence::kNvme) continue;
+      if (RoleResidence(r) != Residence::kNvme || !RoleKept(r)) continue;
       for (UnitState& s : units_) {
         const uint64_t elems = RoleElems(r, s);
         for (uint64_t b = 0; b < elems; b += piece_elems_) {
@@ -621,7 +623,7 @@ Status EngineImpl::Start() {
     for (uint32_t u = 0; u < units_.size(); ++u) {
       UnitState& s = units_[u];
       for (int r = 0; r < kRoles; ++r) {
-        if (RoleResidence(r) != Residence::kNvme) continue;
+        if (RoleResidence(r) != Residence::kNvme || !RoleKept(r)) continue;
         const uint64_t elems = RoleElems(r, s);
         for (uint64_t b = 0; b < elems; b += piece_elems_) {
           const uint64_t n = std::min(piece_elems_, elems - b);
@@ -690,6 +692,9 @@ Status EngineImpl::Start() {
                                     RoleOffset(kExpAvg, s, s.elems) +
                                     RoleOffset(kExpAvgSq, s, s.elems);
     stats_.grad_bytes += RoleBytes(kGrad, s, s.elems);
+  }
+  for (const FactoredTensor& f : factored_) {
+    stats_.optimizer_state_bytes += f.stats.size() * sizeof(float);
   }
   stats_.grad_bytes += full_grads_.size() + reduce_out_.size();
   for (const GradBucket& b : buckets_) stats_.grad_bytes += b.mem.size();
@@ -937,6 +942,12 @@ Status EngineImpl::SetInitialValues(TensorId id, std::span<const float> v) {
         if (conv.ok()) conv = s;
       }));
   STRATA_RETURN_IF_ERROR(conv);
+  if (!factored_.empty()) {
+    // Note [Factored optimizers in the engine]: the new master's squares.
+    double sq = 0;
+    for (float x : v) sq += double{x} * x;
+    factored_[id].param_sq = sq;
+  }
   // Cached device copies of a non-device tier are stale now.
   InvalidateCaches();
   return Status::Ok();
@@ -2274,7 +2285,11 @@ StatusOr<StepResult> EngineImpl::StepRest(
   sa.clip_coef = clip;
   sa.check_overflow = false;  // checked above over the same gradient
   Status st = AfterConsumers();
+  // Note [Factored optimizers in the engine]: their passes before and after
+  // the update.
+  if (st.ok() && Factored()) st = FactoredBeforeUpdate(sa);
   if (st.ok()) st = UpdateAll(*reads, sa);
+  if (st.ok() && Factored()) st = FactoredAfterUpdate();
   // Several ranks: a rank whose update failed fails the step everywhere.
   if (MultiRank()) st = AgreeNow(st);
   if (st.ok() && WholeParams()) st = GatherParams();
@@ -2368,8 +2383,10 @@ struct EngineImpl::StepReads {
 
 size_t EngineImpl::StepBuffersPerPiece() const {
   const bool nvme_states = options_.optimizer_states == Residence::kNvme;
-  return (nvme_states ? 3 : 0) + (options_.params != Residence::kHost ? 1 : 0) +
-         (grad_spill_ ? 1 : 0);
+  const size_t states = 1 + (RoleKept(kExpAvg) ? 1 : 0) +
+                        (RoleKept(kExpAvgSq) ? 1 : 0);  // and the master
+  return (nvme_states ? states : 0) +
+         (options_.params != Residence::kHost ? 1 : 0) + (grad_spill_ ? 1 : 0);
 }
 
 std::unique_ptr<EngineImpl::StepReads> EngineImpl::NewStepReads(
@@ -2417,11 +2434,16 @@ Status EngineImpl::StartReads(StepReads& r, bool wait) {
     if (options_.params != Residence::kHost) piece->working = take();
     if (nvme_states) {
       piece->master = take();
-      piece->exp_avg = take();
-      piece->exp_avg_sq = take();
-      reads = {{kMaster, &piece->master},
-               {kExpAvg, &piece->exp_avg},
-               {kExpAvgSq, &piece->exp_avg_sq}};
+      reads = {{kMaster, &piece->master}};
+      // Note [Factored optimizers in the engine]: the moments kept.
+      if (RoleKept(kExpAvg)) {
+        piece->exp_avg = take();
+        reads.emplace_back(kExpAvg, &piece->exp_avg);
+      }
+      if (RoleKept(kExpAvgSq)) {
+        piece->exp_avg_sq = take();
+        reads.emplace_back(kExpAvgSq, &piece->exp_avg_sq);
+      }
     }
     if (grad_spill_) {
       piece->grad = take();
@@ -2770,12 +2792,12 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   t.working_dtype = ToCpu(s.dtype);
   if (nvme_states) {
     t.master = reinterpret_cast<float*>(piece.master.data());
-    t.exp_avg = piece.exp_avg.data();
-    t.exp_avg_sq = piece.exp_avg_sq.data();
+    if (RoleKept(kExpAvg)) t.exp_avg = piece.exp_avg.data();
+    if (RoleKept(kExpAvgSq)) t.exp_avg_sq = piece.exp_avg_sq.data();
   } else {
     t.master = reinterpret_cast<float*>(HostAt(kMaster, u, piece.begin));
-    t.exp_avg = HostAt(kExpAvg, u, piece.begin);
-    t.exp_avg_sq = HostAt(kExpAvgSq, u, piece.begin);
+    if (RoleKept(kExpAvg)) t.exp_avg = HostAt(kExpAvg, u, piece.begin);
+    if (RoleKept(kExpAvgSq)) t.exp_avg_sq = HostAt(kExpAvgSq, u, piece.begin);
   }
   // Where this shard's piece starts in this rank's working copy: at
   // shard_begin when it covers the whole unit (0 with one rank).
@@ -2799,12 +2821,20 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
     undo_used_ += UndoBytes(s, t.n);
     undo->push_back(e);
   }
-  STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
-  if (!r.applied)
-    return Status::Internal("engine: update refused a checked gradient");
-  {
-    double seconds = r.check_seconds;
+  double seconds = 0;
+  if (Factored()) {
+    // Note [Factored optimizers in the engine]: tensor by tensor.
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(FactoredUpdate(u, piece.begin, t));
+    seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(CpuStepResult r, optimizer_->Step(t, sa));
+    if (!r.applied)
+      return Status::Internal("engine: update refused a checked gradient");
+    seconds = r.check_seconds;
     for (int i = 0; i < r.passes; ++i) seconds += r.pass_seconds[i];
+  }
+  {
     MutexLock l(&mu_);
     update_seconds_ += seconds;
   }
@@ -2832,22 +2862,24 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
   writes->push_back(promise->get_future());
   auto owned = std::make_shared<StepPiece>(std::move(piece));
   const bool nvme_params = options_.params == Residence::kNvme;
-  const size_t count = (nvme_states ? 3 : 0) + (nvme_params ? 1 : 0);
+  std::vector<std::pair<int, std::span<const std::byte>>> out;
+  if (nvme_states) {
+    out.emplace_back(kMaster, owned->master.span());
+    if (RoleKept(kExpAvg)) out.emplace_back(kExpAvg, owned->exp_avg.span());
+    if (RoleKept(kExpAvgSq)) {
+      out.emplace_back(kExpAvgSq, owned->exp_avg_sq.span());
+    }
+  }
+  if (nvme_params) out.emplace_back(kParam, owned->working.span());
+  const size_t count = out.size();
   auto group =
       std::make_shared<Countdown>(count, [owned, promise](Status st) mutable {
         owned.reset();  // leases back before the promise wakes the step
         promise->set_value(std::move(st));
       });
-  StepPiece& sp = *owned;
-  std::vector<std::pair<int, std::span<const std::byte>>> out;
-  if (nvme_states) {
-    out.emplace_back(kMaster, sp.master.span());
-    out.emplace_back(kExpAvg, sp.exp_avg.span());
-    out.emplace_back(kExpAvgSq, sp.exp_avg_sq.span());
-  }
-  if (nvme_params) out.emplace_back(kParam, sp.working.span());
   for (const auto& [role, src] : out) {
-    WritePieceAsync(sp.unit, role, sp.index, src, IoPriority::kBackground,
+    WritePieceAsync(owned->unit, role, owned->index, src,
+                    IoPriority::kBackground,
                     [group](Status st) { group->Finish(st); });
   }
   return Status::Ok();
@@ -2893,6 +2925,13 @@ Status EngineImpl::BeginStep(const StepArgs& given) {
   MutexLock l(&mu_);
   STRATA_ASSIGN_OR_RETURN(const StepArgs args,
                           ResolveStepArgs(given, "BeginStep"));
+  if (Factored()) {
+    return Status::InvalidArgument(
+        "engine: BeginStep with " +
+        std::string(CpuOptimizerAlgoName(options_.optimizer.cpu.algo)) +
+        ": its update waits for the statistics of every row and column of "
+        "the whole gradient (step with Step alone)");
+  }
   if (args.max_grad_norm > 0) {
     return Status::InvalidArgument(
         "engine: BeginStep needs max_grad_norm 0: clipping scales every "
@@ -3017,6 +3056,7 @@ Status EngineImpl::UndoEarly() {
     // Saved back to back, as UpdatePiece wrote them.
     const std::byte* next = saved;
     for (int role : {kMaster, kExpAvg, kExpAvgSq}) {
+      if (!RoleKept(role)) continue;
       const uint64_t bytes = RoleBytes(role, s, e.n);
       const std::byte* src = next;
       next += bytes;

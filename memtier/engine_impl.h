@@ -484,6 +484,37 @@ class EngineImpl final : public Engine {
                      std::vector<EarlyPiece>* undo);
   void UpdateTierStatsLocked() STRATA_REQUIRES(mu_);
 
+  // Note [Factored optimizers in the engine] (memtier/factored.cc).
+  bool Factored() const {
+    const CpuOptimizerAlgo a = options_.optimizer.cpu.algo;
+    return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+  }
+  // Whether role `role` has a copy of every element: not the moments a
+  // factored optimizer does not keep per element.
+  bool RoleKept(int role) const;
+  // Checks the tensors' shapes and the options, and sizes factored_.
+  Status StartFactored();
+  // Begins every tensor's plan and runs the passes before the update
+  // (Adafactor's statistics and RMS), over the gradients on the host.
+  Status FactoredBeforeUpdate(const CpuStepArgs& args);
+  // The update of the tensors in `t`'s piece: elements [begin, begin + t.n)
+  // of unit u's shard.
+  Status FactoredUpdate(uint32_t u, uint64_t begin,
+                        const CpuOptimizerTensors& t);
+  // Ends every tensor's plan after the update (SM3's new accumulators, the
+  // weights' sum of squares).
+  Status FactoredAfterUpdate();
+  // The plans in `ids` reduced over the ranks (a collective), then
+  // advanced (FactoredNext).
+  Status FactoredNextAll(const std::vector<TensorId>& ids);
+  // Every rank's vector statistics made whole (a collective): each element
+  // from the rank whose shard holds it.
+  Status GatherFactoredVectors();
+  // The checkpoint blob of the statistics, and its load: checked alone
+  // unless `apply`.
+  std::string FactoredBlob() const;
+  Status LoadFactoredBlob(const std::string& blob, bool apply);
+
   // Checkpoints (memtier/state_io.cc, Note [Streaming the state]).
   // Takes the engine for a save or a load as Step does (stepping_), once
   // every arrival has landed; EndExclusive gives it back.
@@ -634,6 +665,17 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Stream> d2h_stream_;      // gradients, device -> host
   std::unique_ptr<Stream> release_stream_;  // Note [Consumer streams]
   std::unique_ptr<CpuOptimizer> optimizer_;
+  // Note [Factored optimizers in the engine]: per tensor (empty unless
+  // Factored()), touched by Step, SaveState and LoadState alone.
+  struct FactoredTensor {
+    size_t rows = 0, cols = 0;  // as CpuOptimizerTensors (rows 0: a vector)
+    std::vector<float> stats;   // CpuStepFootprint::exp_avg_sq_bytes
+    // The sum of the squares of the tensor's master (scale_parameter): it
+    // is zero-filled at Start.
+    double param_sq = 0.0;
+    CpuFactoredPlan plan;
+  };
+  std::vector<FactoredTensor> factored_;
   std::array<HostBuffer, kRoles> host_;  // roles resting on the host
   std::unique_ptr<SwapSpace> swap_;      // touched by the mover only
   std::vector<float> scratch_;           // the accumulator's conversions

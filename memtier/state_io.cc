@@ -83,6 +83,9 @@ StateRole StateOf(int role) {
 }
 
 constexpr const char* kEngineBlob = "strata.engine";
+// Note [Factored optimizers in the engine]: Adafactor's and SM3's
+// statistics.
+constexpr const char* kFactoredBlob = "strata.engine.factored";
 
 // Note [Moment formats in checkpoints]: the blob of a role's int8 scales.
 std::string ScalesBlob(int role) {
@@ -398,12 +401,14 @@ Status EngineImpl::SaveState(CheckpointWriter& writer, bool params) {
   for (const SavedRole& role : kSaved) {
     if (!st.ok()) break;
     if (role.role == kParam && !params) continue;
+    if (!RoleKept(role.role)) continue;
     st = SaveRole(writer, role.role, writes);
   }
   // Every submitted extent ends before the buffers and the writer may go.
   Status written = writes.Wait();
   if (st.ok()) st = written;
   if (st.ok()) st = writer.PutBlob(kEngineBlob, EngineBlobJson());
+  if (st.ok() && Factored()) st = writer.PutBlob(kFactoredBlob, FactoredBlob());
   EndExclusive();
   return st.ok() ? st : st.WithContext("engine: SaveState");
 }
@@ -421,6 +426,16 @@ std::string EngineImpl::EngineBlobJson() const {
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay},
                     {"bias_correction", o.bias_correction}};
+  if (o.algo == CpuOptimizerAlgo::kAdafactor) {
+    const CpuAdafactorOptions& a = o.adafactor;
+    j["optimizer"]["adafactor"] = {{"eps", {a.eps1, a.eps2}},
+                                   {"clip_threshold", a.clip_threshold},
+                                   {"decay_rate", a.decay_rate},
+                                   {"beta1", a.beta1},
+                                   {"relative_step", a.relative_step},
+                                   {"scale_parameter", a.scale_parameter},
+                                   {"warmup_init", a.warmup_init}};
+  }
   j["partition_bytes"] = options_.partition_bytes;
   j["world_size"] = options_.world_size;
   j["moment_dtype"] = std::string(MomentDTypeName(MomentDType()));
@@ -621,9 +636,12 @@ Status EngineImpl::SaveStateRanked(CheckpointWriter* writer, bool params) {
   Inflight written;
   for (int r : {kMaster, kExpAvg, kExpAvgSq, kParam}) {
     if (r == kParam && !(params && ShardedParams())) continue;
+    if (!RoleKept(r)) continue;
     st = SaveRoleRanked(writer, r, written, local);
     if (!st.ok()) break;
   }
+  // A vector's statistics from the ranks that hold its elements.
+  if (st.ok()) st = GatherFactoredVectors();
   if (st.ok() && writes && params && WholeParams() && local.ok()) {
     local = SaveWholeParams(*writer, written);
   }
@@ -631,6 +649,9 @@ Status EngineImpl::SaveStateRanked(CheckpointWriter* writer, bool params) {
   if (local.ok()) local = w;
   if (writes && local.ok())
     local = writer->PutBlob(kEngineBlob, EngineBlobJson());
+  if (writes && local.ok() && Factored()) {
+    local = writer->PutBlob(kFactoredBlob, FactoredBlob());
+  }
   EndExclusive();
   // A collective that failed broke the communicator: every rank sees it.
   if (st.ok()) st = AgreeNow(local);
@@ -813,6 +834,7 @@ Status EngineImpl::LoadPiece(CheckpointReader& reader, uint32_t u, size_t p,
     return lease;
   };
   for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
+    if (!RoleKept(r)) continue;
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StagingLease> lease, fill(r));
     if (IsMoment(r) && moments == CpuDType::kBFloat16) {
       // Stored as fp32: rounded to bf16 (exact for a bf16 engine's save).
@@ -855,6 +877,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
   std::vector<uint32_t> index(specs_.size());
   bool ckpt_params = false;
   std::string blob;
+  std::string factored_blob;
   int64_t step = 0;
   LossScaler scaler(options_.loss_scale);
   Block8Scales scales;
@@ -882,6 +905,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
       index[i] = *k;
     }
     for (int r : {kMaster, kExpAvg, kExpAvgSq}) {
+      if (!RoleKept(r)) continue;
       if (!reader.HasRole(StateOf(r))) {
         return Status::Corruption(where + ": the checkpoint has no " +
                                   std::string(StateRoleName(StateOf(r))));
@@ -893,6 +917,19 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
       ckpt_params = reader.tensors()[index[i]].dtype == specs_[i].dtype;
     }
     STRATA_ASSIGN_OR_RETURN(blob, reader.Blob(kEngineBlob));
+    if (Factored()) {
+      StatusOr<std::string> b = reader.Blob(kFactoredBlob);
+      if (!b.ok()) {
+        return Status::NotFound(
+            where + ": the checkpoint has no blob " + kFactoredBlob +
+            " (the statistics of Adafactor or SM3): was it saved by " +
+            std::string(CpuOptimizerAlgoName(options_.optimizer.cpu.algo)) +
+            "?");
+      }
+      factored_blob = std::move(b).value();
+      STRATA_RETURN_IF_ERROR(
+          LoadFactoredBlob(factored_blob, /*apply=*/false).WithContext(where));
+    }
     {
       nlohmann::json j = nlohmann::json::parse(blob, nullptr, false);
       if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
@@ -1085,6 +1122,7 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
     if (st.ok()) {
       steps_ = step;
       loss_scaler_ = scaler;
+      if (Factored()) st = LoadFactoredBlob(factored_blob, /*apply=*/true);
     } else {
       // Note [Engine failures]: partly loaded, unless nothing was stored.
       if (writes.started() > 0) failed_ = st;

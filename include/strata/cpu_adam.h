@@ -303,7 +303,10 @@ struct CpuStepResult {
 // hold its t.n elements from the tensor's element `begin`; its rows and
 // cols are the whole tensor's, and exp_avg_sq is the whole tensor's
 // statistics (CpuStepFootprintOf's exp_avg_sq_bytes), the same array on
-// every pass and FactoredNext. The ranges of a pass must cover the tensor
+// every pass and FactoredNext. Adafactor's statistics and RMS passes read
+// the gradient alone (and master for its squares when param_sq is not
+// carried): master, exp_avg and working may be null there. The ranges of a
+// pass must cover the tensor
 // once, in any order and split (a rank covers its shard and the reduction
 // the rest). The result matches Step over the whole tensor: SM3's bit for
 // bit, Adafactor's up to the order of its sums (a few ulps; the same bits

@@ -280,6 +280,29 @@ TEST(EngineConfigTest, DeepSpeedPrecisionAndOptimizerVariants) {
   EXPECT_EQ(c.options.optimizer.cpu.algo, CpuOptimizerAlgo::kAdagrad);
   EXPECT_DOUBLE_EQ(c.options.optimizer.lr, 1e-2);
 
+  // The factored optimizers, with their own params (HF transformers' names
+  // for Adafactor).
+  c = ParseOk(R"({"optimizer": {"type": "Adafactor", "params": {
+      "lr": 1e-3, "eps": [1e-30, 2e-3], "clip_threshold": 2.0,
+      "decay_rate": -0.7, "beta1": 0.9, "weight_decay": 0.01,
+      "scale_parameter": false, "relative_step": false,
+      "warmup_init": false}}})");
+  EXPECT_EQ(c.options.optimizer.cpu.algo, CpuOptimizerAlgo::kAdafactor);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.cpu.adafactor.eps2, 2e-3);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.cpu.adafactor.clip_threshold, 2.0);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.cpu.adafactor.decay_rate, -0.7);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.cpu.adafactor.beta1, 0.9);
+  EXPECT_FALSE(c.options.optimizer.cpu.adafactor.relative_step);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.cpu.weight_decay, 0.01);
+  c = ParseOk(R"({"optimizer": {"type": "SM3", "params": {
+      "lr": 0.1, "momentum": 0.5}}})");
+  EXPECT_EQ(c.options.optimizer.cpu.algo, CpuOptimizerAlgo::kSm3);
+  EXPECT_DOUBLE_EQ(c.options.optimizer.cpu.beta1, 0.5);
+  c = ParseOk(R"({"strata": {"optimizer": {"algo": "adafactor",
+      "moment_dtype": "bf16"}}})");
+  EXPECT_EQ(c.options.optimizer.cpu.algo, CpuOptimizerAlgo::kAdafactor);
+
   // Deprecated cpu_offload reads as offload_optimizer.device "cpu".
   c = ParseOk(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})");
   EXPECT_EQ(c.options.optimizer_states, Residence::kHost);
@@ -479,16 +502,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"OptimizerNotOurs",
                 R"({"optimizer": {"type": "Lamb"}})",
                 {"optimizer.type: expected one of Adam, AdamW, Adagrad, "
-                 "Lion, got string \"Lamb\""}},
-        BadCase{"OptimizerFactored",
-                R"({"optimizer": {"type": "Adafactor", "params": {}}})",
-                {"optimizer.type: Adafactor keeps statistics per row and "
-                 "column of each tensor",
-                 "accepted here: Adam, AdamW, Adagrad, Lion"}},
-        BadCase{"OptimizerSm3",
-                R"({"optimizer": {"type": "sm3"}})",
-                {"optimizer.type: sm3 keeps statistics per row",
-                 "not an engine optimizer yet"}},
+                 "Lion, Adafactor, SM3, got string \"Lamb\""}},
+        BadCase{"OptimizerFactoredParam",
+                R"({"optimizer": {"type": "Adafactor",
+                    "params": {"decay_rate": 0.5}}})",
+                {"optimizer.params.decay_rate"}},
+        BadCase{"OptimizerFactoredGradsOnNvme",
+                R"({"optimizer": {"type": "sm3"},
+                    "strata": {"grads": "nvme", "nvme_paths": ["/x"]}})",
+                {"grads: nvme with sm3, which reads each gradient before "
+                 "the update"}},
         // "auto" must be resolved by the caller.
         BadCase{"AutoSize",
                 R"({"zero_optimization": {"stage": 3,
@@ -747,8 +770,14 @@ TEST(EngineConfigTest, MomentFormats) {
   const std::string m = ParseError(
       R"({"strata": {"optimizer": {"algo": "adagrad", "moment_dtype": "int8"}}})");
   EXPECT_THAT(m, HasSubstr("strata.optimizer.moment_dtype: int8 with adagrad; "
-                           "accepted: fp32 with any optimizer, bf16 or int8 "
-                           "with adam, adamw or lion"));
+                           "accepted: fp32 with any optimizer, bf16 with "
+                           "adam, adamw, lion, adafactor or sm3 (their first "
+                           "moment), int8 with adam, adamw or lion"));
+  // Adafactor's and SM3's first moment is bf16 at most.
+  EXPECT_THAT(
+      ParseError(
+          R"({"strata": {"optimizer": {"algo": "sm3", "moment_dtype": "int8"}}})"),
+      HasSubstr("strata.optimizer.moment_dtype: int8 with sm3"));
   EngineOptions o;
   o.optimizer.moment_dtype = CpuDType::kFloat16;
   Status st = ValidateEngineOptions(o);

@@ -46,7 +46,7 @@ TEST_P(EngineRanksTest, TrainsAsOneRankOnTheWholeBatch) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
   for (int i = 0; i < ranks; ++i)
-    EXPECT_EQ(Count(r.out, i, ": ok"), 18) << r.out;
+    EXPECT_EQ(Count(r.out, i, ": ok"), 22) << r.out;
   std::printf("%s(%d ranks, %.1f s)\n", r.out.c_str(), ranks, r.seconds);
 }
 
@@ -96,11 +96,11 @@ TEST(EngineRanksCheckpointTest, SavesOnNLoadsOnM) {
   strata::testing::ScratchDir dir;
   const MpiRun s2 = Mpirun(2, {"ckpt-save", dir.path()});
   ASSERT_EQ(s2.exit_code, 0) << s2.out;
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(Count(s2.out, i, ": ok"), 8) << s2.out;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Count(s2.out, i, ": ok"), 10) << s2.out;
   std::printf("%s", s2.out.c_str());
   const MpiRun s1 = Mpirun(1, {"ckpt-save", dir.path()});
   ASSERT_EQ(s1.exit_code, 0) << s1.out;
-  EXPECT_EQ(Count(s1.out, 0, ": ok"), 8) << s1.out;
+  EXPECT_EQ(Count(s1.out, 0, ": ok"), 10) << s1.out;
   // Loads: {ranks, saved on}; int8 moments only at the saving world size.
   for (const auto& [ranks, saved] :
        std::vector<std::pair<int, int>>{{1, 2}, {3, 2}, {2, 1}}) {
@@ -109,7 +109,7 @@ TEST(EngineRanksCheckpointTest, SavesOnNLoadsOnM) {
     EXPECT_EQ(l.exit_code, 0) << l.out;
     EXPECT_EQ(l.out.find("FAIL"), std::string::npos) << l.out;
     for (int i = 0; i < ranks; ++i) {
-      EXPECT_EQ(Count(l.out, i, ": ok"), 7) << l.out;
+      EXPECT_EQ(Count(l.out, i, ": ok"), 9) << l.out;
       EXPECT_EQ(Count(l.out, i, ": refused: "), 1) << l.out;
     }
     std::printf("%s", l.out.c_str());

@@ -568,6 +568,48 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
       std::fflush(stdout);
     }
   }
+  // Adafactor and SM3: each tensor's statistics summed (or maxed) over the
+  // ranks between the passes, as one engine sees the whole gradient.
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    for (int stage : {2, 3}) {
+      const std::string name =
+          std::string(CpuOptimizerAlgoName(algo)) + ", stage " +
+          std::to_string(stage) +
+          (stage == 3 ? ", states and params on nvme" : ", states on host");
+      EngineOptions o = Base();
+      o.optimizer.cpu.algo = algo;
+      o.zero_stage = stage;
+      if (stage == 3) {
+        o.optimizer_states = Residence::kNvme;
+        o.params = Residence::kNvme;
+        o.device_budget_bytes = kTight;
+      }
+      const Trained one = Train(o, all, world);
+      o.rank = rank;
+      o.world_size = world;
+      o.comm = comm;
+      const Trained many = Train(o, {rank}, world);
+      if (!one.error.empty() || !many.error.empty()) {
+        rc |= Fail(rank, name, one.error + " / " + many.error);
+        continue;
+      }
+      const double diff = MaxDiff(one.masters, many.masters);
+      std::string why;
+      if (!(diff <= 1e-4)) why += " masters differ by " + std::to_string(diff);
+      if (one.applied != many.applied) why += " applied steps differ;";
+      if (!many.working_is_master) {
+        why += " the working copy is not the master's rounding;";
+      }
+      if (!why.empty()) {
+        rc |= Fail(rank, name, why);
+        continue;
+      }
+      std::printf("rank %d: %s: ok (max master difference %.3g)\n", rank,
+                  name.c_str(), diff);
+      std::fflush(stdout);
+    }
+  }
   return rc;
 }
 
@@ -657,6 +699,7 @@ struct CkptCase {
   bool params;                          // the working copy saved too
   Residence rest = Residence::kDevice;  // where parameters rest
   CommMemory comm_memory = CommMemory::kHost;
+  CpuOptimizerAlgo algo = CpuOptimizerAlgo::kAdamW;
 };
 const CkptCase kCkptCases[] = {
     {"s2-host-fp32", 2, Residence::kHost, CpuDType::kFloat32, false},
@@ -673,6 +716,12 @@ const CkptCase kCkptCases[] = {
      Residence::kDevice, CommMemory::kDevice},
     {"s3-host-bf16-dev", 3, Residence::kHost, CpuDType::kBFloat16, true,
      Residence::kHost, CommMemory::kDevice},
+    // Statistics per row and column, a vector's per element gathered from
+    // the ranks that hold them.
+    {"s2-host-adafactor", 2, Residence::kHost, CpuDType::kFloat32, false,
+     Residence::kDevice, CommMemory::kHost, CpuOptimizerAlgo::kAdafactor},
+    {"s3-nvme-sm3", 3, Residence::kNvme, CpuDType::kFloat32, false,
+     Residence::kNvme, CommMemory::kHost, CpuOptimizerAlgo::kSm3},
 };
 
 EngineOptions CkptOptions(const CkptCase& c,
@@ -680,6 +729,7 @@ EngineOptions CkptOptions(const CkptCase& c,
   EngineOptions o = Base();
   o.optimizer_states = c.states;
   o.optimizer.moment_dtype = c.moments;
+  o.optimizer.cpu.algo = c.algo;
   o.params = c.rest;
   o.comm_memory = c.comm_memory;
   if (comm->size() > 1) {

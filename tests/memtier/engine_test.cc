@@ -998,5 +998,84 @@ TEST_F(EngineFixture, Int8MomentsNeedWholeBlocksInAPiece) {
             std::string::npos);
 }
 
+// ---- Adafactor and SM3 (Note [Factored optimizers in the engine]) ----
+
+// The deep linear network trains with each factored optimizer, to the same
+// bits wherever the states and parameters rest.
+TEST(EngineTest, FactoredOptimizersTrainAndRestAnywhere) {
+  const Trained adamw = Train(BaseOptions());
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    for (bool first_moment : {false, true}) {
+      SCOPED_TRACE(std::string(CpuOptimizerAlgoName(algo)) +
+                   (first_moment ? ", first moment" : ""));
+      EngineOptions resident = BaseOptions();
+      resident.optimizer.cpu.algo = algo;
+      if (algo == CpuOptimizerAlgo::kAdafactor) {
+        resident.optimizer.cpu.adafactor.beta1 = first_moment ? 0.9 : 0.0;
+      } else {
+        resident.optimizer.cpu.beta1 = first_moment ? 0.9 : 0.0;
+        resident.optimizer.cpu.weight_decay = 0.0;
+      }
+      if (first_moment) resident.optimizer.moment_dtype = CpuDType::kBFloat16;
+      const Trained base = Train(resident);
+      ASSERT_EQ(base.losses.size(), 6u);
+      EXPECT_LT(base.losses[4], base.losses[0]);  // it trains
+      ASSERT_EQ(base.masters.size(), adamw.masters.size());
+      EXPECT_NE(base.masters[0], adamw.masters[0]);  // another optimizer
+      ScratchDir dir;
+      EngineOptions off = resident;
+      off.params = Residence::kNvme;
+      off.optimizer_states = Residence::kNvme;
+      off.nvme_paths = {dir.path()};
+      off.io.backend = IoBackend::kMemory;
+      off.device_budget_bytes = 2 * kUnitBytes;
+      const Trained t = Train(off);
+      ExpectBitIdentical(base, t);
+      EXPECT_GT(t.stats.evictions, 0u);
+      EngineOptions host = resident;
+      host.params = Residence::kHost;
+      host.device_budget_bytes = 3 * kUnitBytes;
+      ExpectBitIdentical(base, Train(host));
+    }
+  }
+}
+
+TEST_F(EngineFixture, FactoredOptimizersStateWhatTheyRefuse) {
+  EngineOptions o = BaseOptions();
+  o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
+  Make(o, 2);
+  Status st = eng_->BeginStep({});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("BeginStep with adafactor"), std::string::npos)
+      << st.ToString();
+  // A tensor of three dimensions has no rows and columns to factor.
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    o.optimizer.cpu.algo = algo;
+    auto dev = HostDevice();
+    auto e = Engine::Create(o, dev.get());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    TensorSpec s;
+    s.name = "conv";
+    s.shape = {8, 4, 3};
+    ASSERT_TRUE((*e)->Register(s).ok());
+    st = (*e)->Start();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("tensor conv has shape [8, 4, 3]"),
+              std::string::npos)
+        << st.ToString();
+    // Gradients resting on NVMe are refused with the options.
+    EngineOptions nvme = o;
+    nvme.grads = Residence::kNvme;
+    nvme.nvme_paths = {"/nonexistent"};
+    auto refused = Engine::Create(nvme, dev.get());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("grads: nvme with"),
+              std::string::npos)
+        << refused.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -11,8 +11,10 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "strata/cpu_adam.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "tests/memtier/engine_test_util.h"
@@ -87,16 +89,29 @@ EngineOptions Options(Placement p, const std::string& dir, CpuDType moments,
   return o;
 }
 
+// The gradient of tensor i's element k at step `step`.
+float GradOf(size_t i, uint64_t k, int step) {
+  return 0.01f * std::cos(0.013f * k + 1.7f * step + 3.0f * i);
+}
+
+// The initial value of tensor i's element k.
+float InitialOf(size_t i, uint64_t k, uint32_t seed) {
+  return 0.05f * std::sin(0.37f * k + seed + 11.0f * i);
+}
+
 class Trainer {
  public:
+  // `optimizer`, when given, replaces the options' optimizer (its
+  // moment_dtype included).
   Trainer(Placement p, uint32_t seed, const std::vector<Shape>& model = Model(),
           CpuDType moments = CpuDType::kFloat32,
-          const LossScaleOptions& loss_scale = {})
+          const LossScaleOptions& loss_scale = {},
+          const OptimizerOptions* optimizer = nullptr)
       : model_(model) {
     dev_ = HostDevice();
-    engine_ = std::move(
-        Engine::Create(Options(p, dir_.path(), moments, loss_scale), dev_.get())
-            .value());
+    EngineOptions o = Options(p, dir_.path(), moments, loss_scale);
+    if (optimizer != nullptr) o.optimizer = *optimizer;
+    engine_ = std::move(Engine::Create(o, dev_.get()).value());
     stream_ = std::move(dev_->NewStream({}).value());
     for (const Shape& s : model_) {
       TensorSpec t;
@@ -108,9 +123,7 @@ class Trainer {
     EXPECT_TRUE(engine_->Start().ok());
     for (size_t i = 0; i < model_.size(); ++i) {
       std::vector<float> v(Numel(model_[i]));
-      for (size_t k = 0; k < v.size(); ++k) {
-        v[k] = 0.05f * std::sin(0.37f * k + seed + 11.0f * i);
-      }
+      for (size_t k = 0; k < v.size(); ++k) v[k] = InitialOf(i, k, seed);
       EXPECT_TRUE(engine_->SetInitialValues(ids_[i], v).ok());
     }
   }
@@ -122,9 +135,7 @@ class Trainer {
     for (size_t i = 0; i < model_.size(); ++i) {
       const uint64_t n = Numel(model_[i]);
       std::vector<float> g(n);
-      for (uint64_t k = 0; k < n; ++k) {
-        g[k] = 0.01f * std::cos(0.013f * k + 1.7f * step + 3.0f * i);
-      }
+      for (uint64_t k = 0; k < n; ++k) g[k] = GradOf(i, k, step);
       STRATA_ASSIGN_OR_RETURN(DeviceMemory d, dev_->Allocate(n * 4, *stream_));
       STRATA_RETURN_IF_ERROR(dev_->CopyAsync(*stream_, d.data(), g.data(),
                                              n * 4, CopyKind::kHostToDevice));
@@ -455,6 +466,186 @@ TEST(StateIo, AFailedReadAfterAStoreFailsTheEngine) {
   StepArgs a;
   EXPECT_EQ(run.engine().Step(a).status().code(),
             StatusCode::kFailedPrecondition);
+}
+
+// ---- Adafactor and SM3 (Note [Factored optimizers in the engine]) ----
+
+// The factored optimizers the tests run: Adafactor as HF's defaults, and
+// with a first moment in bf16, a fixed lr and weight decay; SM3 plain and
+// with momentum.
+std::vector<std::pair<std::string, OptimizerOptions>> FactoredOptimizers() {
+  std::vector<std::pair<std::string, OptimizerOptions>> out;
+  OptimizerOptions o;
+  o.cpu.threads = 1;
+  o.cpu.algo = CpuOptimizerAlgo::kAdafactor;
+  out.emplace_back("adafactor", o);
+  OptimizerOptions m = o;
+  m.cpu.adafactor.beta1 = 0.9;
+  m.cpu.adafactor.relative_step = false;
+  m.cpu.weight_decay = 0.01;
+  m.moment_dtype = CpuDType::kBFloat16;
+  out.emplace_back("adafactor, bf16 first moment", m);
+  OptimizerOptions s = o;
+  s.cpu.algo = CpuOptimizerAlgo::kSm3;
+  s.cpu.beta1 = 0.0;
+  out.emplace_back("sm3", s);
+  s.cpu.beta1 = 0.9;
+  out.emplace_back("sm3, momentum", s);
+  return out;
+}
+
+// Each tensor stepped alone by CpuOptimizer::Step, as Trainer trains it:
+// the masters after `steps` steps.
+std::vector<std::vector<float>> StepAlone(const OptimizerOptions& opt,
+                                          int steps) {
+  auto cpu = NewCpuOptimizer(opt.cpu);
+  EXPECT_TRUE(cpu.ok());
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < Model().size(); ++i) {
+    const Shape& sh = Model()[i];
+    const uint64_t n = Numel(sh);
+    std::vector<float> master(n), grad(n), m(n);
+    for (uint64_t k = 0; k < n; ++k) master[k] = InitialOf(i, k, 1);
+    CpuStepShape shape;
+    shape.n = n;
+    if (sh.shape.size() == 2) {
+      shape.rows = static_cast<size_t>(sh.shape[0]);
+      shape.cols = static_cast<size_t>(sh.shape[1]);
+    }
+    auto fp = CpuStepFootprintOf(opt.cpu, shape);
+    EXPECT_TRUE(fp.ok());
+    std::vector<float> stats(fp->exp_avg_sq_bytes / 4);
+    for (int s = 0; s < steps; ++s) {
+      for (uint64_t k = 0; k < n; ++k) grad[k] = GradOf(i, k, s);
+      CpuOptimizerTensors t;
+      t.n = n;
+      t.rows = shape.rows;
+      t.cols = shape.cols;
+      t.master = master.data();
+      t.grad = grad.data();
+      t.exp_avg = m.data();  // fp32 here: the engine's may be bf16
+      t.exp_avg_sq = stats.data();
+      CpuStepArgs a;
+      a.step = s + 1;
+      a.lr = 1e-2;
+      auto r = (*cpu)->Step(t, a);
+      EXPECT_TRUE(r.ok() && r->applied);
+    }
+    out.push_back(std::move(master));
+  }
+  return out;
+}
+
+std::vector<float> AsFloats(const std::vector<uint8_t>& b) {
+  std::vector<float> f(b.size() / 4);
+  std::memcpy(f.data(), b.data(), b.size());
+  return f;
+}
+
+// Trained in the engine (tensors cut into pieces mid-row, in every tier),
+// each tensor moves as CpuOptimizer::Step moves it alone: SM3 bit for bit,
+// Adafactor to its sums' rounding (another order of the same sums).
+TEST(StateIo, FactoredOptimizersStepAsEachTensorAlone) {
+  for (const auto& [name, opt] : FactoredOptimizers()) {
+    if (opt.moment_dtype != CpuDType::kFloat32) continue;  // the reference's
+    SCOPED_TRACE(name);
+    const bool sm3 = opt.cpu.algo == CpuOptimizerAlgo::kSm3;
+    const auto alone = StepAlone(opt, 4);
+    std::vector<std::vector<float>> init;
+    for (size_t i = 0; i < Model().size(); ++i) {
+      std::vector<float> v(Numel(Model()[i]));
+      for (size_t k = 0; k < v.size(); ++k) v[k] = InitialOf(i, k, 1);
+      init.push_back(std::move(v));
+    }
+    for (Placement p : {Placement::kHostStates, Placement::kNvmeEverything,
+                        Placement::kHostParams}) {
+      SCOPED_TRACE(static_cast<int>(p));
+      Trainer t(p, 1, Model(), CpuDType::kFloat32, {}, &opt);
+      ASSERT_TRUE(t.Train(0, 4).ok());
+      const auto masters = t.Masters();
+      for (size_t i = 0; i < masters.size(); ++i) {
+        const std::vector<float> got = AsFloats(masters[i]);
+        ASSERT_EQ(got.size(), alone[i].size());
+        size_t bad = 0;
+        for (size_t k = 0; k < got.size() && bad < 3; ++k) {
+          const double want = alone[i][k];
+          const double moved = std::fabs(want - init[i][k]);
+          const bool ok = sm3 ? std::memcmp(&got[k], &alone[i][k], 4) == 0
+                              : std::fabs(got[k] - want) <=
+                                    1e-5 * moved + 3e-7 * std::fabs(want);
+          if (!ok) {
+            ADD_FAILURE() << Model()[i].name << "[" << k << "]: " << got[k]
+                          << " vs " << want << " alone";
+            ++bad;
+          }
+        }
+        // The step moved it.
+        EXPECT_NE(got, init[i]) << Model()[i].name;
+      }
+    }
+  }
+}
+
+// A resumed run equals the uninterrupted one bit for bit: the statistics
+// and the weights' sums of squares travel in the checkpoint's blob.
+TEST(StateIo, FactoredOptimizersResumeBitForBit) {
+  for (const auto& [name, opt] : FactoredOptimizers()) {
+    for (Placement p : {Placement::kHostStates, Placement::kNvmeEverything}) {
+      SCOPED_TRACE(name + ", placement " + std::to_string(static_cast<int>(p)));
+      Trainer ref(p, 1, Model(), CpuDType::kFloat32, {}, &opt);
+      Reference r;
+      RunReference(ref, &r);
+      if (HasFailure()) return;
+      EXPECT_FALSE(r.ckpt.blobs["strata.engine.factored"].empty());
+      Trainer resumed(p, 7, Model(), CpuDType::kFloat32, {}, &opt);
+      ExpectResumedEqual(resumed, r);
+      // Without the statistics the load is refused, naming the blob.
+      MemoryCheckpoint no_stats = r.ckpt;
+      no_stats.blobs.erase("strata.engine.factored");
+      Trainer other(p, 7, Model(), CpuDType::kFloat32, {}, &opt);
+      MemoryCheckpointReader reader(&no_stats);
+      Status st = other.engine().LoadState(reader);
+      EXPECT_NE(st.message().find("no blob strata.engine.factored"),
+                std::string::npos)
+          << st.ToString();
+    }
+  }
+}
+
+// Adafactor without a first moment keeps no moment per element: a step
+// whose states rest on NVMe reads a third of AdamW's bytes and writes 8
+// fewer a parameter, and the state at rest is the master and the
+// statistics.
+TEST(StateIo, FactoredStatesMoveOnlyTheMaster) {
+  OptimizerOptions adamw;
+  adamw.cpu.threads = 1;
+  const OptimizerOptions adafactor = FactoredOptimizers()[0].second;
+  uint64_t elems = 0;  // of the masters, padding included
+  EngineStats adamw_step, adafactor_step, adamw_rest, adafactor_rest;
+  for (const OptimizerOptions* opt :
+       std::vector<const OptimizerOptions*>{&adamw, &adafactor}) {
+    Trainer t(Placement::kNvmeEverything, 1, Model(), CpuDType::kFloat32, {},
+              opt);
+    ASSERT_TRUE(t.Train(0, 1).ok());
+    const EngineStats before = t.engine().stats();
+    ASSERT_TRUE(t.Train(1, 2).ok());
+    EngineStats d = t.engine().stats();
+    d.nvme_read_bytes -= before.nvme_read_bytes;
+    d.nvme_write_bytes -= before.nvme_write_bytes;
+    (opt == &adamw ? adamw_step : adafactor_step) = d;
+    (opt == &adamw ? adamw_rest : adafactor_rest) = before;
+  }
+  elems = adafactor_step.nvme_read_bytes / 4;
+  ASSERT_GT(elems, 0u);
+  EXPECT_EQ(adamw_step.nvme_read_bytes, 3 * adafactor_step.nvme_read_bytes);
+  EXPECT_EQ(adamw_step.nvme_write_bytes - adafactor_step.nvme_write_bytes,
+            8 * elems);
+  uint64_t lines = 0;  // the statistics: rows + cols, or 1 + n
+  for (const Shape& s : Model()) {
+    lines += s.shape.size() == 2 ? s.shape[0] + s.shape[1] : 1 + Numel(s);
+  }
+  EXPECT_EQ(adamw_rest.optimizer_state_bytes, 12 * elems);
+  EXPECT_EQ(adafactor_rest.optimizer_state_bytes, 4 * elems + 4 * lines);
 }
 
 }  // namespace

@@ -1,0 +1,369 @@
+// The factored optimizers (Adafactor, SM3) in the engine.
+//
+// Note [Factored optimizers in the engine]
+// Adafactor and SM3 keep their second-moment statistics per row and per
+// column of a matrix (a vector: per element), not per element of a unit:
+//   - Roles: exp_avg_sq is not kept per element (RoleKept), and exp_avg
+//     only with a first moment (Adafactor's beta1, SM3's momentum). A step
+//     whose states rest on NVMe moves the master through the drive (and
+//     that moment): 4 (8) bytes a parameter each way, where AdamW's fp32
+//     moments move 12.
+//   - The statistics rest in host memory, per tensor (FactoredTensor):
+//     rows + cols floats for a matrix, 1 + n for a vector, on every rank. A
+//     vector's are per element, and a rank steps only its shard's: the
+//     others' are current on their owners until a save gathers them
+//     (GatherFactoredVectors).
+//   - Each tensor steps through a CpuFactoredPlan (Note [Factored steps in
+//     ranges] in cpu_adam.cc): before the piece pipeline, Adafactor's
+//     statistics and RMS passes over this rank's part of each gradient (on
+//     the host), their sums reduced over the ranks between passes; in the
+//     pipeline, each piece's update, tensor by tensor; after it, SM3's new
+//     maxima and the weights' sums of squares, reduced likewise. Results do
+//     not depend on where the states rest (the ranges are the pieces); they
+//     depend on the piece size and the ranks, which cut the ranges
+//     (Adafactor's sums; SM3 not).
+//   - scale_parameter's sum of the weights' squares is carried from step to
+//     step (FactoredTensor::param_sq): 0 at Start (the master is zeros), the
+//     values' at SetInitialValues, the checkpoint's at LoadState. So the
+//     statistics pass never reads the master, which may rest on NVMe.
+//   - Refused: tensors of more than two dimensions (HF factors them per
+//     leading index but clips by the whole tensor), gradients on NVMe (the
+//     passes before the update read them on the host), BeginStep (every
+//     statistic must be in before a weight moves) and int8 moments.
+//   - Checkpoints: the statistics and the sums of squares, by tensor name,
+//     in the blob strata.engine.factored (FactoredBlob).
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "memtier/engine_impl.h"
+
+namespace strata::memtier {
+namespace {
+
+bool UsesFirstMoment(const CpuOptimizerOptions& o) {
+  return o.algo == CpuOptimizerAlgo::kAdafactor ? o.adafactor.beta1 > 0
+                                                : o.beta1 > 0;
+}
+
+std::string ShapeText(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t d = 0; d < v.size(); ++d) {
+    out += (d ? ", " : "") + std::to_string(v[d]);
+  }
+  return out + "]";
+}
+
+// The blob's little-endian fields.
+template <class T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+template <class T>
+bool Take(const std::string& in, size_t& at, T* v) {
+  if (in.size() - at < sizeof *v) return false;
+  std::memcpy(v, in.data() + at, sizeof *v);
+  at += sizeof *v;
+  return true;
+}
+
+constexpr uint32_t kBlobMagic = 0x53464331;  // "SFC1"
+
+}  // namespace
+
+bool EngineImpl::RoleKept(int role) const {
+  if (!Factored() || !IsMoment(role)) return true;
+  return role == kExpAvg && UsesFirstMoment(options_.optimizer.cpu);
+}
+
+Status EngineImpl::StartFactored() {
+  if (!Factored()) return Status::Ok();
+  // Gradients on NVMe and int8 moments are refused with the options
+  // (ValidateEngineOptions).
+  const std::string name(CpuOptimizerAlgoName(options_.optimizer.cpu.algo));
+  factored_.assign(specs_.size(), FactoredTensor{});
+  for (TensorId id = 0; id < specs_.size(); ++id) {
+    const std::vector<int64_t>& shape = specs_[id].shape;
+    if (shape.size() > 2) {
+      return Status::InvalidArgument(
+          "engine: tensor " + specs_[id].name + " has shape " +
+          ShapeText(shape) + ": " + name +
+          " keeps statistics per row and column of a matrix or per element "
+          "of a vector; register it with one or two dimensions");
+    }
+    FactoredTensor& f = factored_[id];
+    if (shape.size() == 2) {
+      f.rows = static_cast<size_t>(shape[0]);
+      f.cols = static_cast<size_t>(shape[1]);
+    }
+    CpuStepShape sh;
+    sh.n = numel_[id];
+    sh.rows = f.rows;
+    sh.cols = f.cols;
+    sh.moment_dtype = MomentDType();
+    StatusOr<CpuStepFootprint> fp =
+        CpuStepFootprintOf(options_.optimizer.cpu, sh);
+    if (!fp.ok()) {
+      return fp.status().WithContext("engine: tensor " + specs_[id].name);
+    }
+    f.stats.assign(fp->exp_avg_sq_bytes / 4, 0.0f);
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
+  for (TensorId id = 0; id < factored_.size(); ++id) {
+    FactoredTensor& f = factored_[id];
+    CpuStepShape sh;
+    sh.n = numel_[id];
+    sh.rows = f.rows;
+    sh.cols = f.cols;
+    CpuStepArgs a = args;
+    a.param_sq = f.param_sq;
+    STRATA_RETURN_IF_ERROR(
+        optimizer_->FactoredBegin(sh, a, &f.plan)
+            .WithContext("engine: stepping " + specs_[id].name));
+  }
+  for (;;) {
+    // The tensors whose next pass reads the gradient alone: every rank has
+    // the same (the phases follow from the shapes).
+    std::vector<TensorId> due;
+    for (TensorId id = 0; id < factored_.size(); ++id) {
+      const CpuFactoredPhase ph = factored_[id].plan.phase;
+      if (ph == CpuFactoredPhase::kStatistics || ph == CpuFactoredPhase::kRms) {
+        due.push_back(id);
+      }
+    }
+    if (due.empty()) return Status::Ok();
+    Status st;
+    for (TensorId id : due) {
+      const TensorPlace& place = layout_->tensor(id);
+      const UnitState& s = units_[place.unit];
+      // This rank's part of the tensor, in its shard.
+      const uint64_t lo = std::max(place.offset, s.shard_begin);
+      const uint64_t hi =
+          std::min(place.offset + place.elems, s.shard_begin + s.elems);
+      if (hi <= lo) continue;
+      FactoredTensor& f = factored_[id];
+      CpuOptimizerTensors t;
+      t.n = hi - lo;
+      t.rows = f.rows;
+      t.cols = f.cols;
+      t.grad = HostAt(kGrad, place.unit, lo - s.shard_begin);
+      t.grad_dtype = CpuDType::kFloat32;
+      t.exp_avg_sq = f.stats.data();
+      t.moment_dtype = MomentDType();
+      st = optimizer_->FactoredPass(t, lo - place.offset, &f.plan)
+               .WithContext("engine: stepping " + specs_[id].name);
+      if (!st.ok()) break;
+    }
+    STRATA_RETURN_IF_ERROR(AgreeNow(st));
+    STRATA_RETURN_IF_ERROR(FactoredNextAll(due));
+  }
+}
+
+Status EngineImpl::FactoredUpdate(uint32_t u, uint64_t begin,
+                                  const CpuOptimizerTensors& t) {
+  const UnitState& s = units_[u];
+  // The piece in full-unit coordinates.
+  const uint64_t first = s.shard_begin + begin, end = first + t.n;
+  const size_t wsize = ElementSize(s.dtype);
+  for (uint32_t id : layout_->unit(u).tensors) {
+    const TensorPlace& place = layout_->tensor(id);
+    const uint64_t lo = std::max(place.offset, first);
+    const uint64_t hi = std::min(place.offset + place.elems, end);
+    if (hi <= lo) continue;
+    const uint64_t off = lo - first;
+    FactoredTensor& f = factored_[id];
+    CpuOptimizerTensors r = t;
+    r.n = hi - lo;
+    r.rows = f.rows;
+    r.cols = f.cols;
+    r.master = t.master + off;
+    r.grad = static_cast<const float*>(t.grad) + off;
+    if (t.exp_avg != nullptr) {
+      r.exp_avg = static_cast<std::byte*>(t.exp_avg) +
+                  CpuStateBytes(MomentDType(), off);
+    }
+    r.exp_avg_sq = f.stats.data();
+    if (t.working != nullptr) {
+      r.working = static_cast<std::byte*>(t.working) + off * wsize;
+    }
+    STRATA_RETURN_IF_ERROR(
+        optimizer_->FactoredPass(r, lo - place.offset, &f.plan)
+            .WithContext("engine: updating " + specs_[id].name));
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::FactoredAfterUpdate() {
+  std::vector<TensorId> all(factored_.size());
+  for (TensorId id = 0; id < all.size(); ++id) all[id] = id;
+  STRATA_RETURN_IF_ERROR(FactoredNextAll(all));
+  if (options_.optimizer.cpu.algo == CpuOptimizerAlgo::kAdafactor &&
+      options_.optimizer.cpu.adafactor.scale_parameter) {
+    for (FactoredTensor& f : factored_) {
+      if (f.plan.param_sq >= 0) f.param_sq = f.plan.param_sq;
+    }
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::FactoredNextAll(const std::vector<TensorId>& ids) {
+  if (MultiRank()) {
+    // Every rank's sums, then each reduced in rank order: the same bits on
+    // every rank.
+    std::vector<double> mine;
+    for (TensorId id : ids) {
+      const std::vector<double>& v = factored_[id].plan.sums;
+      mine.insert(mine.end(), v.begin(), v.end());
+    }
+    const size_t ranks = static_cast<size_t>(options_.world_size);
+    std::vector<double> all(mine.size() * ranks);
+    const std::vector<size_t> counts(ranks, mine.size() * sizeof(double));
+    STRATA_RETURN_IF_ERROR(
+        coll_->AllGather(mine.data(), all.data(), counts, CommType::kByte)
+            .WithContext("engine: reducing the optimizer's statistics over "
+                         "the ranks"));
+    size_t at = 0;
+    for (TensorId id : ids) {
+      CpuFactoredPlan& plan = factored_[id].plan;
+      const bool max = plan.reduce == CpuFactoredReduce::kMax;
+      for (size_t i = 0; i < plan.sums.size(); ++i, ++at) {
+        double v = all[at];
+        for (size_t r = 1; r < ranks; ++r) {
+          const double x = all[r * mine.size() + at];
+          v = max ? std::max(v, x) : v + x;
+        }
+        plan.sums[i] = v;
+      }
+    }
+  }
+  for (TensorId id : ids) {
+    FactoredTensor& f = factored_[id];
+    STRATA_RETURN_IF_ERROR(
+        optimizer_->FactoredNext(f.stats.data(), &f.plan)
+            .WithContext("engine: stepping " + specs_[id].name));
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::GatherFactoredVectors() {
+  if (!Factored() || !MultiRank()) return Status::Ok();
+  // A vector's statistics: one value, then one per element (its row
+  // statistic, the same on every rank, then the elements').
+  std::vector<float> mine;
+  for (const FactoredTensor& f : factored_) {
+    if (f.rows > 1) continue;
+    mine.insert(mine.end(), f.stats.begin() + 1, f.stats.end());
+  }
+  const size_t ranks = static_cast<size_t>(options_.world_size);
+  std::vector<float> all(mine.size() * ranks);
+  const std::vector<size_t> counts(ranks, mine.size() * sizeof(float));
+  STRATA_RETURN_IF_ERROR(
+      coll_->AllGather(mine.data(), all.data(), counts, CommType::kByte)
+          .WithContext("engine: gathering the vectors' statistics"));
+  size_t at = 0;
+  for (TensorId id = 0; id < factored_.size(); ++id) {
+    FactoredTensor& f = factored_[id];
+    if (f.rows > 1) continue;
+    const TensorPlace& place = layout_->tensor(id);
+    const uint64_t shard = units_[place.unit].elems;
+    for (uint64_t e = 0; e < place.elems; ++e, ++at) {
+      const size_t owner = static_cast<size_t>((place.offset + e) / shard);
+      f.stats[1 + e] = all[owner * mine.size() + at];
+    }
+  }
+  return Status::Ok();
+}
+
+// The blob: a magic and the tensor count, then per tensor its name, rows,
+// cols, statistics count, sum of squares and statistics.
+std::string EngineImpl::FactoredBlob() const {
+  std::string out;
+  Put(out, kBlobMagic);
+  Put(out, static_cast<uint64_t>(factored_.size()));
+  for (TensorId id = 0; id < factored_.size(); ++id) {
+    const FactoredTensor& f = factored_[id];
+    Put(out, static_cast<uint32_t>(specs_[id].name.size()));
+    out += specs_[id].name;
+    Put(out, static_cast<uint64_t>(f.rows));
+    Put(out, static_cast<uint64_t>(f.cols));
+    Put(out, static_cast<uint64_t>(f.stats.size()));
+    Put(out, f.param_sq);
+    out.append(reinterpret_cast<const char*>(f.stats.data()),
+               f.stats.size() * sizeof(float));
+  }
+  return out;
+}
+
+Status EngineImpl::LoadFactoredBlob(const std::string& blob, bool apply) {
+  const auto corrupt = [](const std::string& what) {
+    return Status::Corruption("blob strata.engine.factored: " + what);
+  };
+  size_t at = 0;
+  uint32_t magic = 0;
+  uint64_t count = 0;
+  if (!Take(blob, at, &magic) || magic != kBlobMagic ||
+      !Take(blob, at, &count)) {
+    return corrupt("not the optimizer statistics of Adafactor or SM3");
+  }
+  struct Entry {
+    uint64_t rows, cols, n;
+    double param_sq;
+    size_t at;  // of the statistics
+  };
+  std::unordered_map<std::string, Entry> saved;
+  for (uint64_t k = 0; k < count; ++k) {
+    uint32_t len = 0;
+    Entry e{};
+    if (!Take(blob, at, &len) || blob.size() - at < len) {
+      return corrupt("truncated");
+    }
+    std::string name = blob.substr(at, len);
+    at += len;
+    if (!Take(blob, at, &e.rows) || !Take(blob, at, &e.cols) ||
+        !Take(blob, at, &e.n) || !Take(blob, at, &e.param_sq) ||
+        (blob.size() - at) / sizeof(float) < e.n) {
+      return corrupt("truncated");
+    }
+    e.at = at;
+    at += e.n * sizeof(float);
+    saved[name] = e;
+  }
+  // Everything is checked before anything changes.
+  std::vector<const Entry*> found(factored_.size());
+  for (TensorId id = 0; id < factored_.size(); ++id) {
+    auto it = saved.find(specs_[id].name);
+    if (it == saved.end()) {
+      return Status::NotFound(
+          "blob strata.engine.factored has no statistics "
+          "of tensor " +
+          specs_[id].name);
+    }
+    const FactoredTensor& f = factored_[id];
+    if (it->second.rows != f.rows || it->second.cols != f.cols ||
+        it->second.n != f.stats.size() || !std::isfinite(it->second.param_sq)) {
+      return corrupt("tensor " + specs_[id].name + "'s statistics are " +
+                     std::to_string(it->second.n) + " values of a " +
+                     std::to_string(it->second.rows) + " x " +
+                     std::to_string(it->second.cols) + " tensor; here " +
+                     std::to_string(f.stats.size()) + " of " +
+                     std::to_string(f.rows) + " x " + std::to_string(f.cols));
+    }
+    found[id] = &it->second;
+  }
+  if (!apply) return Status::Ok();
+  for (TensorId id = 0; id < factored_.size(); ++id) {
+    FactoredTensor& f = factored_[id];
+    std::memcpy(f.stats.data(), blob.data() + found[id]->at,
+                f.stats.size() * sizeof(float));
+    f.param_sq = found[id]->param_sq;
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::memtier
