@@ -1,12 +1,15 @@
 // strata-bench step: one offloaded optimizer step over N parameters through
 // the engine (include/strata/engine.h), with the fp32 master and the moments
-// (fp32, bf16 or int8: --moments) resting on NVMe (case `nvme`) and in host
-// RAM (case `host`), beside its bound measured in the same run:
+// (fp32, bf16 or int8: --moments) of each optimizer (--optimizer) resting on
+// NVMe (case `nvme`) and in host RAM (case `host`), beside its bound
+// measured in the same run:
 //
 //   bound = max(I/O time, update time)
 //   I/O time    = the step's NVMe bytes (it reads and writes the master's 4
-//                 bytes per parameter and the moments' CpuStateBytes: 12 in
-//                 all with fp32 moments, 8 with bf16, about 6 with int8) at
+//                 bytes per parameter and the moments the optimizer keeps
+//                 per element, CpuStateBytes each: 12 in all with fp32
+//                 moments, 8 with bf16, about 6 with int8; Adafactor 4, its
+//                 statistics per row and column resting on the host) at
 //                 the rate of the same I/O engine moving as many reads as
 //                 writes at once, on the same directory;
 //   update time = N at the CPU optimizer's own rate (the gradient-norm pass
@@ -39,6 +42,7 @@
 #include "strata/cpu_adam.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/engine_config.h"
 #include "strata/host_buffer.h"
 #include "strata/io_engine.h"
 
@@ -57,6 +61,7 @@ struct StepFlags {
   std::string params = "1G";
   std::string cases = "nvme,host";
   std::string moments = "fp32";
+  std::string optimizers = "adamw";
   std::string dir = ".";
   SwapIoFlags io;
   std::string threads = "0";
@@ -68,6 +73,7 @@ struct StepConfig {
   uint64_t params = 0;
   std::vector<std::string> cases;
   std::vector<CpuDType> moments;
+  std::vector<CpuOptimizerAlgo> optimizers;
   std::string dir;
   IoBackend engine = IoBackend::kAuto;
   uint32_t queue_depth = 32;
@@ -89,6 +95,9 @@ void AddOptions(CLI::App& app, StepFlags& f) {
   app.add_option("--moments", f.moments,
                  "moment formats, each a run of the cases: fp32,bf16,int8 "
                  "(default fp32)");
+  app.add_option("--optimizer", f.optimizers,
+                 "optimizers, each a run of the cases: adam, adamw, adagrad, "
+                 "lion, adafactor, sm3 (default adamw)");
   app.add_option("--dir", f.dir, "directory for the NVMe tier (default .)");
   AddSwapIoOptions(app, f.io);
   app.add_option("--threads", f.threads,
@@ -110,6 +119,27 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
     STRATA_ASSIGN_OR_RETURN(CpuDType d, ParseMomentDType(m));
     c.moments.push_back(d);
   }
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> optimizers,
+                          ParseChoiceListOption("--optimizer", f.optimizers,
+                                                {"adam", "adamw", "adagrad",
+                                                 "lion", "adafactor", "sm3"}));
+  for (const std::string& name : optimizers) {
+    STRATA_ASSIGN_OR_RETURN(CpuOptimizerAlgo a, ParseCpuOptimizerAlgo(name));
+    c.optimizers.push_back(a);
+    // The engine's own check of the pair, named by these options.
+    EngineOptions o;
+    o.optimizer.cpu.algo = a;
+    for (CpuDType m : c.moments) {
+      o.optimizer.moment_dtype = m;
+      if (!ValidateEngineOptions(o).ok()) {
+        return Status::InvalidArgument(
+            "--moments " + std::string(MomentDTypeName(m)) +
+            " with --optimizer " + name +
+            ": bf16 holds the moments of adam, adamw, lion, adafactor and sm3, "
+            "int8 those of adam, adamw and lion");
+      }
+    }
+  }
   c.dir = f.dir;
   STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
   c.engine = io.engine;
@@ -129,23 +159,74 @@ SwapIoConfig IoOf(const StepConfig& c) {
   return {c.engine, c.queue_depth, c.block_size};
 }
 
-// The bytes of the master and both moments of all parameters in format
-// `moments`: what the nvme case reads, and writes, per step. The engine's
-// pieces are its tensors here (kTensorElems of fp32 fill the automatic
-// staging buffer), so the moments are counted per tensor.
-uint64_t StateBytes(const StepConfig& c, CpuDType moments) {
+// One run of the cases: an optimizer and its moment format.
+struct Run {
+  CpuOptimizerAlgo algo = CpuOptimizerAlgo::kAdamW;
+  CpuDType moments = CpuDType::kFloat32;
+};
+
+std::vector<Run> Runs(const StepConfig& c) {
+  std::vector<Run> out;
+  for (CpuOptimizerAlgo a : c.optimizers) {
+    for (CpuDType m : c.moments) out.push_back({a, m});
+  }
+  return out;
+}
+
+bool IsFactored(CpuOptimizerAlgo a) {
+  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+}
+
+// The optimizer of a run: the library's defaults (Adafactor's are HF
+// transformers'), SM3 without momentum.
+CpuOptimizerOptions OptimizerOf(const StepConfig& c, CpuOptimizerAlgo a) {
+  CpuOptimizerOptions o;
+  o.algo = a;
+  o.threads = c.threads;
+  if (a == CpuOptimizerAlgo::kSm3) o.beta1 = 0.0;
+  return o;
+}
+
+// A tensor of n parameters: rows of 4096 (a matrix for Adafactor and SM3,
+// the same elements for the others) when they divide it, else a vector.
+constexpr uint64_t kCols = 4096;
+CpuStepShape ShapeOf(uint64_t n, const Run& run) {
+  CpuStepShape s;
+  s.n = n;
+  if (n % kCols == 0) {
+    s.rows = n / kCols;
+    s.cols = kCols;
+  }
+  s.moment_dtype = run.moments;
+  return s;
+}
+
+// The bytes of one tensor's master and moments per element: what the nvme
+// case reads, and writes, of it per step. Adam's family keeps both moment
+// roles (Note [Moment formats] in memtier/engine.cc); Adafactor and SM3
+// only a first moment, if any, their statistics resting on the host.
+uint64_t TensorStateBytes(const StepConfig& c, const Run& run, uint64_t n) {
+  if (!IsFactored(run.algo)) return n * 4 + 2 * CpuStateBytes(run.moments, n);
+  const StatusOr<CpuStepFootprint> fp =
+      CpuStepFootprintOf(OptimizerOf(c, run.algo), ShapeOf(n, run));
+  return n * 4 + (fp.ok() ? fp->exp_avg_bytes : 0);
+}
+
+// The bytes of every tensor's: the engine's pieces are its tensors here
+// (kTensorElems of fp32 fill the automatic staging buffer), so the moments
+// are counted per tensor.
+uint64_t StateBytes(const StepConfig& c, const Run& run) {
   uint64_t bytes = 0;
   for (uint64_t done = 0; done < c.params; done += kTensorElems) {
-    const uint64_t n = std::min(kTensorElems, c.params - done);
-    bytes += n * 4 + 2 * CpuStateBytes(moments, n);
+    bytes += TensorStateBytes(c, run, std::min(kTensorElems, c.params - done));
   }
   return bytes;
 }
 
 // Bytes each case keeps in RAM: the host gradient (4 per parameter) and
 // working copy (2), plus master and moments when they rest there.
-uint64_t HostBytes(const StepConfig& c, bool nvme, CpuDType moments) {
-  return c.params * 6 + (nvme ? 0 : StateBytes(c, moments));
+uint64_t HostBytes(const StepConfig& c, bool nvme, const Run& run) {
+  return c.params * 6 + (nvme ? 0 : StateBytes(c, run));
 }
 
 Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
@@ -159,7 +240,7 @@ Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
     // The swap space (the widest format's states, plus slack) and the
     // scratch file of the I/O measurement.
     uint64_t states = 0;
-    for (CpuDType m : c.moments) states = std::max(states, StateBytes(c, m));
+    for (const Run& r : Runs(c)) states = std::max(states, StateBytes(c, r));
     const uint64_t need = states + (uint64_t{2} << 30);
     if (need > free_bytes) {
       return Status::NoSpace("--dir " + c.dir + ": the nvme case needs " +
@@ -169,8 +250,8 @@ Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
   }
   uint64_t most = 0;
   for (const std::string& k : c.cases) {
-    for (CpuDType m : c.moments) {
-      most = std::max(most, HostBytes(c, k == "nvme", m));
+    for (const Run& r : Runs(c)) {
+      most = std::max(most, HostBytes(c, k == "nvme", r));
     }
   }
   return CheckMemory(
@@ -186,9 +267,10 @@ Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
 // sample's rate moved by a third between runs while the step's did not,
 // and int8 moments ran faster in the step than in the sample: the bound
 // must run on arrays of the step's size to be one.
-uint64_t SampleParams(const StepConfig& c, CpuDType moments, double share) {
+uint64_t SampleParams(const StepConfig& c, const Run& run, double share) {
   const uint64_t per_param =
-      4 + 4 + 2 + 2 * CpuStateBytes(moments, kTensorElems) / kTensorElems + 1;
+      4 + 4 + 2 + 2 * CpuStateBytes(run.moments, kTensorElems) / kTensorElems +
+      1;
   const auto avail = static_cast<uint64_t>(
       static_cast<double>(MemAvailableBytes().value_or(0)) * share);
   const uint64_t fits = avail / per_param / kTensorElems * kTensorElems;
@@ -249,13 +331,13 @@ Status Settle(const std::function<StatusOr<double>()>& pass) {
 
 class UpdateSample {
  public:
-  static StatusOr<UpdateSample> Create(const StepConfig& c, CpuDType moments,
+  static StatusOr<UpdateSample> Create(const StepConfig& c, const Run& run,
                                        uint64_t params) {
     UpdateSample s;
-    s.moments_ = moments;
+    s.run_ = run;
     s.n_ = params;
     // Each piece's moments are one state array of the format.
-    s.piece_state_ = CpuStateBytes(moments, kTensorElems);
+    s.piece_state_ = CpuStateBytes(run.moments, kTensorElems);
     const uint64_t pieces = (s.n_ + kTensorElems - 1) / kTensorElems;
     HostBufferOptions o;
     o.prefault = true;
@@ -269,9 +351,20 @@ class UpdateSample {
                             HostBuffer::Allocate(pieces * s.piece_state_, o));
     STRATA_ASSIGN_OR_RETURN(s.w_, HostBuffer::Allocate(s.n_ * 2, o));
     std::fill_n(reinterpret_cast<float*>(s.grad_.data()), s.n_, 0.01f);
-    CpuOptimizerOptions oo;
-    oo.threads = c.threads;
+    const CpuOptimizerOptions oo = OptimizerOf(c, run.algo);
     STRATA_ASSIGN_OR_RETURN(s.opt_, NewCpuOptimizer(oo));
+    if (IsFactored(run.algo)) {
+      // Each piece a tensor of the engine's shape, with its statistics and
+      // its carried sum of squares, as the engine keeps them.
+      for (uint64_t b = 0; b < s.n_; b += kTensorElems) {
+        STRATA_ASSIGN_OR_RETURN(
+            CpuStepFootprint fp,
+            CpuStepFootprintOf(oo,
+                               ShapeOf(std::min(kTensorElems, s.n_ - b), run)));
+        s.stats_.emplace_back(fp.exp_avg_sq_bytes / 4, 0.0f);
+        s.param_sq_.push_back(-1.0);
+      }
+    }
     return s;
   }
 
@@ -307,23 +400,35 @@ class UpdateSample {
               .status());
     }
     for (uint64_t b = 0; b < n_; b += kTensorElems) {
+      const size_t piece = b / kTensorElems;
       CpuOptimizerTensors t;
       t.n = std::min(kTensorElems, n_ - b);
       t.master = reinterpret_cast<float*>(master_.data()) + b;
       t.grad = grad_.data() + b * 4;
-      t.exp_avg = m_.data() + b / kTensorElems * piece_state_;
-      t.exp_avg_sq = v_.data() + b / kTensorElems * piece_state_;
-      t.moment_dtype = moments_;
+      t.exp_avg = m_.data() + piece * piece_state_;
+      t.exp_avg_sq = v_.data() + piece * piece_state_;
+      t.moment_dtype = run_.moments;
       t.working = w_.data() + b * 2;
-      STRATA_RETURN_IF_ERROR(opt_->Step(t, a).status());
+      if (IsFactored(run_.algo)) {
+        const CpuStepShape shape = ShapeOf(t.n, run_);
+        t.rows = shape.rows;
+        t.cols = shape.cols;
+        t.exp_avg_sq = stats_[piece].data();
+        a.param_sq = param_sq_[piece];
+      }
+      STRATA_ASSIGN_OR_RETURN(CpuStepResult r, opt_->Step(t, a));
+      if (IsFactored(run_.algo)) param_sq_[piece] = r.param_sq;
     }
     return SecondsSince(t0);
   }
 
-  CpuDType moments_ = CpuDType::kFloat32;
+  Run run_;
   uint64_t n_ = 0, piece_state_ = 0;
   int64_t steps_ = 0;
   HostBuffer master_, grad_, m_, v_, w_;
+  // Adafactor and SM3: each piece's statistics and sum of squares.
+  std::vector<std::vector<float>> stats_;
+  std::vector<double> param_sq_;
   std::unique_ptr<CpuOptimizer> opt_;
 };
 
@@ -338,7 +443,7 @@ struct RepSample {
 
 struct CaseResult {
   std::string name;
-  CpuDType moments = CpuDType::kFloat32;
+  Run run;
   double step_s = 0, io_s = 0, update_s = 0;
   double update_rate = 0;      // params/s: Note [The update sample]
   uint64_t sample_params = 0;  // the update-rate sample's size
@@ -359,10 +464,10 @@ double BoundSeconds(const StepConfig& c, const CaseResult& r,
                     double update_rate, double io_rate) {
   const double update_s = static_cast<double>(c.params) / update_rate;
   if (r.name != "nvme") return update_s;
-  return std::max(update_s, 2.0 * StateBytes(c, r.moments) / io_rate);
+  return std::max(update_s, 2.0 * StateBytes(c, r.run) / io_rate);
 }
 
-StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
+StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
                              RunGuard& guard) {
   DeviceOptions dopt;
   dopt.choice = DeviceChoice::kHostEmulated;
@@ -379,20 +484,27 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   o.io.queue_depth = c.queue_depth;
   o.io_block_bytes = c.block_size;
   o.device_budget_bytes = uint64_t{64} << 20;
-  o.optimizer.cpu.threads = c.threads;
-  o.optimizer.moment_dtype = moments;
+  o.optimizer.cpu = OptimizerOf(c, run.algo);
+  o.optimizer.moment_dtype = run.moments;
   STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(o, device.get()));
   std::vector<TensorId> ids;
   for (uint64_t done = 0; done < c.params; done += tensor) {
+    const CpuStepShape shape = ShapeOf(std::min(tensor, c.params - done), run);
     TensorSpec s;
     s.name = "p" + std::to_string(ids.size());
-    s.shape = {static_cast<int64_t>(std::min(tensor, c.params - done))};
+    s.shape = {static_cast<int64_t>(shape.n)};
+    if (shape.rows > 0) {
+      s.shape = {static_cast<int64_t>(shape.rows),
+                 static_cast<int64_t>(shape.cols)};
+    }
     STRATA_ASSIGN_OR_RETURN(TensorId id, engine->Register(s));
     ids.push_back(id);
   }
-  std::fprintf(stderr, "step: %s case, %s moments, %zu tensors; laying out\n",
+  std::fprintf(stderr,
+               "step: %s case, %s, %s moments, %zu tensors; laying out\n",
                nvme ? "nvme" : "host",
-               std::string(MomentDTypeName(moments)).c_str(), ids.size());
+               std::string(CpuOptimizerAlgoName(run.algo)).c_str(),
+               std::string(MomentDTypeName(run.moments)).c_str(), ids.size());
   STRATA_RETURN_IF_ERROR(engine->Start());
   STRATA_ASSIGN_OR_RETURN(auto stream, device->NewStream({}));
   STRATA_ASSIGN_OR_RETURN(DeviceMemory grad,
@@ -401,7 +513,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
                                              tensor * 4));  // ~0.0115
   CaseResult r;
   r.name = nvme ? "nvme" : "host";
-  r.moments = moments;
+  r.run = run;
   r.step_s = 1e30;
   std::optional<UpdateSample> update_sample;
   // One step with every gradient handed over first (outside the timing), in
@@ -429,11 +541,11 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
   // Note [The update sample]: beside the engine when one of the step's
   // size fits beside it, else once after the engine is gone. Decided after
   // the warm-up steps, so that SampleParams sees the memory the engine holds.
-  const uint64_t beside_params = SampleParams(c, moments, 0.5);
+  const uint64_t beside_params = SampleParams(c, run, 0.5);
   const bool beside = beside_params == c.params;
   if (beside) {
     STRATA_ASSIGN_OR_RETURN(UpdateSample u,
-                            UpdateSample::Create(c, moments, beside_params));
+                            UpdateSample::Create(c, run, beside_params));
     update_sample.emplace(std::move(u));
     STRATA_RETURN_IF_ERROR(update_sample->Settle());
   }
@@ -454,7 +566,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     r.reps.push_back(sample);
   }
   r.stats = engine->stats();
-  r.pinned_asked = HostBytes(c, nvme, moments) + r.stats.staging_bytes;
+  r.pinned_asked = HostBytes(c, nvme, run) + r.stats.staging_bytes;
   if (!beside) {
     // The engine's memory back to the system first, so that the sample
     // runs on what the step's arrays occupied.
@@ -462,13 +574,12 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, CpuDType moments,
     grad = DeviceMemory();
     stream.reset();
     device.reset();
-    const uint64_t n = SampleParams(c, moments, 0.8);
+    const uint64_t n = SampleParams(c, run, 0.8);
     std::fprintf(stderr,
                  "step: sampling the optimizer's rate on %llu parameters "
                  "after the engine\n",
                  static_cast<unsigned long long>(n));
-    STRATA_ASSIGN_OR_RETURN(UpdateSample u,
-                            UpdateSample::Create(c, moments, n));
+    STRATA_ASSIGN_OR_RETURN(UpdateSample u, UpdateSample::Create(c, run, n));
     update_sample.emplace(std::move(u));
     STRATA_RETURN_IF_ERROR(update_sample->Settle());
     for (int rep = 0; rep < c.reps; ++rep) {
@@ -495,9 +606,10 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
         out.io_rate,
         MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
   }
-  for (CpuDType m : c.moments) {
+  for (const Run& run : Runs(c)) {
     for (const std::string& k : c.cases) {
-      STRATA_ASSIGN_OR_RETURN(CaseResult r, RunCase(c, k == "nvme", m, guard));
+      STRATA_ASSIGN_OR_RETURN(CaseResult r,
+                              RunCase(c, k == "nvme", run, guard));
       for (const RepSample& s : r.reps) {
         out.io_rate = std::max(out.io_rate, s.io_rate);
       }
@@ -514,10 +626,10 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   }
   for (CaseResult& r : out.cases) {
     out.update_rate = std::max(out.update_rate, r.update_rate);
-    // Per step, the nvme case reads and writes the master and both moments.
+    // Per step, the nvme case reads and writes the master and the moments.
     r.update_s = static_cast<double>(c.params) / r.update_rate;
     if (r.name == "nvme") {
-      r.io_s = 2.0 * StateBytes(c, r.moments) / out.io_rate;
+      r.io_s = 2.0 * StateBytes(c, r.run) / out.io_rate;
     }
     for (const RepSample& s : r.reps) {
       r.paired.push_back(BoundSeconds(c, r, s.update_rate, s.io_rate) /
@@ -529,9 +641,10 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
 
 Status ReportStep(const StepConfig& c, const StepOutcome& out,
                   JsonOutput& json) {
-  Table table({"case", "moments", "state B/param", "params", "step s", "I/O s",
-               "update s", "bound s", "efficiency", "paired", "NVMe GB read",
-               "NVMe GB written", "pinned peak/asked", "hot allocs"});
+  Table table({"case", "optimizer", "moments", "state B/param", "params",
+               "step s", "I/O s", "update s", "bound s", "efficiency", "paired",
+               "NVMe GB read", "NVMe GB written", "pinned peak/asked",
+               "hot allocs"});
   nlohmann::json results = nlohmann::json::array();
   for (const CaseResult& r : out.cases) {
     const double eff = r.bound_s() / r.step_s;
@@ -548,18 +661,21 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
       if (r.name == "nvme") one["io_mixed_bytes_per_s"] = x.io_rate;
       reps.push_back(one);
     }
-    const double per_param = static_cast<double>(StateBytes(c, r.moments)) /
+    const double per_param = static_cast<double>(StateBytes(c, r.run)) /
                              static_cast<double>(c.params);
-    const std::string moments(MomentDTypeName(r.moments));
-    table.AddRow(
-        {r.name, moments, Fixed(per_param, 3), std::to_string(c.params),
-         Fixed(r.step_s, 3), r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
-         Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
-         Fixed(paired_eff, 3), Fixed(r.stats.nvme_read_bytes / 1e9, 2),
-         Fixed(r.stats.nvme_write_bytes / 1e9, 2), Fixed(pinned_ratio, 3),
-         std::to_string(r.stats.hot_path_allocations)});
+    const std::string moments(MomentDTypeName(r.run.moments));
+    const std::string optimizer(CpuOptimizerAlgoName(r.run.algo));
+    table.AddRow({r.name, optimizer, moments, Fixed(per_param, 3),
+                  std::to_string(c.params), Fixed(r.step_s, 3),
+                  r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
+                  Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
+                  Fixed(paired_eff, 3), Fixed(r.stats.nvme_read_bytes / 1e9, 2),
+                  Fixed(r.stats.nvme_write_bytes / 1e9, 2),
+                  Fixed(pinned_ratio, 3),
+                  std::to_string(r.stats.hot_path_allocations)});
     results.push_back(
         {{"case", r.name},
+         {"optimizer", optimizer},
          {"moments", moments},
          {"state_bytes_per_param", per_param},
          {"params", c.params},
@@ -590,9 +706,12 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                     : "",
       c.reps, table.ToString().c_str());
   if (!json.active()) return Status::Ok();
-  std::vector<std::string> moment_names;
+  std::vector<std::string> moment_names, optimizer_names;
   for (CpuDType m : c.moments) {
     moment_names.emplace_back(MomentDTypeName(m));
+  }
+  for (CpuOptimizerAlgo a : c.optimizers) {
+    optimizer_names.emplace_back(CpuOptimizerAlgoName(a));
   }
   nlohmann::json j = {{"command", kCommand},
                       {"machine", MachineInfo()},
@@ -600,6 +719,11 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                        {{"params", c.params},
                         {"cases", c.cases},
                         {"moments", moment_names},
+                        {"optimizers", optimizer_names},
+                        // Adafactor as HF transformers' defaults, SM3
+                        // without momentum; rows of this many columns.
+                        {"sm3_momentum", 0.0},
+                        {"tensor_cols", kCols},
                         {"dir", c.dir},
                         {"engine", std::string(IoBackendName(c.engine))},
                         {"queue_depth", c.queue_depth},

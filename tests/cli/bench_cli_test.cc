@@ -366,6 +366,9 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
       {{"step", "--cases", ""}, "--cases"},
       {{"step", "--cases", "gpu"}, "--cases"},
       {{"step", "--moments", "fp16"}, "--moments"},
+      {{"step", "--optimizer", "lamb"}, "--optimizer"},
+      {{"step", "--optimizer", "adamw,adafactor", "--moments", "fp32,int8"},
+       "--moments int8 with --optimizer adafactor"},
       {{"step", "--engine", "bogus"}, "--engine"},
       {{"step", "--threads", "-1"}, "--threads"},
       {{"checkpoint", "--params", "0"}, "--params"},
@@ -646,8 +649,9 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
         "1", "--engine", "psync", "--queue-depth", "4", "--moments",
         "fp32,int8"},
        "step",
-       {"params", "cases", "moments", "dir", "engine", "queue_depth",
-        "block_size", "threads", "reps", "tensor_elems"}},
+       {"params", "cases", "moments", "optimizers", "sm3_momentum",
+        "tensor_cols", "dir", "engine", "queue_depth", "block_size", "threads",
+        "reps", "tensor_elems"}},
       {{"checkpoint", "--params", "2M", "--dir", d.path(), "--reps", "1",
         "--engine", "psync", "--queue-depth", "4"},
        "checkpoint",
@@ -693,6 +697,43 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
       Entries(d.path()),
       (std::set<std::string>{"io.json", "adam.json", "copy.json", "step.json",
                              "checkpoint.json", "tiers.json", "comm.json"}));
+}
+
+// strata-bench step runs each optimizer over the cases: Adafactor and SM3
+// (without momentum) keep the master alone per element, so the step moves
+// 4 bytes a parameter each way where AdamW's fp32 moments move 12, and the
+// NVMe case's reads say so.
+TEST(BenchCliTest, StepRunsEachOptimizerWithItsStateBytes) {
+  ScratchDir d;
+  const std::string json = d.path() + "/step.json";
+  const Outcome o =
+      RunBench({"step", "--params", "4M", "--dir", d.path(), "--reps", "1",
+                "--threads", "1", "--engine", "psync", "--queue-depth", "4",
+                "--optimizer", "adamw,adafactor,sm3", "--json", json},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "adafactor")) << o.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["config"]["optimizers"],
+            nlohmann::json({"adamw", "adafactor", "sm3"}));
+  ASSERT_EQ(j["results"].size(), 6u);  // two cases each
+  for (const auto& r : j["results"]) {
+    const std::string opt = r.value("optimizer", "");
+    const double want = opt == "adamw" ? 12.0 : 4.0;
+    EXPECT_DOUBLE_EQ(r.value("state_bytes_per_param", 0.0), want) << r.dump();
+    const uint64_t params = r.value("params", uint64_t{0});
+    const auto& stats = r["engine_stats"];
+    if (r.value("case", "") == "nvme") {
+      // Every step (the warm-up ones too) read the state whole.
+      const uint64_t read = stats.value("nvme_read_bytes", uint64_t{0});
+      const uint64_t per_step = static_cast<uint64_t>(want) * params;
+      EXPECT_GT(read, 0u) << r.dump();
+      EXPECT_EQ(read % per_step, 0u) << r.dump();
+    }
+  }
+  EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
 }
 
 // The /proc/diskstats name of the device holding `path`, as the kernel
