@@ -400,15 +400,7 @@ nlohmann::json OptionsJson(const CpuOptimizerOptions& o) {
                       {"bias_correction", o.bias_correction},
                       {"tile_elems", o.tile_elems}};
   if (o.algo == CpuOptimizerAlgo::kAdafactor) {
-    const CpuAdafactorOptions& a = o.adafactor;
-    j["adafactor"] = {{"eps1", a.eps1},
-                      {"eps2", a.eps2},
-                      {"clip_threshold", a.clip_threshold},
-                      {"decay_rate", a.decay_rate},
-                      {"beta1", a.beta1},
-                      {"relative_step", a.relative_step},
-                      {"scale_parameter", a.scale_parameter},
-                      {"warmup_init", a.warmup_init}};
+    j["adafactor"] = nlohmann::json::parse(CpuAdafactorParamsJson(o.adafactor));
   }
   return j;
 }

@@ -211,4 +211,15 @@ StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
   return cfg;
 }
 
+std::string CpuAdafactorParamsJson(const CpuAdafactorOptions& a) {
+  const Json j = {{"eps", {a.eps1, a.eps2}},
+                  {"clip_threshold", a.clip_threshold},
+                  {"decay_rate", a.decay_rate},
+                  {"beta1", a.beta1},
+                  {"relative_step", a.relative_step},
+                  {"scale_parameter", a.scale_parameter},
+                  {"warmup_init", a.warmup_init}};
+  return j.dump();
+}
+
 }  // namespace strata

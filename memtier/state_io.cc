@@ -427,14 +427,8 @@ std::string EngineImpl::EngineBlobJson() const {
                     {"weight_decay", o.weight_decay},
                     {"bias_correction", o.bias_correction}};
   if (o.algo == CpuOptimizerAlgo::kAdafactor) {
-    const CpuAdafactorOptions& a = o.adafactor;
-    j["optimizer"]["adafactor"] = {{"eps", {a.eps1, a.eps2}},
-                                   {"clip_threshold", a.clip_threshold},
-                                   {"decay_rate", a.decay_rate},
-                                   {"beta1", a.beta1},
-                                   {"relative_step", a.relative_step},
-                                   {"scale_parameter", a.scale_parameter},
-                                   {"warmup_init", a.warmup_init}};
+    j["optimizer"]["adafactor"] =
+        nlohmann::json::parse(CpuAdafactorParamsJson(o.adafactor));
   }
   j["partition_bytes"] = options_.partition_bytes;
   j["world_size"] = options_.world_size;

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -437,6 +438,10 @@ struct CpuOptimizerConfig {
 STRATA_EXPORT StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
     std::string_view json, std::string_view path = "optimizer",
     const CpuOptimizerOptions& base = {});
+
+// Adafactor's options as a JSON object of the section's params keys above
+// (eps as [eps1, eps2]; beta1 0 for none), for records of a run.
+STRATA_EXPORT std::string CpuAdafactorParamsJson(const CpuAdafactorOptions& a);
 
 }  // namespace strata
 

@@ -723,6 +723,33 @@ TEST(FactoredTest, NamesAndConfig) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("adafactor"), std::string::npos);
 
+  // Adafactor's options as params keys read back as they were.
+  for (bool relative : {true, false}) {
+    CpuAdafactorOptions a;
+    a.eps1 = 1e-29;
+    a.eps2 = 2e-3;
+    a.clip_threshold = 0.5;
+    a.decay_rate = -0.7;
+    a.beta1 = relative ? 0.0 : 0.9;
+    a.relative_step = relative;
+    a.scale_parameter = !relative;
+    a.warmup_init = relative;
+    std::string params = CpuAdafactorParamsJson(a);
+    if (!relative) params.insert(1, "\"lr\": 0.001, ");
+    auto back = ParseCpuOptimizerConfig(R"({"type": "adafactor", "params": )" +
+                                        params + "}");
+    ASSERT_TRUE(back.ok()) << params << ": " << back.status().ToString();
+    const CpuAdafactorOptions& b = back->options.adafactor;
+    EXPECT_EQ(b.eps1, a.eps1);
+    EXPECT_EQ(b.eps2, a.eps2);
+    EXPECT_EQ(b.clip_threshold, a.clip_threshold);
+    EXPECT_EQ(b.decay_rate, a.decay_rate);
+    EXPECT_EQ(b.beta1, a.beta1);
+    EXPECT_EQ(b.relative_step, a.relative_step);
+    EXPECT_EQ(b.scale_parameter, a.scale_parameter);
+    EXPECT_EQ(b.warmup_init, a.warmup_init);
+  }
+
   auto c = ParseCpuOptimizerConfig(
       R"({"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.99],
           "eps": 1e-6, "weight_decay": 0.1}})");
