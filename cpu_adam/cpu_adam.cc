@@ -411,7 +411,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     const size_t lines = rows + (rows > 1 ? cols : 0);
     if (options_.algo == CpuOptimizerAlgo::kAdafactor) {
       p.phase = CpuFactoredPhase::kStatistics;
-      p.sums.assign(lines + 2, 0.0);  // then the weights' and u's squares
+      // Then the weights' and u's squares; a matrix's fused RMS partials
+      // and unfused ranges (Note [Whole rows in a range]).
+      p.sums.assign(lines + 2 + (rows > 1 ? cols + 1 : 0), 0.0);
       p.row_factor.resize(rows);
       p.col_factor.resize(cols);
     } else {
@@ -452,12 +454,90 @@ class CpuOptimizerImpl final : public CpuOptimizer {
          options_.adafactor.scale_parameter && plan_ref.args.param_sq < 0.0);
     STRATA_RETURN_IF_ERROR(
         ValidateFactoredArrays(t, weights).WithContext("FactoredPass"));
-    const RangeRects rr = CutRange(cols, begin, begin + t.n);
     cpu_adam::FactoredParams p = FactoredParamsOf(t, plan_ref.args);
+    if (FusesRangeRms(plan_ref, begin, t.n)) {
+      plan_ref.pass_seconds +=
+          SecondsOf([&] { FusedRangeStats(t, begin, p, plan_ref); });
+      return Status::Ok();
+    }
+    const RangeRects rr = CutRange(cols, begin, begin + t.n);
     cpu_adam::FactoredArrays a = FactoredArraysOf(t, rows, cols, begin);
     a.strips = rr.strips;
     plan_ref.pass_seconds += SecondsOf([&] { RangePass(p, a, rr, plan_ref); });
     return Status::Ok();
+  }
+
+  // Note [Whole rows in a range]: Adafactor's statistics pass over a range
+  // of two or more whole rows (of at most kCpuAdafactorFusedRowCols
+  // columns) sums what the update's RMS needs as Step does (Note
+  // [Adafactor's fused RMS] in kernels.h), each column's sum of g^2 / R_i
+  // into the plan; when every range of every rank did, the RMS pass is
+  // skipped (the plan counts the ranges that did not). One rank's range of
+  // a whole tensor is its whole rows: over the same grid and in the same
+  // order as Step, so that range gives Step's statistics and update bit for
+  // bit (its weights' sum of squares, summed over other tiles in the update,
+  // may differ in the last bits).
+  bool FusesRangeRms(const CpuFactoredPlan& plan, size_t begin,
+                     size_t n) const {
+    return plan.phase == CpuFactoredPhase::kStatistics && plan.rows > 1 &&
+           begin % plan.cols == 0 && n % plan.cols == 0 && n / plan.cols > 1 &&
+           cpu_adam::AdafactorFusesRms(plan.rows, plan.cols);
+  }
+
+  // Where a matrix's plan keeps, after its lines and the two squares' sums,
+  // the columns' fused RMS partials and then the count of unfused ranges.
+  static size_t RmsAt(const CpuFactoredPlan& plan) {
+    return plan.rows + plan.cols + 2;
+  }
+
+  void FusedRangeStats(const CpuOptimizerTensors& t, size_t begin,
+                       cpu_adam::FactoredParams& p, CpuFactoredPlan& plan) {
+    const size_t rows = plan.rows, cols = plan.cols;
+    const size_t r0 = begin / cols, nrows = t.n / cols;
+    // The range as a matrix of its own rows, over the tensor's columns.
+    const cpu_adam::Grid grid =
+        cpu_adam::MakeGrid(nrows, cols, tile_, cpu_adam::kAdafactorFusedGrid);
+    AdafactorParams(plan.args, p);
+    p.fuse_rms = true;
+    cpu_adam::FactoredArrays a = FactoredArraysOf(t, nrows, cols, 0);
+    a.strips = grid.strips;
+    a.row_state = static_cast<float*>(t.exp_avg_sq) + r0;
+    a.col_state = static_cast<float*>(t.exp_avg_sq) + rows;
+    row_part_.assign(nrows * grid.strips, 0.0);
+    col_part_.resize(grid.bands * cols);
+    rms_part_.resize(grid.bands * cols);
+    group_part_.resize(
+        cpu_adam::AdafactorLagsRows(cpu_adam::DTypeSize(t.grad_dtype))
+            ? grid.bands * cpu_adam::AfGroupStride(cols)
+            : 0);
+    a.row_part = row_part_.data();
+    a.col_part = col_part_.data();
+    a.rms_part = rms_part_.data();
+    a.group_part = group_part_.data();
+    const size_t tiles = grid.tiles();
+    tile_sums_.assign(tiles, cpu_adam::AfTileSums{});
+    const auto stats = kernels_->adafactor_stats;
+    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
+      tile_sums_[tile] = stats(p, a, grid.Tile(tile));
+    });
+    double* sums = plan.sums.data();
+    for (size_t i = 0; i < nrows; ++i) {
+      double sum = 0.0;
+      for (size_t k = 0; k < grid.strips; ++k) {
+        sum += row_part_[i * grid.strips + k];
+      }
+      sums[r0 + i] += sum;
+    }
+    double* rms = sums + RmsAt(plan);
+    for (size_t b = 0; b < grid.bands; ++b) {
+      const double* col = col_part_.data() + b * cols;
+      const double* r = rms_part_.data() + b * cols;
+      for (size_t j = 0; j < cols; ++j) {
+        sums[rows + j] += col[j];
+        rms[j] += r[j];
+      }
+    }
+    for (size_t k = 0; k < tiles; ++k) sums[rows + cols] += tile_sums_[k].p_sq;
   }
 
   Status FactoredNext(float* stats, CpuFactoredPlan* plan) override {
@@ -499,14 +579,26 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           AdafactorColumns(fp, p.sums.data() + rows, rows, cols, col_state,
                            p.col_factor.data());
         }
-        AdafactorRowFactors(row_state, rows, p.row_factor.data());
+        const float row_mean =
+            AdafactorRowFactors(row_state, rows, p.row_factor.data());
         p.lr = AdafactorLr(p.args, fp.scale_p ? p.sums[lines] : p.args.param_sq,
                            p.n);
-        if (rows > 1) {
-          p.phase = CpuFactoredPhase::kRms;
-        } else {  // a vector's came with its statistics
+        if (rows == 1) {  // a vector's came with its statistics
           p.clip = AdafactorClipOf(p.sums[lines + 1], p.n);
           p.phase = CpuFactoredPhase::kUpdate;
+        } else if (p.sums[RmsAt(p) + cols] == 0) {
+          // Every range fused it: mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j,
+          // as Step forms it.
+          const double* rms = p.sums.data() + RmsAt(p);
+          double u_sum = 0.0;
+          for (size_t j = 0; j < cols; ++j) {
+            u_sum += rms[j] / static_cast<double>(col_state[j]);
+          }
+          u_sum *= static_cast<double>(row_mean);
+          p.clip = AdafactorClipOf(u_sum, p.n);
+          p.phase = CpuFactoredPhase::kUpdate;
+        } else {
+          p.phase = CpuFactoredPhase::kRms;
         }
         break;
       }
@@ -983,6 +1075,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           sums[lines] += tile_sums_[r].p_sq;
           sums[lines + 1] += tile_sums_[r].u_sq;
         }
+        if (rows > 1) sums[RmsAt(plan) + cols] += 1;  // a range not fused
         return;
       case CpuFactoredPhase::kRms:
         ParallelTiles(nr, 1, [&](size_t r, size_t, size_t) {

@@ -1013,6 +1013,73 @@ TEST(FactoredTest, RangesStepAsTheWholeTensor) {
   }
 }
 
+// A range of whole rows sums the update's RMS with its statistics (no RMS
+// pass); one range of the whole tensor is Step's grid and order, so it gives
+// Step's bits, the weights' sum of squares carried alike.
+TEST(FactoredTest, WholeRowsFuseTheRmsAndOneRangeIsStep) {
+  for (int flavour : {0, 1}) {
+    const CpuOptimizerOptions o = Opts(CpuOptimizerAlgo::kAdafactor, flavour);
+    for (Shape sh : {Shape{37, 300, 37 * 300}, Shape{70, 33, 70 * 33},
+                     Shape{3, 5000, 3 * 5000}}) {
+      SCOPED_TRACE(std::to_string(sh.rows) + "x" + std::to_string(sh.cols) +
+                   " flavour " + std::to_string(flavour));
+      for (CpuKernelVariant v : SupportedVariants()) {
+        auto opt = Make(o, v, 2);
+        Problem ref(sh.rows, sh.cols, sh.n, CpuDType::kFloat32,
+                    CpuDType::kFloat32, true, CpuDType::kBFloat16, 29);
+        const Problem init = ref;
+        Problem one = ref, bands = ref;
+        // Whole rows, two or three at a time.
+        std::vector<Range> rows;
+        for (size_t r = 0; r < sh.rows; r += 2 + r % 2) {
+          const size_t k = std::min<size_t>(2 + r % 2, sh.rows - r);
+          if (k == 1) {  // a lone last row joins the range before it
+            rows.back().second += sh.cols;
+            break;
+          }
+          rows.push_back({r * sh.cols, k * sh.cols});
+        }
+        double carried = -1.0;
+        for (int s = 1; s <= 4; ++s) {
+          CpuStepArgs args;
+          args.step = s;
+          args.lr = 1e-2;
+          args.param_sq = carried;
+          auto r = opt->Step(ref.Tensors(), args);
+          ASSERT_TRUE(r.ok() && r->applied);
+          args.check_overflow = false;
+          // Each pass over `rs`: statistics, then the update, no RMS pass.
+          auto ranged = [&](Problem& p, const std::vector<Range>& rs) {
+            CpuFactoredPlan plan;
+            CpuStepShape shape;
+            shape.n = sh.n;
+            shape.rows = sh.rows;
+            shape.cols = sh.cols;
+            ASSERT_TRUE(opt->FactoredBegin(shape, args, &plan).ok());
+            for (CpuFactoredPhase want :
+                 {CpuFactoredPhase::kStatistics, CpuFactoredPhase::kUpdate}) {
+              ASSERT_EQ(plan.phase, want);
+              for (const auto& [b, n] : rs) {
+                ASSERT_TRUE(opt->FactoredPass(RangeOf(p, b, n), b, &plan).ok());
+              }
+              ASSERT_TRUE(opt->FactoredNext(p.stats.data(), &plan).ok());
+            }
+            EXPECT_EQ(plan.phase, CpuFactoredPhase::kDone);
+          };
+          ranged(one, {{0, sh.n}});
+          ranged(bands, rows);
+          carried = r->param_sq;
+        }
+        ExpectSame(ref, one,
+                   std::string(CpuKernelVariantName(v)) + " one range");
+        ExpectClose(ref, bands, init,
+                    std::string(CpuKernelVariantName(v)) + " whole rows");
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // The same ranges give the same bits on every variant and thread count.
 TEST(FactoredTest, RangesDoNotDependOnThreadsOrVariant) {
   for (CpuOptimizerAlgo algo :
@@ -1090,7 +1157,9 @@ TEST(FactoredTest, RangeMisuseIsRefused) {
   null_master.master = nullptr;
   EXPECT_FALSE(opt->FactoredPass(null_master, 0, &plan).ok());
   EXPECT_FALSE(opt->FactoredNext(nullptr, &plan).ok());
-  ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 0, 12), 0, &plan).ok());
+  // Ranges that cut rows: the update's RMS takes a pass of its own.
+  ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 0, 5), 0, &plan).ok());
+  ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 5, 7), 5, &plan).ok());
   ASSERT_TRUE(opt->FactoredNext(p.stats.data(), &plan).ok());
   EXPECT_EQ(plan.phase, CpuFactoredPhase::kRms);
   ASSERT_TRUE(opt->FactoredPass(RangeOf(p, 0, 12), 0, &plan).ok());
