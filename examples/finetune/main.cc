@@ -379,7 +379,7 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
     o.engine.nvme_paths = {f.nvme};
   }
   STRATA_RETURN_IF_ERROR(ParseRanks(f, ranks, s));
-  const uint64_t state = ModelStateBytes(o.model, o.dtype);
+  const uint64_t state = ModelStateBytes(o.model, o.dtype, o.engine.optimizer);
   // The most the trainer pins at once: one block, or the head with wte.
   const int64_t C = o.model.n_embd;
   const uint64_t esize = strata::ElementSize(o.dtype);
@@ -411,7 +411,8 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
     o.engine.partition_bytes = part;
     o.engine.persistence_threshold_bytes = 0;
   }
-  if (f.max_grad_norm == 0 && o.engine.step_overlap_bytes == 0) {
+  if (f.max_grad_norm == 0 && o.engine.step_overlap_bytes == 0 &&
+      UpdatesDuringBackward(o.engine.optimizer)) {
     // Without clipping the step overlaps backward: room to undo every
     // unit's update (fp32 master and moments) should a gradient overflow.
     o.engine.step_overlap_bytes =

@@ -181,7 +181,8 @@ Status Run::Setup(TrainReport* report) {
   report->tokens_per_step =
       int64_t{o_.batch} * o_.seq_len * o_.micro_batches * o_.engine.world_size;
   report->flops_per_token = TrainingFlopsPerToken(o_.model, o_.seq_len);
-  report->model_state_bytes = ModelStateBytes(o_.model, o_.dtype);
+  report->model_state_bytes =
+      ModelStateBytes(o_.model, o_.dtype, o_.engine.optimizer);
   report->workspace_bytes = model_->workspace_bytes();
   return Status::Ok();
 }
@@ -271,7 +272,8 @@ Status Run::MicroBatch(int64_t index, bool last, const strata::StepArgs& args,
 
   // From here on each tensor's gradient is its last of the step: the
   // engine may update a unit while backward goes on.
-  if (last && args.max_grad_norm == 0) {
+  if (last && args.max_grad_norm == 0 &&
+      UpdatesDuringBackward(o_.engine.optimizer)) {
     STRATA_RETURN_IF_ERROR(engine_->BeginStep(args));
   }
   // The head: final LayerNorm, tied LM head, loss, and their backward. The
@@ -532,10 +534,26 @@ Status AgreeAcrossRanks(strata::Communicator* comm, const Status& local) {
   return Status::Ok();
 }
 
-uint64_t ModelStateBytes(const GptConfig& config, ElementType dtype) {
-  // Working copy, fp32 gradient, fp32 master, two fp32 moments.
-  return static_cast<uint64_t>(ParameterCount(config)) *
-         (strata::ElementSize(dtype) + 4 + 4 + 8);
+uint64_t ModelStateBytes(const GptConfig& config, ElementType dtype,
+                         const strata::OptimizerOptions& optimizer) {
+  const auto n = static_cast<uint64_t>(ParameterCount(config));
+  const strata::CpuOptimizerOptions& o = optimizer.cpu;
+  // Adam's family keeps two moments per element; Adafactor and SM3 at most
+  // a first moment (their statistics per row and column are a few bytes).
+  uint64_t moments = 2;
+  if (!UpdatesDuringBackward(optimizer)) {
+    const bool first = o.algo == strata::CpuOptimizerAlgo::kAdafactor
+                           ? o.adafactor.beta1 > 0
+                           : o.beta1 > 0;
+    moments = first ? 1 : 0;
+  }
+  return n * (strata::ElementSize(dtype) + 4 + 4) +
+         moments * strata::CpuStateBytes(optimizer.moment_dtype, n);
+}
+
+bool UpdatesDuringBackward(const strata::OptimizerOptions& optimizer) {
+  return optimizer.cpu.algo != strata::CpuOptimizerAlgo::kAdafactor &&
+         optimizer.cpu.algo != strata::CpuOptimizerAlgo::kSm3;
 }
 
 StatusOr<TrainReport> Train(const TrainOptions& o,

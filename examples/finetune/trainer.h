@@ -125,7 +125,7 @@ struct TrainReport {
   int64_t params = 0;
   int64_t tokens_per_step = 0;  // over all ranks
   double flops_per_token = 0;   // model FLOPs (no recompute)
-  // fp16/bf16 working copy, fp32 gradient, master and two moments.
+  // fp16/bf16 working copy, fp32 gradient and master, the moments.
   uint64_t model_state_bytes = 0;
   uint64_t device_budget_bytes = 0;  // the engine's
   uint64_t workspace_bytes = 0;      // the model's activations
@@ -170,8 +170,16 @@ strata::StatusOr<TrainReport> Train(
 strata::Status AgreeAcrossRanks(strata::Communicator* comm,
                                 const strata::Status& local);
 
-// Bytes of model state per parameter (see TrainReport::model_state_bytes).
-uint64_t ModelStateBytes(const GptConfig& config, strata::ElementType dtype);
+// Bytes of model state (see TrainReport::model_state_bytes): the working
+// copy, the fp32 gradient and master, and the moments `optimizer` keeps per
+// element (Adafactor and SM3: a first moment at most).
+uint64_t ModelStateBytes(const GptConfig& config, strata::ElementType dtype,
+                         const strata::OptimizerOptions& optimizer);
+
+// Whether `optimizer` may update units while backward goes on
+// (Engine::BeginStep): Adafactor and SM3 wait for every row and column
+// statistic of the whole gradient.
+bool UpdatesDuringBackward(const strata::OptimizerOptions& optimizer);
 
 }  // namespace finetune
 

@@ -117,12 +117,43 @@ TEST_F(TrainerTest, OffloadingAndUpdatesDuringBackwardChangeNoLoss) {
   EXPECT_GT(s.evictions, 0u);
   EXPECT_GT(s.nvme_read_bytes, 0u);
   EXPECT_LE(s.device.peak_bytes, off.engine.device_budget_bytes);
-  EXPECT_GE(ModelStateBytes(off.model, off.dtype),
+  EXPECT_GE(ModelStateBytes(off.model, off.dtype, off.engine.optimizer),
             10 * off.engine.device_budget_bytes);
 
   off.engine.step_overlap_bytes = 8 << 20;
   EXPECT_EQ(Losses(off, &s), base);
   EXPECT_GT(s.early_units, 0u);
+}
+
+// Adafactor and SM3 train the model from the engine, on the device and
+// from NVMe alike; without clipping the trainer does not ask the engine to
+// update during backward, which they cannot. Their model state holds no
+// second moment per element.
+TEST_F(TrainerTest, FactoredOptimizersTrainWithoutUpdatesDuringBackward) {
+  for (strata::CpuOptimizerAlgo algo :
+       {strata::CpuOptimizerAlgo::kAdafactor, strata::CpuOptimizerAlgo::kSm3}) {
+    SCOPED_TRACE(std::string(strata::CpuOptimizerAlgoName(algo)));
+    TrainOptions o = Tiny();
+    o.max_grad_norm = 0;
+    o.engine.optimizer.cpu.algo = algo;
+    o.engine.optimizer.cpu.beta1 = 0.0;  // SM3 without momentum
+    o.engine.optimizer.cpu.adafactor.relative_step = false;  // the lr's
+    o.engine.optimizer.cpu.adafactor.scale_parameter = false;
+    strata::EngineStats s;
+    const std::vector<double> base = Losses(o, &s);
+    ASSERT_EQ(base.size(), 12u);
+    EXPECT_LT(base.back(), base[0] - 1.0);
+    EXPECT_EQ(s.early_units, 0u);
+    TrainOptions off = o;
+    off.engine.params = strata::Residence::kNvme;
+    off.engine.optimizer_states = strata::Residence::kNvme;
+    off.engine.nvme_paths = {dir_.path()};
+    off.engine.io.backend = strata::IoBackend::kMemory;
+    EXPECT_EQ(Losses(off), base);
+    const uint64_t n = static_cast<uint64_t>(ParameterCount(o.model));
+    EXPECT_EQ(ModelStateBytes(o.model, o.dtype, o.engine.optimizer),
+              n * (strata::ElementSize(o.dtype) + 8));
+  }
 }
 
 TEST_F(TrainerTest, KeepingActivationsInsteadOfRecomputingChangesNoLoss) {
