@@ -16,9 +16,10 @@ NAMES = ("w", "b")
 LR = 1e-2
 
 
-def config(world_size=1, rank=0, stage=2):
+def config(world_size=1, rank=0, stage=2, algo="adamw"):
     """zero_stage `stage`; stage 3 keeps the parameters in host memory (with
-    several ranks each rank holds its shard and a fetch gathers them)."""
+    several ranks each rank holds its shard and a fetch gathers them);
+    `algo` the CPU optimizer."""
     return json.dumps({"strata": {
         "world_size": world_size,
         "rank": rank,
@@ -29,7 +30,7 @@ def config(world_size=1, rank=0, stage=2):
         "io_block_bytes": 65536,
         "device_budget_bytes": 8 << 20,
         "persistence_threshold_bytes": 0,
-        "optimizer": {"threads": 1},
+        "optimizer": {"threads": 1, "algo": algo},
     }})
 
 
@@ -49,8 +50,9 @@ def grad(t, step, rank, size):
     return (base + sign * alt).astype(np.float32).reshape(SHAPES[t])
 
 
-def make_engine(comm=None, world_size=1, rank=0, stage=2, init=True):
-    eng = strata.Engine(config(world_size, rank, stage), device="host",
+def make_engine(comm=None, world_size=1, rank=0, stage=2, init=True,
+                algo="adamw"):
+    eng = strata.Engine(config(world_size, rank, stage, algo), device="host",
                         device_memory_bytes=64 << 20, comm=comm)
     for name, shape in zip(NAMES, SHAPES):
         eng.register(name, list(shape), dtype="bfloat16")
