@@ -14,7 +14,10 @@
 // parameter (fp16/bf16, what Fetch returns), its fp32 gradient accumulator,
 // its fp32 master and its two Adam moments (fp32, bf16 or 8-bit:
 // OptimizerOptions::moment_dtype), all over the same layout
-// (memtier/layout.h, Note [Units and partitions]).
+// (memtier/layout.h, Note [Units and partitions]). Adafactor and SM3 keep
+// no second moment per element (their statistics per row and column of a
+// tensor of one or two dimensions rest in host memory) and a first moment
+// only when they use one (docs/memtier.md, "Adafactor and SM3").
 //
 // Thread contract: thread-safe. Fetch, pins and AddGrad may be used from
 // several threads; Step excludes them (calls made during a Step wait for it).
