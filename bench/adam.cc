@@ -70,11 +70,6 @@ for _ in range(reps):
 print(json.dumps({"params_per_s": n / best, "torch": torch.__version__}))
 )PY";
 
-// Adafactor and SM3: the optimizers that keep row and column statistics.
-bool IsFactored(CpuOptimizerAlgo a) {
-  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
-}
-
 // The command line as typed.
 struct AdamFlags {
   std::string params = "256M";
@@ -130,7 +125,7 @@ struct AdamConfig {
     return std::find(algos.begin(), algos.end(), a) != algos.end();
   }
   bool factored() const {
-    return std::any_of(algos.begin(), algos.end(), IsFactored);
+    return std::any_of(algos.begin(), algos.end(), CpuOptimizerIsFactored);
   }
   // Adafactor's and SM3's row and column statistics.
   uint64_t stats_bytes() const {
@@ -416,7 +411,7 @@ std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
   const int g = static_cast<int>(cfg.grad_bytes());
   void* grad = const_cast<void*>(t.grad);
   std::vector<BoundArrays> passes;
-  if (IsFactored(o.algo)) {
+  if (CpuOptimizerIsFactored(o.algo)) {
     const bool vec = t.rows == 0;
     const bool use_m =
         o.algo == CpuOptimizerAlgo::kSm3 ? o.beta1 > 0 : o.adafactor.beta1 > 0;
@@ -469,12 +464,10 @@ std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
 std::vector<std::pair<CpuDType, const char*>> MomentsFor(
     const AdamConfig& cfg, const CpuOptimizerOptions& o) {
   std::vector<std::pair<CpuDType, const char*>> out;
-  const bool factored = IsFactored(o.algo);
-  const bool use_m =
-      o.algo == CpuOptimizerAlgo::kSm3
-          ? o.beta1 > 0
-          : o.algo != CpuOptimizerAlgo::kAdafactor || o.adafactor.beta1 > 0;
-  if (factored && !use_m) return {{CpuDType::kFloat32, "none"}};
+  const bool factored = CpuOptimizerIsFactored(o.algo);
+  if (factored && !CpuOptimizerUsesExpAvg(o)) {
+    return {{CpuDType::kFloat32, "none"}};
+  }
   for (CpuDType m : cfg.moments) {
     if (m == CpuDType::kBlock8 &&
         (factored || o.algo == CpuOptimizerAlgo::kAdagrad)) {
@@ -730,7 +723,7 @@ StatusOr<Measured> MeasureRows(
                                                    : a.v16)
                            .data();
   tensors.moment_dtype = mom;
-  if (IsFactored(o.algo)) {
+  if (CpuOptimizerIsFactored(o.algo)) {
     tensors.exp_avg_sq = a.stats.data();
     tensors.rows = cfg.cols == 0 ? 0 : n / cfg.cols;
     tensors.cols = cfg.cols;

@@ -173,10 +173,6 @@ std::vector<Run> Runs(const StepConfig& c) {
   return out;
 }
 
-bool IsFactored(CpuOptimizerAlgo a) {
-  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
-}
-
 // The optimizer of a run: the library's defaults (Adafactor's are HF
 // transformers'), SM3 without momentum.
 CpuOptimizerOptions OptimizerOf(const StepConfig& c, CpuOptimizerAlgo a) {
@@ -206,7 +202,8 @@ CpuStepShape ShapeOf(uint64_t n, const Run& run) {
 // roles (Note [Moment formats] in memtier/engine.cc); Adafactor and SM3
 // only a first moment, if any, their statistics resting on the host.
 uint64_t TensorStateBytes(const StepConfig& c, const Run& run, uint64_t n) {
-  if (!IsFactored(run.algo)) return n * 4 + 2 * CpuStateBytes(run.moments, n);
+  if (!CpuOptimizerIsFactored(run.algo))
+    return n * 4 + 2 * CpuStateBytes(run.moments, n);
   const StatusOr<CpuStepFootprint> fp =
       CpuStepFootprintOf(OptimizerOf(c, run.algo), ShapeOf(n, run));
   return n * 4 + (fp.ok() ? fp->exp_avg_bytes : 0);
@@ -353,7 +350,7 @@ class UpdateSample {
     std::fill_n(reinterpret_cast<float*>(s.grad_.data()), s.n_, 0.01f);
     const CpuOptimizerOptions oo = OptimizerOf(c, run.algo);
     STRATA_ASSIGN_OR_RETURN(s.opt_, NewCpuOptimizer(oo));
-    if (IsFactored(run.algo)) {
+    if (CpuOptimizerIsFactored(run.algo)) {
       // Each piece a tensor of the engine's shape, with its statistics and
       // its carried sum of squares, as the engine keeps them.
       for (uint64_t b = 0; b < s.n_; b += kTensorElems) {
@@ -409,7 +406,7 @@ class UpdateSample {
       t.exp_avg_sq = v_.data() + piece * piece_state_;
       t.moment_dtype = run_.moments;
       t.working = w_.data() + b * 2;
-      if (IsFactored(run_.algo)) {
+      if (CpuOptimizerIsFactored(run_.algo)) {
         const CpuStepShape shape = ShapeOf(t.n, run_);
         t.rows = shape.rows;
         t.cols = shape.cols;
@@ -417,7 +414,7 @@ class UpdateSample {
         a.param_sq = param_sq_[piece];
       }
       STRATA_ASSIGN_OR_RETURN(CpuStepResult r, opt_->Step(t, a));
-      if (IsFactored(run_.algo)) param_sq_[piece] = r.param_sq;
+      if (CpuOptimizerIsFactored(run_.algo)) param_sq_[piece] = r.param_sq;
     }
     return SecondsSince(t0);
   }

@@ -79,23 +79,6 @@ const KernelTable& KernelsFor(CpuKernelVariant v) {
   return ScalarKernels();
 }
 
-bool IsFactoredAlgo(CpuOptimizerAlgo a) {
-  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
-}
-
-bool UsesFirstMoment(const CpuOptimizerOptions& o) {
-  switch (o.algo) {
-    case CpuOptimizerAlgo::kAdagrad:
-      return false;
-    case CpuOptimizerAlgo::kAdafactor:
-      return o.adafactor.beta1 > 0;
-    case CpuOptimizerAlgo::kSm3:
-      return o.beta1 > 0;
-    default:
-      return true;
-  }
-}
-
 Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c) {
   if (rows == 0) {
     *r = 1;
@@ -273,7 +256,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
 
   StatusOr<CpuStepResult> Step(const CpuOptimizerTensors& t,
                                const CpuStepArgs& args) override {
-    if (cpu_adam::IsFactoredAlgo(options_.algo)) return FactoredStep(t, args);
+    if (CpuOptimizerIsFactored(options_.algo)) return FactoredStep(t, args);
     STRATA_RETURN_IF_ERROR(Validate(t, args));
     CpuStepResult result;
     if (t.n == 0) {
@@ -329,8 +312,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   // they cover distinct columns). After the sweep the pass adds the
   // partials into the plan's sums rectangle by rectangle, in order (SM3:
   // their maxima), so a range gives the same bits on any thread count.
-  // Adafactor's RMS is a pass of its own here: the fused one needs whole
-  // rows.
+  // Adafactor's RMS takes a pass of its own over such rectangles; a range of
+  // whole rows fuses it (Note [Whole rows in a range]).
   struct RangeRects {
     std::vector<cpu_adam::TileRect> rects;
     size_t strips = 1;
@@ -387,7 +370,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     if (plan == nullptr) {
       return Status::InvalidArgument("FactoredBegin: null plan");
     }
-    if (!cpu_adam::IsFactoredAlgo(options_.algo)) {
+    if (!CpuOptimizerIsFactored(options_.algo)) {
       return Status::InvalidArgument(
           "FactoredBegin: " + std::string(CpuOptimizerAlgoName(options_.algo)) +
           " steps each range with Step; only Adafactor and SM3 step in "
@@ -503,30 +486,11 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     a.strips = grid.strips;
     a.row_state = static_cast<float*>(t.exp_avg_sq) + r0;
     a.col_state = static_cast<float*>(t.exp_avg_sq) + rows;
-    row_part_.assign(nrows * grid.strips, 0.0);
-    col_part_.resize(grid.bands * cols);
-    rms_part_.resize(grid.bands * cols);
-    group_part_.resize(
-        cpu_adam::AdafactorLagsRows(cpu_adam::DTypeSize(t.grad_dtype))
-            ? grid.bands * cpu_adam::AfGroupStride(cols)
-            : 0);
-    a.row_part = row_part_.data();
-    a.col_part = col_part_.data();
-    a.rms_part = rms_part_.data();
-    a.group_part = group_part_.data();
-    const size_t tiles = grid.tiles();
-    tile_sums_.assign(tiles, cpu_adam::AfTileSums{});
-    const auto stats = kernels_->adafactor_stats;
-    ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-      tile_sums_[tile] = stats(p, a, grid.Tile(tile));
-    });
+    BindStatsScratch(p, a, grid);
+    SweepStats(p, a, grid);
     double* sums = plan.sums.data();
     for (size_t i = 0; i < nrows; ++i) {
-      double sum = 0.0;
-      for (size_t k = 0; k < grid.strips; ++k) {
-        sum += row_part_[i * grid.strips + k];
-      }
-      sums[r0 + i] += sum;
+      sums[r0 + i] += RowPartSum(i, grid.strips);
     }
     double* rms = sums + RmsAt(plan);
     for (size_t b = 0; b < grid.bands; ++b) {
@@ -537,7 +501,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
         rms[j] += r[j];
       }
     }
-    for (size_t k = 0; k < tiles; ++k) sums[rows + cols] += tile_sums_[k].p_sq;
+    for (const cpu_adam::AfTileSums& k : tile_sums_) {
+      sums[rows + cols] += k.p_sq;
+    }
   }
 
   Status FactoredNext(float* stats, CpuFactoredPlan* plan) override {
@@ -587,15 +553,10 @@ class CpuOptimizerImpl final : public CpuOptimizer {
           p.clip = AdafactorClipOf(p.sums[lines + 1], p.n);
           p.phase = CpuFactoredPhase::kUpdate;
         } else if (p.sums[RmsAt(p) + cols] == 0) {
-          // Every range fused it: mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j,
-          // as Step forms it.
-          const double* rms = p.sums.data() + RmsAt(p);
-          double u_sum = 0.0;
-          for (size_t j = 0; j < cols; ++j) {
-            u_sum += rms[j] / static_cast<double>(col_state[j]);
-          }
-          u_sum *= static_cast<double>(row_mean);
-          p.clip = AdafactorClipOf(u_sum, p.n);
+          // Every range fused it, and it is formed as Step forms it.
+          p.clip = AdafactorClipOf(FusedUpdateSq(p.sums.data() + RmsAt(p),
+                                                 col_state, cols, row_mean),
+                                   p.n);
           p.phase = CpuFactoredPhase::kUpdate;
         } else {
           p.phase = CpuFactoredPhase::kRms;
@@ -743,7 +704,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   // and RMS passes over a range may not (FactoredPass).
   Status ValidateFactoredArrays(const CpuOptimizerTensors& t,
                                 bool weights = true) const {
-    const bool need_m = weights && cpu_adam::UsesFirstMoment(options_);
+    const bool need_m = weights && CpuOptimizerUsesExpAvg(options_);
     if ((weights && t.master == nullptr) || t.grad == nullptr ||
         t.exp_avg_sq == nullptr || (need_m && t.exp_avg == nullptr)) {
       return Status::InvalidArgument(
@@ -834,37 +795,19 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     AdafactorParams(args, p);
     const bool carried = !p.scale_p && o.scale_parameter;
     p.fuse_rms = fused && rows > 1;
-    row_part_.assign(rows * grid.strips, 0.0);
-    col_part_.resize(rows > 1 ? grid.bands * cols : 0);
-    rms_part_.resize(p.fuse_rms ? grid.bands * cols : 0);
-    group_part_.resize(p.fuse_rms && cpu_adam::AdafactorLagsRows(
-                                         cpu_adam::DTypeSize(t.grad_dtype))
-                           ? grid.bands * cpu_adam::AfGroupStride(cols)
-                           : 0);
     col_factor_.resize(cols);
     row_factor_.resize(rows);
-    tile_sums_.assign(tiles, cpu_adam::AfTileSums{});
-    a.row_part = row_part_.data();
-    a.col_part = col_part_.data();
-    a.rms_part = rms_part_.data();
-    a.group_part = group_part_.data();
     a.col_factor = col_factor_.data();
     a.row_factor = row_factor_.data();
     const auto& k = *kernels_;
     // Pass 1: g^2 + eps1 summed per row and column, p^2 per tile (and, fused,
     // what the update's RMS needs).
-    TimePass(result, [&] {
-      ParallelTiles(tiles, 1, [&](size_t tile, size_t, size_t) {
-        tile_sums_[tile] = k.adafactor_stats(p, a, grid.Tile(tile));
-      });
-    });
+    BindStatsScratch(p, a, grid);
+    TimePass(result, [&] { SweepStats(p, a, grid); });
     // The statistics' moving averages; each sum in a fixed order.
     for (size_t i = 0; i < rows; ++i) {
-      double sum = 0.0;
-      for (size_t s = 0; s < grid.strips; ++s)
-        sum += row_part_[i * grid.strips + s];
-      a.row_state[i] =
-          cpu_adam::AdafactorStat(a.row_state[i], p.beta2, p.omb2, sum, cols);
+      a.row_state[i] = cpu_adam::AdafactorStat(
+          a.row_state[i], p.beta2, p.omb2, RowPartSum(i, grid.strips), cols);
     }
     if (rows > 1) {
       SumBands(col_part_, grid.bands, cols);
@@ -879,12 +822,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
       u_sum += tile_sums_[i].u_sq;
     }
     const double lr = AdafactorLr(args, carried ? args.param_sq : p_sum, t.n);
-    if (p.fuse_rms) {  // mean(R) * sum_j (sum_i g_ij^2 / R_i) / C_j
+    if (p.fuse_rms) {  // (the tiles' u_sq are zero for a matrix)
       SumBands(rms_part_, grid.bands, cols);
-      for (size_t j = 0; j < cols; ++j) {
-        u_sum += col_sum_[j] / static_cast<double>(a.col_state[j]);
-      }
-      u_sum *= static_cast<double>(row_mean);
+      u_sum += FusedUpdateSq(col_sum_.data(), a.col_state, cols, row_mean);
     } else if (!fused) {  // (a vector's came with the tile sums)
       // The RMS pass: the update's squares, for clipping.
       TimePass(result, [&] {
@@ -917,7 +857,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.moment_dtype = t.moment_dtype;
     p.working_dtype = t.working_dtype;
     p.has_working = t.working != nullptr;
-    p.use_m = cpu_adam::UsesFirstMoment(options_);
+    p.use_m = CpuOptimizerUsesExpAvg(options_);
     p.gscale = static_cast<float>(args.inv_loss_scale * args.clip_coef);
     return p;
   }
@@ -1091,6 +1031,56 @@ class CpuOptimizerImpl final : public CpuOptimizer {
         for (size_t r = 0; r < nr; ++r) sums[0] += tile_sums_[r].p_sq;
         return;
     }
+  }
+
+  // Adafactor's statistics scratch for a sweep over `grid` (a's rows and
+  // columns), bound to `a`: the rows' partials, the bands' column sums and,
+  // with fuse_rms, their RMS partials (and the lagged rows' group sums).
+  void BindStatsScratch(const cpu_adam::FactoredParams& p,
+                        cpu_adam::FactoredArrays& a,
+                        const cpu_adam::Grid& grid) {
+    const size_t rows = a.rows, cols = a.cols;
+    row_part_.assign(rows * grid.strips, 0.0);
+    col_part_.resize(rows > 1 ? grid.bands * cols : 0);
+    rms_part_.resize(p.fuse_rms ? grid.bands * cols : 0);
+    group_part_.resize(p.fuse_rms && cpu_adam::AdafactorLagsRows(
+                                         cpu_adam::DTypeSize(p.grad_dtype))
+                           ? grid.bands * cpu_adam::AfGroupStride(cols)
+                           : 0);
+    tile_sums_.assign(grid.tiles(), cpu_adam::AfTileSums{});
+    a.row_part = row_part_.data();
+    a.col_part = col_part_.data();
+    a.rms_part = rms_part_.data();
+    a.group_part = group_part_.data();
+  }
+
+  // Adafactor's statistics pass over every tile of `grid`, each tile's sums
+  // in tile_sums_.
+  void SweepStats(const cpu_adam::FactoredParams& p,
+                  const cpu_adam::FactoredArrays& a,
+                  const cpu_adam::Grid& grid) {
+    const auto stats = kernels_->adafactor_stats;
+    ParallelTiles(grid.tiles(), 1, [&](size_t tile, size_t, size_t) {
+      tile_sums_[tile] = stats(p, a, grid.Tile(tile));
+    });
+  }
+
+  // Row i's sum over its `strips` partials, in strip order.
+  double RowPartSum(size_t i, size_t strips) const {
+    double sum = 0.0;
+    for (size_t s = 0; s < strips; ++s) sum += row_part_[i * strips + s];
+    return sum;
+  }
+
+  // The sum of u^2 from the fused statistics: mean(R) * sum_j (sum_i
+  // g_ij^2 / R_i) / C_j, `rms` the columns' inner sums.
+  static double FusedUpdateSq(const double* rms, const float* col_state,
+                              size_t cols, float row_mean) {
+    double u_sum = 0.0;
+    for (size_t j = 0; j < cols; ++j) {
+      u_sum += rms[j] / static_cast<double>(col_state[j]);
+    }
+    return u_sum * static_cast<double>(row_mean);
   }
 
   // col_sum_[j] = the sum over bands of part[band * cols + j], in band
@@ -1408,9 +1398,9 @@ StatusOr<CpuStepFootprint> CpuStepFootprintOf(const CpuOptimizerOptions& o,
   }
   const uint64_t g = cpu_adam::DTypeSize(shape.grad_dtype);
   const uint64_t w = shape.has_working ? 2 : 0;
-  const bool use_m = cpu_adam::UsesFirstMoment(o);
+  const bool use_m = CpuOptimizerUsesExpAvg(o);
   CpuStepFootprint f;
-  if (!cpu_adam::IsFactoredAlgo(o.algo)) {
+  if (!CpuOptimizerIsFactored(o.algo)) {
     if (shape.moment_dtype == CpuDType::kFloat16 ||
         (shape.moment_dtype == CpuDType::kBlock8 &&
          o.algo == CpuOptimizerAlgo::kAdagrad)) {
@@ -1461,6 +1451,23 @@ StatusOr<CpuStepFootprint> CpuStepFootprintOf(const CpuOptimizerOptions& o,
   f.written_bytes = n * (4 + w) + m + stats + factors;
   f.passes = fused ? 2 : 3;
   return f;
+}
+
+bool CpuOptimizerIsFactored(CpuOptimizerAlgo a) {
+  return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+}
+
+bool CpuOptimizerUsesExpAvg(const CpuOptimizerOptions& o) {
+  switch (o.algo) {
+    case CpuOptimizerAlgo::kAdagrad:
+      return false;
+    case CpuOptimizerAlgo::kAdafactor:
+      return o.adafactor.beta1 > 0;
+    case CpuOptimizerAlgo::kSm3:
+      return o.beta1 > 0;
+    default:
+      return true;
+  }
 }
 
 std::string_view CpuOptimizerAlgoName(CpuOptimizerAlgo a) {

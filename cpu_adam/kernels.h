@@ -258,9 +258,6 @@ inline constexpr GridPolicy kAdafactorFusedGrid{true, size_t{1} << 18};
 // function of these and the policy only, never of the thread count.
 Grid MakeGrid(size_t rows, size_t cols, size_t tile, const GridPolicy& gp);
 
-bool IsFactoredAlgo(CpuOptimizerAlgo a);
-// Whether `o` reads and writes exp_avg.
-bool UsesFirstMoment(const CpuOptimizerOptions& o);
 // Factored statistics' shape: rows x cols, a vector (rows == 0) as 1 x n.
 // kInvalidArgument when rows * cols != n.
 Status FactoredShape(size_t n, size_t rows, size_t cols, size_t* r, size_t* c);

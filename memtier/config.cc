@@ -305,9 +305,7 @@ void CheckTraining(const EngineOptions& o, Checker& c) {
                "lion, adafactor or sm3 (their first moment), int8 with adam, "
                "adamw or lion");
   }
-  if ((opt.cpu.algo == CpuOptimizerAlgo::kAdafactor ||
-       opt.cpu.algo == CpuOptimizerAlgo::kSm3) &&
-      o.grads == Residence::kNvme) {
+  if (CpuOptimizerIsFactored(opt.cpu.algo) && o.grads == Residence::kNvme) {
     c.Fail("grads", "nvme with " +
                         std::string(CpuOptimizerAlgoName(opt.cpu.algo)) +
                         ", which reads each gradient before the update (its "

@@ -322,8 +322,7 @@ class PyCpuOptimizer {
     // The moments' type: exp_avg's, else exp_avg_sq's (Adagrad keeps only
     // the sum); Adafactor's and SM3's statistics are fp32 whatever the
     // first moment is.
-    const bool factored = o.algo == CpuOptimizerAlgo::kAdafactor ||
-                          o.algo == CpuOptimizerAlgo::kSm3;
+    const bool factored = CpuOptimizerIsFactored(o.algo);
     t.moment_dtype = m1                ? m1->dtype
                      : m2 && !factored ? m2->dtype
                                        : CpuDType::kFloat32;

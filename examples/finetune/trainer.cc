@@ -541,19 +541,15 @@ uint64_t ModelStateBytes(const GptConfig& config, ElementType dtype,
   // Adam's family keeps two moments per element; Adafactor and SM3 at most
   // a first moment (their statistics per row and column are a few bytes).
   uint64_t moments = 2;
-  if (!UpdatesDuringBackward(optimizer)) {
-    const bool first = o.algo == strata::CpuOptimizerAlgo::kAdafactor
-                           ? o.adafactor.beta1 > 0
-                           : o.beta1 > 0;
-    moments = first ? 1 : 0;
+  if (strata::CpuOptimizerIsFactored(o.algo)) {
+    moments = strata::CpuOptimizerUsesExpAvg(o) ? 1 : 0;
   }
   return n * (strata::ElementSize(dtype) + 4 + 4) +
          moments * strata::CpuStateBytes(optimizer.moment_dtype, n);
 }
 
 bool UpdatesDuringBackward(const strata::OptimizerOptions& optimizer) {
-  return optimizer.cpu.algo != strata::CpuOptimizerAlgo::kAdafactor &&
-         optimizer.cpu.algo != strata::CpuOptimizerAlgo::kSm3;
+  return !strata::CpuOptimizerIsFactored(optimizer.cpu.algo);
 }
 
 StatusOr<TrainReport> Train(const TrainOptions& o,

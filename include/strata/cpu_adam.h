@@ -83,6 +83,10 @@ enum class CpuOptimizerAlgo : uint8_t {
 
 // "adam", "adamw", "adagrad", "lion", "adafactor", "sm3".
 STRATA_EXPORT std::string_view CpuOptimizerAlgoName(CpuOptimizerAlgo a);
+// Adafactor and SM3: statistics per row and column of a matrix (per
+// element of a vector), no second moment per element; their Step needs the
+// shape (CpuOptimizerTensors::rows, cols).
+STRATA_EXPORT bool CpuOptimizerIsFactored(CpuOptimizerAlgo a);
 // The inverse of CpuOptimizerAlgoName, case-insensitive; kInvalidArgument
 // naming the accepted names otherwise.
 STRATA_EXPORT StatusOr<CpuOptimizerAlgo> ParseCpuOptimizerAlgo(
@@ -156,6 +160,10 @@ struct CpuOptimizerOptions {
   size_t tile_elems = size_t{1} << 16;
   CpuAdafactorOptions adafactor;  // kAdafactor only
 };
+
+// Whether `o` keeps exp_avg per element: Adam, AdamW and Lion; Adafactor
+// with beta1 > 0 and SM3 with momentum (beta1) > 0; never Adagrad.
+STRATA_EXPORT bool CpuOptimizerUsesExpAvg(const CpuOptimizerOptions& o);
 
 // The arrays of one update: views the caller owns, all of length n,
 // naturally aligned for their type. They must not overlap.
