@@ -862,10 +862,8 @@ Status EngineImpl::ForEachPieceOfTensor(
   TensorPlace t = tensor;
   uint64_t skip = 0;
   if (role != kParam || ShardedParams()) {
-    const uint64_t lo = std::max(tensor.offset, s.shard_begin);
-    const uint64_t hi =
-        std::min(tensor.offset + tensor.elems, s.shard_begin + s.elems);
-    if (hi <= lo) return Status::Ok();
+    uint64_t lo = 0, hi = 0;
+    if (!ShardPart(tensor, &lo, &hi)) return Status::Ok();
     skip = lo - tensor.offset;
     t.offset = lo - s.shard_begin;
     t.elems = hi - lo;

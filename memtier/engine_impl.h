@@ -3,6 +3,7 @@
 #ifndef STRATA_MEMTIER_ENGINE_IMPL_H_
 #define STRATA_MEMTIER_ENGINE_IMPL_H_
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <functional>
@@ -249,6 +250,22 @@ class EngineImpl final : public Engine {
   uint64_t WorkingBegin(const UnitState& s) const {
     return ShardedParams() ? 0 : s.shard_begin;
   }
+  // "[a, b, c]", for messages.
+  static std::string ShapeText(const std::vector<int64_t>& shape) {
+    std::string out = "[";
+    for (size_t d = 0; d < shape.size(); ++d) {
+      out += (d ? ", " : "") + std::to_string(shape[d]);
+    }
+    return out + "]";
+  }
+  // The part of `t` in this rank's shard of its unit: [*lo, *hi) in
+  // full-unit elements; false when the shard holds none of it.
+  bool ShardPart(const TensorPlace& t, uint64_t* lo, uint64_t* hi) const {
+    const UnitState& s = units_[t.unit];
+    *lo = std::max(t.offset, s.shard_begin);
+    *hi = std::min(t.offset + t.elems, s.shard_begin + s.elems);
+    return *hi > *lo;
+  }
   // The accumulator of zero_stage 1 with several ranks: the unit's full
   // local gradient.
   float* FullGradAt(uint32_t unit, uint64_t elem) {
@@ -486,8 +503,7 @@ class EngineImpl final : public Engine {
 
   // Note [Factored optimizers in the engine] (memtier/factored.cc).
   bool Factored() const {
-    const CpuOptimizerAlgo a = options_.optimizer.cpu.algo;
-    return a == CpuOptimizerAlgo::kAdafactor || a == CpuOptimizerAlgo::kSm3;
+    return CpuOptimizerIsFactored(options_.optimizer.cpu.algo);
   }
   // Whether role `role` has a copy of every element: not the moments a
   // factored optimizer does not keep per element.

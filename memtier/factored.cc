@@ -43,19 +43,6 @@
 namespace strata::memtier {
 namespace {
 
-bool UsesFirstMoment(const CpuOptimizerOptions& o) {
-  return o.algo == CpuOptimizerAlgo::kAdafactor ? o.adafactor.beta1 > 0
-                                                : o.beta1 > 0;
-}
-
-std::string ShapeText(const std::vector<int64_t>& v) {
-  std::string out = "[";
-  for (size_t d = 0; d < v.size(); ++d) {
-    out += (d ? ", " : "") + std::to_string(v[d]);
-  }
-  return out + "]";
-}
-
 // The blob's little-endian fields.
 template <class T>
 void Put(std::string& out, T v) {
@@ -76,7 +63,7 @@ constexpr uint32_t kBlobMagic = 0x53464331;  // "SFC1"
 
 bool EngineImpl::RoleKept(int role) const {
   if (!Factored() || !IsMoment(role)) return true;
-  return role == kExpAvg && UsesFirstMoment(options_.optimizer.cpu);
+  return role == kExpAvg && CpuOptimizerUsesExpAvg(options_.optimizer.cpu);
 }
 
 Status EngineImpl::StartFactored() {
@@ -142,11 +129,8 @@ Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
     for (TensorId id : due) {
       const TensorPlace& place = layout_->tensor(id);
       const UnitState& s = units_[place.unit];
-      // This rank's part of the tensor, in its shard.
-      const uint64_t lo = std::max(place.offset, s.shard_begin);
-      const uint64_t hi =
-          std::min(place.offset + place.elems, s.shard_begin + s.elems);
-      if (hi <= lo) continue;
+      uint64_t lo = 0, hi = 0;  // this rank's part of the tensor
+      if (!ShardPart(place, &lo, &hi)) continue;
       FactoredTensor& f = factored_[id];
       CpuOptimizerTensors t;
       t.n = hi - lo;

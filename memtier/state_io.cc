@@ -885,16 +885,9 @@ Status EngineImpl::LoadState(CheckpointReader& reader) {
       }
       const CheckpointTensor& t = reader.tensors()[*k];
       if (t.shape != specs_[i].shape) {
-        auto shape = [](const std::vector<int64_t>& v) {
-          std::string out = "[";
-          for (size_t d = 0; d < v.size(); ++d) {
-            out += (d ? ", " : "") + std::to_string(v[d]);
-          }
-          return out + "]";
-        };
         return Status::InvalidArgument(
-            where + ": tensor " + t.name + " has shape " + shape(t.shape) +
-            " there and " + shape(specs_[i].shape) + " here");
+            where + ": tensor " + t.name + " has shape " + ShapeText(t.shape) +
+            " there and " + ShapeText(specs_[i].shape) + " here");
       }
       index[i] = *k;
     }
