@@ -16,7 +16,9 @@
 // time(bound) / time(step), each the best of all repetitions;
 // paired_ratio_to_bound is the median over the repetitions of each one's
 // bound over its own step, which the host's drift from one repetition to
-// the next moves less. The separate gradient-statistics pass
+// the next moves less. Each row of the Adam family also runs on one thread
+// over arrays that fit in L2, for its arithmetic ceiling (Note [The
+// in-cache rate]). The separate gradient-statistics pass
 // (squared norm + inf/nan) is timed too. When a python3 with torch is found,
 // the same N parameters go through torch.optim.Adam for its figure.
 #include <algorithm>
@@ -137,7 +139,8 @@ struct AdamConfig {
 struct AdamOutcome {
   nlohmann::json results = nlohmann::json::array();
   Table table{{"optimizer", "variant", "threads", "moments", "Gparams/s",
-               "GB/s", "bound GB/s", "ratio", "paired", "B/param"}};
+               "GB/s", "bound GB/s", "ratio", "paired", "B/param",
+               "cache Gp/s"}};
   // Against fp32-moment AdamW (AddSpeedups); no rows without that row.
   Table speedups{{"optimizer", "variant", "threads", "moments", "vs fp32 adamw",
                   "bounds allow", "bytes allow"}};
@@ -658,6 +661,86 @@ double AddSpeedups(AdamOutcome& out, size_t first) {
   return pps;
 }
 
+// ---- The arithmetic ceiling ------------------------------------------------
+//
+// Note [The in-cache rate]
+// A row under its bound is held back by memory or by its arithmetic, and
+// the bound alone cannot say which. So each row's step also runs, on one
+// thread, over the first elements of its arrays, as many as take
+// kCacheSampleBytes of them (whole 8-bit blocks): arrays that stay in a
+// core's L2 (the working copy's non-temporal stores still go to memory, 2
+// bytes a parameter), timed over enough steps to last kCacheSampleSeconds,
+// the best of kCacheSampleRounds. That rate times the row's threads is the
+// row's arithmetic ceiling (`cache Gp/s`): a row whose memory-resident
+// rate comes near it is bound by its arithmetic as much as by memory, and
+// only fewer instructions per element move it. The sample writes the first
+// elements' states (8-bit codes and scales) as any step does; it runs after
+// the row's timed steps.
+//
+// Adafactor and SM3 have none: each of their steps also works over the
+// matrix's rows and columns (Adafactor adds up to 64 bands of column
+// partial sums, in double, per array), which a sample of a few rows does
+// not amortize. One Zen 5 core, 4096 columns, Adafactor: 0.46, 1.73 and 2.79
+// G params/s over 2, 16 and 64 rows, against 1.9 over 16 Mi parameters from
+// memory; SM3 2.5, 4.8 and 4.5, against 2.1.
+constexpr uint64_t kCacheSampleBytes = uint64_t{256} << 10;
+constexpr double kCacheSampleSeconds = 0.02;
+constexpr int kCacheSampleRounds = 3;
+
+struct CacheRate {
+  uint64_t params = 0;      // 0: not sampled (Adafactor, SM3)
+  double params_per_s = 0;  // one thread
+};
+
+// Elements of the in-cache sample of a step moving `bytes_per_param` per
+// element: a whole number of 8-bit blocks (of 64 elements for the other
+// formats), at least one, at most n.
+uint64_t CacheSampleElems(uint64_t n, double bytes_per_param, CpuDType mom) {
+  const uint64_t unit = mom == CpuDType::kBlock8 ? kCpuBlock8Elems : 64;
+  const auto fits = static_cast<uint64_t>(
+      static_cast<double>(kCacheSampleBytes) / std::max(bytes_per_param, 1.0));
+  return std::min(n, std::max<uint64_t>(1, fits / unit) * unit);
+}
+
+// Note [The in-cache rate]: one thread of variant `v` of the row's optimizer
+// over the first elements of `full`.
+StatusOr<CacheRate> MeasureCacheRate(const CpuOptimizerOptions& row_options,
+                                     CpuKernelVariant v,
+                                     const CpuOptimizerTensors& full,
+                                     double bytes_per_param) {
+  if (CpuOptimizerIsFactored(row_options.algo)) return CacheRate{};
+  CpuOptimizerOptions o = row_options;
+  o.variant = v;
+  o.threads = 1;
+  STRATA_ASSIGN_OR_RETURN(auto opt, NewCpuOptimizer(o));
+  CpuOptimizerTensors t = full;
+  t.n = CacheSampleElems(full.n, bytes_per_param, full.moment_dtype);
+  CpuStepArgs args;
+  args.lr = 1e-5;
+  args.check_overflow = false;  // as the row's timed steps
+  auto step = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(CpuStepResult res, opt->Step(t, args));
+    if (!res.applied) return Status::Internal("adam: a step was skipped");
+    ++args.step;
+    return Status::Ok();
+  };
+  for (int i = 0; i < 4; ++i) STRATA_RETURN_IF_ERROR(step());  // warm-up
+  double best = 1e30;
+  for (int round = 0; round < kCacheSampleRounds; ++round) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    int steps = 0;
+    const auto t0 = Clock::now();
+    double s = 0;
+    do {
+      STRATA_RETURN_IF_ERROR(step());
+      ++steps;
+      s = Seconds(t0, Clock::now());
+    } while (s < kCacheSampleSeconds);
+    best = std::min(best, s / steps);
+  }
+  return CacheRate{t.n, static_cast<double>(t.n) / best};
+}
+
 // What one optimizer and moment dtype measured at one thread count: every
 // variant beside the same bounds. Its rows are written once every optimizer
 // of the thread count has run, against the bound over all their samples
@@ -678,6 +761,7 @@ struct Measured {
   std::vector<std::vector<std::vector<double>>> pass_paired;
   // [variant]: each repetition's bound over each variant's step in it.
   std::vector<std::vector<double>> paired;
+  std::vector<CacheRate> cache;  // [variant]: Note [The in-cache rate]
 
   double bound_bytes() const {
     double b = 0;
@@ -798,6 +882,11 @@ StatusOr<Measured> MeasureRows(
     if (!stats.ok()) return stats.status();
     if (r > 0) *best_stats = std::min(*best_stats, Seconds(t0, t1));
   }
+  for (CpuKernelVariant v : cfg.variants) {
+    STRATA_ASSIGN_OR_RETURN(CacheRate c,
+                            MeasureCacheRate(o, v, tensors, m.bound_bytes()));
+    m.cache.push_back(c);
+  }
   return m;
 }
 
@@ -848,6 +937,8 @@ void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
     const double ratio = best_bound / m.best[k];
     std::vector<double> paired = m.paired[k];  // Percentile sorts
     const double paired_ratio = Percentile(paired, 50);
+    const CacheRate& cache = m.cache[k];
+    const double ceiling = cache.params_per_s * m.threads[k];
     nlohmann::json row = {
         {"optimizer", m.algo_name},
         {"variant", std::string(CpuKernelVariantName(cfg.variants[k]))},
@@ -876,7 +967,15 @@ void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
         {"bound_samples", shared.samples},
         {"bound_rows", shared.rows},
         {"ratio_to_bound", ratio},
-        {"paired_ratio_to_bound", paired_ratio}};
+        {"paired_ratio_to_bound", paired_ratio},
+        {"cache_sample_params", nullptr},
+        {"cache_params_per_s_per_thread", nullptr},
+        {"cache_ceiling_params_per_s", nullptr}};
+    if (cache.params > 0) {
+      row["cache_sample_params"] = cache.params;
+      row["cache_params_per_s_per_thread"] = cache.params_per_s;
+      row["cache_ceiling_params_per_s"] = ceiling;
+    }
     AddBoundJson(shared.bounds, m.passes, n, bound_bytes, row);
     AddPassJson(shared.bounds, m.passes, n, m.pass_best[k], m.pass_paired[k],
                 row, out.passes);
@@ -890,7 +989,8 @@ void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
     out.table.AddRow({m.algo_name, row["variant"], std::to_string(m.threads[k]),
                       m.mom_name, Fixed(pps / 1e9, 3), Fixed(gbps, 1),
                       Fixed(bound_gbps, 1), Fixed(ratio, 3),
-                      Fixed(paired_ratio, 3), Fixed(bytes_per_param, 2)});
+                      Fixed(paired_ratio, 3), Fixed(bytes_per_param, 2),
+                      cache.params > 0 ? Fixed(ceiling / 1e9, 3) : "-"});
   }
 }
 

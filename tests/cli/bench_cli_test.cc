@@ -42,6 +42,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 using strata::kCpuAdafactorFusedRowCols;
+using strata::kCpuBlock8Elems;
 using strata::testing::ScratchDir;
 
 // What is in `dir` (names only).
@@ -1087,6 +1088,47 @@ TEST(BenchCliTest, AdamRowsCarryEveryBoundKernel) {
     SCOPED_TRACE("cols " + std::to_string(cols));
     CheckBoundRows(n, cols, af_passes);
   }
+}
+
+// Each row of the Adam family carries its in-cache rate: one thread over as
+// many of the first elements as take 256 KiB of the row's arrays (whole
+// 8-bit blocks, or 64 elements), and that rate times the row's threads as
+// its arithmetic ceiling. Adafactor and SM3 rows have none.
+TEST(BenchCliTest, AdamRowsCarryTheirInCacheRate) {
+  ScratchDir d;
+  const std::string json = d.path() + "/a.json";
+  const Outcome o =
+      RunBench({"adam", "--params", "64K", "--threads", "1,2", "--torch", "off",
+                "--reps", "1", "--variants", "scalar", "--moments", "fp32,int8",
+                "--optimizer", "adamw,sm3", "--cols", "256", "--json", json},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "cache Gp/s")) << o.out;
+  const std::vector<nlohmann::json> rows = BoundRows(json);
+  ASSERT_EQ(rows.size(), 6u);  // adamw fp32, int8; sm3 fp32; two counts
+  std::set<int> threads;
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.dump());
+    threads.insert(row["threads"].get<int>());
+    if (row["optimizer"] == "sm3") {
+      EXPECT_TRUE(row["cache_sample_params"].is_null());
+      EXPECT_TRUE(row["cache_params_per_s_per_thread"].is_null());
+      EXPECT_TRUE(row["cache_ceiling_params_per_s"].is_null());
+      continue;
+    }
+    const bool int8 = row["moment_dtype"] == "int8";
+    const uint64_t unit = int8 ? kCpuBlock8Elems : 64;
+    const auto fits = static_cast<uint64_t>(
+        256.0 * 1024 / row["bound_bytes_per_param"].get<double>());
+    const uint64_t sample = row["cache_sample_params"].get<uint64_t>();
+    EXPECT_EQ(sample, fits / unit * unit);
+    EXPECT_EQ(sample, int8 ? 14336u : 8704u);  // 18 and 30 bytes a param
+    const double one = row["cache_params_per_s_per_thread"].get<double>();
+    EXPECT_GT(one, 0.0);
+    EXPECT_NEAR(row["cache_ceiling_params_per_s"].get<double>(),
+                one * row["threads"].get<int>(), one * 1e-9);
+  }
+  EXPECT_EQ(threads, (std::set<int>{1, 2}));
 }
 
 // Adam and AdamW with fp32 moments move the same arrays, and Adagrad other
