@@ -682,7 +682,7 @@ double AddSpeedups(AdamOutcome& out, size_t first) {
 // partial sums, in double, per array), which a sample of a few rows does
 // not amortize. One Zen 5 core, 4096 columns, Adafactor: 0.46, 1.73 and 2.79
 // G params/s over 2, 16 and 64 rows, against 1.9 over 16 Mi parameters from
-// memory; SM3 2.5, 4.8 and 4.5, against 2.1.
+// memory; SM3 2.5, 4.8 and 4.2, against 2.1.
 constexpr uint64_t kCacheSampleBytes = uint64_t{256} << 10;
 constexpr double kCacheSampleSeconds = 0.02;
 constexpr int kCacheSampleRounds = 3;
