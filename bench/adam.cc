@@ -673,9 +673,10 @@ double AddSpeedups(AdamOutcome& out, size_t first) {
 // the best of kCacheSampleRounds. That rate times the row's threads is the
 // row's arithmetic ceiling (`cache Gp/s`): a row whose memory-resident
 // rate comes near it is bound by its arithmetic as much as by memory, and
-// only fewer instructions per element move it. The sample writes the first
-// elements' states (8-bit codes and scales) as any step does; it runs after
-// the row's timed steps.
+// only fewer instructions per element move it. The sample steps its
+// elements' weights and states, and an 8-bit sample keeps its scales where
+// a tensor of its size does, over codes of the whole row's tensor (any byte
+// is a code); it runs after the row's timed steps.
 //
 // Adafactor and SM3 have none: each of their steps also works over the
 // matrix's rows and columns (Adafactor adds up to 64 bands of column
