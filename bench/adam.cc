@@ -416,8 +416,7 @@ std::vector<BoundArrays> PassesOf(const AdamConfig& cfg,
   std::vector<BoundArrays> passes;
   if (CpuOptimizerIsFactored(o.algo)) {
     const bool vec = t.rows == 0;
-    const bool use_m =
-        o.algo == CpuOptimizerAlgo::kSm3 ? o.beta1 > 0 : o.adafactor.beta1 > 0;
+    const bool use_m = CpuOptimizerUsesExpAvg(o);
     const int msize = t.moment_dtype == CpuDType::kFloat32 ? 4 : 2;
     float* col = static_cast<float*>(t.exp_avg_sq) + 1;
     BoundArrays last;

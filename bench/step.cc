@@ -202,8 +202,9 @@ CpuStepShape ShapeOf(uint64_t n, const Run& run) {
 // roles (Note [Moment formats] in memtier/engine.cc); Adafactor and SM3
 // only a first moment, if any, their statistics resting on the host.
 uint64_t TensorStateBytes(const StepConfig& c, const Run& run, uint64_t n) {
-  if (!CpuOptimizerIsFactored(run.algo))
+  if (!CpuOptimizerIsFactored(run.algo)) {
     return n * 4 + 2 * CpuStateBytes(run.moments, n);
+  }
   const StatusOr<CpuStepFootprint> fp =
       CpuStepFootprintOf(OptimizerOf(c, run.algo), ShapeOf(n, run));
   return n * 4 + (fp.ok() ? fp->exp_avg_bytes : 0);
