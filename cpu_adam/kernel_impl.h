@@ -25,7 +25,8 @@
 // HSet, HAnd, HOr, HAdd, HSubSat (unsigned, saturating at 0), HSrl<k>,
 // HSll<k> (logical), HMin, HMax (signed), HZeroIfZero(c, t) = c == 0 ? 0 :
 // t, HLoad and HStore (kH uint16_t), HLoadU8 (kH bytes, zero-extended),
-// HStoreU8 (each lane, in [0, 0x7fff], as a byte saturated at 255), HTop(x)
+// HStoreU8 (each lane, in [0, 0x7fff], as a byte saturated at 255),
+// HStoreU8Pair(p, a, q, b) (HStoreU8(p, a) and HStoreU8(q, b)), HTop(x)
 // (the top 16 bits of the fp32 lanes of x[0], then x[1] when kH = 2 kN) and
 // HWiden<k> (lanes k kN to (k + 1) kN - 1 as the top halves of fp32 lanes
 // whose low halves are zero). The H lanes may hold their elements in any
@@ -191,6 +192,10 @@ struct Scalar {
   static H HLoadU8(const uint8_t* p) { return *p; }
   static void HStoreU8(uint8_t* p, H c) {
     *p = static_cast<uint8_t>(std::min<H>(c, 255));
+  }
+  static void HStoreU8Pair(uint8_t* p, H a, uint8_t* q, H b) {
+    HStoreU8(p, a);
+    HStoreU8(q, b);
   }
   static H HTop(const F* x) { return static_cast<H>(FloatBits(x[0]) >> 16); }
   template <int k>
@@ -457,9 +462,11 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 // Note [8-bit states]: each block of kCpuBlock8Elems elements has one fp32
 // scale per moment, and each element one byte per moment:
 //   m: sign and a 7-bit E4M3 float of |m| / s_m, s_m the smallest power of
-//      two with absmax(m) / s_m <= 1.875 (the largest code);
+//      two with trunc(absmax(m)) / s_m <= 1.875 (the largest code; trunc:
+//      Note [The absmax of the top halves]);
 //   v: stored as r = sqrt(v), an unsigned 8-bit E4M4 float of r / s_r,
-//      s_r the smallest power of two with absmax(r) / s_r <= 1.9375, and
+//      s_r the smallest power of two with trunc(absmax(r)) / s_r <= 1.9375,
+//      and
 //      never rounded to code 0 unless r is 0 (a zero denominator would turn
 //      a tiny first moment into a huge step).
 // The scales' exponents are clamped to [-111, 127]. Dividing by a power of
@@ -541,18 +548,24 @@ STRATA_CPU_ADAM_INLINE void DecodeR8(typename V::H c, typename V::F* out) {
 // to 0; kShift drops the mantissa bits the code does not keep. Where the
 // value lies above the scale's range the result exceeds the largest code
 // (it is at most 0x7fff >> kShift): the callers clamp it.
+// `mag` is the top half without its sign bit, Magnitude(top).
 template <class V, int kShift>
-STRATA_CPU_ADAM_INLINE typename V::H MagnitudeCode(typename V::H top,
+STRATA_CPU_ADAM_INLINE typename V::H MagnitudeCode(typename V::H mag,
                                                    typename V::H sub) {
-  const typename V::H t = V::HSubSat(V::HAnd(top, V::HSet(0x7fff)), sub);
-  return V::template HSrl<kShift>(t);
+  return V::template HSrl<kShift>(V::HSubSat(mag, sub));
+}
+
+template <class V>
+STRATA_CPU_ADAM_INLINE typename V::H Magnitude(typename V::H top) {
+  return V::HAnd(top, V::HSet(0x7fff));
 }
 
 // m / s_m, sub = kM8Sub + 128 k: 3 mantissa bits, the sign at bit 7.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(typename V::H top,
+                                              typename V::H mag,
                                               typename V::H sub) {
-  return V::HOr(V::HMin(MagnitudeCode<V, 4>(top, sub), V::HSet(127)),
+  return V::HOr(V::HMin(MagnitudeCode<V, 4>(mag, sub), V::HSet(127)),
                 V::HAnd(V::template HSrl<8>(top), V::HSet(0x80)));
 }
 
@@ -563,20 +576,21 @@ STRATA_CPU_ADAM_INLINE typename V::H EncodeM8(typename V::H top,
 // left to HStoreU8's saturation.
 template <class V>
 STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(typename V::H top,
+                                              typename V::H mag,
                                               typename V::H sub) {
-  return V::HMax(MagnitudeCode<V, 3>(top, sub), V::HMin(top, V::HSet(1)));
+  return V::HMax(MagnitudeCode<V, 3>(mag, sub), V::HMin(top, V::HSet(1)));
 }
 
 // Per-block state of one Step8 block: the multipliers of the decoded old
-// codes and of the gradient (broadcast), and the running absmax (as fp32
-// bits) of the new moments.
+// codes and of the gradient (broadcast), and the running absmax of the new
+// moments' magnitudes (Note [The absmax of the top halves]).
 template <class V>
 struct Block8Acc {
   typename V::F m1;  // s_m * beta1
   typename V::F m2;  // Adam: s_r * s_r * beta2; Lion: s_m * beta2
   typename V::F g1;  // Lion: gscale * (1 - beta1)
   typename V::F g2;  // Lion: gscale * (1 - beta2)
-  typename V::I amax_m, amax_r;
+  typename V::H amax_m, amax_r;
 };
 
 template <class V, CpuOptimizerAlgo A>
@@ -592,8 +606,8 @@ Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
           V::Set(lion ? sm * p.beta2 : m2),
           V::Set(p.gscale * p.omb1),
           V::Set(p.gscale * p.omb2),
-          V::ISet(0),
-          V::ISet(0)};
+          V::HSet(0),
+          V::HSet(0)};
 }
 
 // The V::kN elements at i of a block, with their decoded old codes dm and
@@ -616,7 +630,6 @@ STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
                                       typename V::F& mm, typename V::F& rr,
                                       Block8Acc<V>& acc) {
   using F = typename V::F;
-  const typename V::I abs = V::ISet(0x7fffffffu);
   F x = V::Load(a.master + i);
   if constexpr (A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW) {
     F g = V::Mul(V::Load(grad + i), c.gscale);
@@ -633,7 +646,6 @@ STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
     } else {
       x = V::Add(x, q);
     }
-    acc.amax_r = V::IMax(acc.amax_r, V::IAnd(V::IBits(rr), abs));
   } else {
     static_assert(A == CpuOptimizerAlgo::kLion);
     rr = dr;  // unused: Lion keeps no second moment
@@ -643,7 +655,6 @@ STRATA_CPU_ADAM_INLINE void Update8At(const Consts<V>& c, const StepArrays& a,
     x = V::Fma(u, c.neg_step, x);
     mm = V::Fma(g, acc.g2, V::Mul(dm, acc.m2));
   }
-  acc.amax_m = V::IMax(acc.amax_m, V::IAnd(V::IBits(mm), abs));
   StoreMaster<V, W, kStream>(a.master, w, i, x);
 }
 
@@ -670,13 +681,39 @@ STRATA_CPU_ADAM_INLINE void Update8H(const Consts<V>& c, const StepArrays& a,
                                    mm[k], rr[k], acc);
   });
   const typename V::H tm = V::HTop(mm);
+  const typename V::H am = Magnitude<V>(tm);
+  acc.amax_m = V::HMax(acc.amax_m, am);
   V::HStore(mtop + j, tm);
-  V::HStoreU8(mc + i, EncodeM8<V>(tm, sub_m));
-  if constexpr (A != CpuOptimizerAlgo::kLion) {
+  if constexpr (A == CpuOptimizerAlgo::kLion) {
+    V::HStoreU8(mc + i, EncodeM8<V>(tm, am, sub_m));
+  } else {
     const typename V::H tr = V::HTop(rr);
+    const typename V::H ar = Magnitude<V>(tr);
+    acc.amax_r = V::HMax(acc.amax_r, ar);
     V::HStore(rtop + j, tr);
-    V::HStoreU8(rc + i, EncodeR8<V>(tr, sub_r));
+    V::HStoreU8Pair(mc + i, EncodeM8<V>(tm, am, sub_m), rc + i,
+                    EncodeR8<V>(tr, ar, sub_r));
   }
+}
+
+// Note [The absmax of the top halves]: the encoders read only the top 16
+// bits of a moment, so the block's scale is chosen from the largest top
+// half too (sign cleared): the fp32 absmax with its low 16 bits dropped. A
+// value whose dropped bits would lift it past the largest code at that
+// scale still codes as the largest code (the encoders never see those
+// bits), within 2^-7 of it. Taking the maximum on the 16-bit lanes the
+// encoders already hold, instead of on the fp32 lanes, saves an and and a
+// max per fp32 register per moment.
+//
+// The fp32 bits of the largest magnitude in acc (vector lanes) and sacc
+// (the scalar tail), low half zero.
+template <class V>
+inline uint32_t AmaxBits(typename V::H acc, uint16_t sacc) {
+  alignas(64) uint16_t lanes[V::kH];
+  V::HStore(lanes, acc);
+  uint16_t m = sacc;
+  for (const uint16_t x : lanes) m = std::max(m, x);
+  return static_cast<uint32_t>(m) << 16;
 }
 
 // The scale of a block whose new moments have absmax `bits` (the fp32 bits
@@ -730,9 +767,14 @@ STRATA_CPU_ADAM_INLINE void Encode8H(const uint16_t* mtop, const uint16_t* rtop,
                                      typename V::H sub_m, typename V::H sub_r,
                                      uint8_t* mc, uint8_t* rc, size_t i,
                                      size_t j) {
-  V::HStoreU8(mc + i, EncodeM8<V>(V::HLoad(mtop + j), sub_m));
+  const typename V::H tm = V::HLoad(mtop + j);
+  const typename V::H cm = EncodeM8<V>(tm, Magnitude<V>(tm), sub_m);
   if constexpr (kAdam) {
-    V::HStoreU8(rc + i, EncodeR8<V>(V::HLoad(rtop + j), sub_r));
+    const typename V::H tr = V::HLoad(rtop + j);
+    V::HStoreU8Pair(mc + i, cm, rc + i,
+                    EncodeR8<V>(tr, Magnitude<V>(tr), sub_r));
+  } else {
+    V::HStoreU8(mc + i, cm);
   }
 }
 
@@ -784,11 +826,11 @@ void Step8Block(const StepParams& p, const StepArrays& arrays, size_t b,
                                      i - b, old_m, old_r, sacc);
   }
   uint16_t sub_m = 0, sub_r = 0;
-  ms[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_m), sacc.amax_m),
-                        kM8TopMant, kM8Sub, &sub_m);
+  ms[blk] = Block8Scale(AmaxBits<V>(acc.amax_m, sacc.amax_m), kM8TopMant,
+                        kM8Sub, &sub_m);
   if constexpr (kAdam) {
-    rs[blk] = Block8Scale(std::max(V::IMaxAll(acc.amax_r), sacc.amax_r),
-                          kR8TopMant, kR8Sub, &sub_r);
+    rs[blk] = Block8Scale(AmaxBits<V>(acc.amax_r, sacc.amax_r), kR8TopMant,
+                          kR8Sub, &sub_r);
   }
   if (keep && sub_m == old_m && (!kAdam || sub_r == old_r)) return;
   for (i = b; i + V::kH <= e; i += V::kH) {

@@ -353,6 +353,20 @@ struct Avx2x2 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm_shuffle_epi32(bytes, 0xd8));
   }
+  // Both code vectors with one pack: its halves hold a's and b's bytes of
+  // their half, [a 0-3, 8-11; b 0-3, 8-11 | a 4-7, 12-15; b 4-7, 12-15],
+  // the qword permute gathers a into the low half and b into the high, and
+  // the dword shuffle orders each: three shuffles for both instead of three
+  // for each.
+  [[gnu::always_inline]] static void HStoreU8Pair(uint8_t* p, H a, uint8_t* q,
+                                                  H b) {
+    const __m256i bytes = _mm256_shuffle_epi32(
+        _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xd8), 0xd8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_castsi256_si128(bytes));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
+                     _mm256_extracti128_si256(bytes, 1));
+  }
   [[gnu::always_inline]] static H HTop(const F* x) {
     return _mm256_packus_epi32(
         _mm256_srli_epi32(_mm256_castps_si256(x->lo), 16),

@@ -171,6 +171,10 @@ struct Avx512 {
   static void HStoreU8(uint8_t* p, H c) {
     Store256(p, _mm512_cvtusepi16_epi8(c));
   }
+  static void HStoreU8Pair(uint8_t* p, H a, uint8_t* q, H b) {
+    HStoreU8(p, a);
+    HStoreU8(q, b);
+  }
   // One two-source word permute (odd words of x[0], then of x[1]); measured
   // faster on Zen 4 than two shifts, a pack and a qword permute.
   static H HTop(const F* x) {
