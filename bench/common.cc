@@ -29,11 +29,9 @@
 #include "strata/config.h"
 #include "strata/host_buffer.h"
 
-#ifndef STRATA_GIT_REVISION
-#define STRATA_GIT_REVISION "unknown"
-#endif
-
 namespace strata::bench {
+
+extern const char kGitRevision[];  // revision.cc, generated at build time
 
 namespace {
 std::vector<Command>& Registry() {
@@ -83,7 +81,7 @@ nlohmann::json MachineInfo() {
     j["memory_bytes"] = static_cast<uint64_t>(si.totalram) * si.mem_unit;
   }
   j["strata_version"] = STRATA_VERSION_STRING;
-  j["git_revision"] = STRATA_GIT_REVISION;
+  j["git_revision"] = std::string(kGitRevision);
   return j;
 }
 

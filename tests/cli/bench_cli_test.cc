@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -865,6 +866,12 @@ TEST(BenchCliTest, TiersJsonHasEveryRowAndItsEfficiency) {
                         "config", "results", "reps", "engine_stats"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
+  // The commit the binary was built from (taken at build time, marked
+  // -dirty for a modified tree), or unknown outside a git checkout.
+  const std::string rev = j["machine"].value("git_revision", "");
+  EXPECT_TRUE(
+      std::regex_match(rev, std::regex("[0-9a-f]{7,40}(-dirty)?|unknown")))
+      << rev;
   // Every repetition's passes, each one measured.
   ASSERT_EQ(j["reps"].size(), 2u) << j["reps"].dump();
   for (const auto& rep : j["reps"]) {
