@@ -288,6 +288,9 @@ struct Avx2x2 {
     return Avx2::IMaxAll(Avx2::IMax(a.lo, a.hi));
   }
 
+  // Note [The 8-bit update in two sweeps] (kernel_impl.h).
+  static constexpr bool kSplitUpdate8 = true;
+
   // 16 lanes of 16 bits, one register: as many lanes as F.
   using H = __m256i;
   static constexpr size_t kH = 16;
