@@ -613,11 +613,11 @@ Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
 }
 
 // The V::kN elements at i of a block, with their decoded old codes dm and
-// dr (scale not applied): update, store the weights, and return the new
-// moments in mm and rr (Adam only) with their absmax taken. The 8-bit
-// states have no torch counterpart to mirror, so the scales and betas are
-// folded into one multiplier and products fused where that saves an
-// instruction:
+// dr (scale not applied): the new moments in mm and rr (Adam only), and
+// the weights' step returned (q for Adam(W), u for Lion), which Apply8
+// applies. The 8-bit states have no torch counterpart to mirror, so the
+// scales and betas are folded into one multiplier and products fused where
+// that saves an instruction:
 //   Adam(W): m = fma(g, 1 - b1, dm * (s_m b1));
 //            v = fma(dr, dr * (s_r^2 b2), ((1 - b2) * g) * g);
 //            r = sqrt(v);  d = fma(r, 1 / bc2_sqrt, eps);  q = (-step * m) / d
