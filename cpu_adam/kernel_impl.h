@@ -19,22 +19,22 @@
 // for float, F16 and Bf16 arrays, Stream (non-temporal store of a 16-bit
 // array), Fence, Add, Mul, Div, Sqrt, Fma(a, b, c) = a * b + c, Sign, and
 // for the gradient statistics D, DZero, SqAcc, DSum, Bad, BadZero, BadOr,
-// BadAny; an integer lane type I (fp32 bits) with ISet, IBits, FBits, IAnd,
+// BadAny; an integer lane type I (fp32 bits) with ISet, IBits, FBits,
 // IMin, IMax (signed) and IMaxAll (the largest lane, signed); and for the
 // 8-bit state codecs a 16-bit lane type H of kH lanes (kN or 2 kN) with
 // HSet, HAnd, HOr, HAdd, HSubSat (unsigned, saturating at 0), HSrl<k>,
 // HSll<k> (logical), HMin, HMax (signed), HZeroIfZero(c, t) = c == 0 ? 0 :
 // t, HLoad and HStore (kH uint16_t), HLoadU8 (kH bytes, zero-extended),
-// HStoreU8 (each lane, in [0, 0x7fff], as a byte saturated at 255),
-// HStoreU8Pair(p, a, q, b) (HStoreU8(p, a) and HStoreU8(q, b)), HTop(x)
+// HStoreU8 (each lane, in [0, 0x7fff], as a byte saturated at 255), HTop(x)
 // (the top 16 bits of the fp32 lanes of x[0], then x[1] when kH = 2 kN) and
 // HWiden<k> (lanes k kN to (k + 1) kN - 1 as the top halves of fp32 lanes
 // whose low halves are zero). The H lanes may hold their elements in any
 // fixed order of the type's choosing (AVX2: Note [Codes in 128-bit
 // halves]), provided HLoadU8 and HTop put them in it and HWiden and HStoreU8
 // take them out of it; the codecs work lane by lane. Optionally,
-// kSplitUpdate8 = true runs the 8-bit update in two sweeps (Note [The 8-bit
-// update in two sweeps]).
+// HStoreU8Pair(p, a, q, b) does HStoreU8(p, a) and HStoreU8(q, b) in fewer
+// operations (StoreCodes), and kSplitUpdate8 = true runs the 8-bit update
+// in two sweeps (Note [The 8-bit update in two sweeps]).
 #ifndef STRATA_CPU_ADAM_ISA
 #error "define STRATA_CPU_ADAM_ISA before including cpu_adam/kernel_impl.h"
 #endif
@@ -157,7 +157,6 @@ struct Scalar {
   static I ISet(uint32_t x) { return x; }
   static I IBits(F x) { return FloatBits(x); }
   static F FBits(I x) { return BitsFloat(x); }
-  static I IAnd(I a, I b) { return a & b; }
   static I IMin(I a, I b) {
     return static_cast<int32_t>(a) < static_cast<int32_t>(b) ? a : b;
   }
@@ -194,10 +193,6 @@ struct Scalar {
   static H HLoadU8(const uint8_t* p) { return *p; }
   static void HStoreU8(uint8_t* p, H c) {
     *p = static_cast<uint8_t>(std::min<H>(c, 255));
-  }
-  static void HStoreU8Pair(uint8_t* p, H a, uint8_t* q, H b) {
-    HStoreU8(p, a);
-    HStoreU8(q, b);
   }
   static H HTop(const F* x) { return static_cast<H>(FloatBits(x[0]) >> 16); }
   template <int k>
@@ -468,9 +463,8 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
 //      Note [The absmax of the top halves]);
 //   v: stored as r = sqrt(v), an unsigned 8-bit E4M4 float of r / s_r,
 //      s_r the smallest power of two with trunc(absmax(r)) / s_r <= 1.9375,
-//      and
-//      never rounded to code 0 unless r is 0 (a zero denominator would turn
-//      a tiny first moment into a huge step).
+//      and never rounded to code 0 unless r is 0 (a zero denominator would
+//      turn a tiny first moment into a huge step).
 // The scales' exponents are clamped to [-111, 127]. Dividing by a power of
 // two is exact and only moves the exponent, so the encoders need no
 // multiply: the scale's exponent is folded into their bias. Decoding takes
@@ -581,6 +575,19 @@ STRATA_CPU_ADAM_INLINE typename V::H EncodeR8(typename V::H top,
                                               typename V::H mag,
                                               typename V::H sub) {
   return V::HMax(MagnitudeCode<V, 3>(mag, sub), V::HMin(top, V::HSet(1)));
+}
+
+// Both moments' codes: with V's HStoreU8Pair where it has one (AVX2 narrows
+// the two with one pack), else two HStoreU8.
+template <class V>
+STRATA_CPU_ADAM_INLINE void StoreCodes(uint8_t* p, typename V::H a, uint8_t* q,
+                                       typename V::H b) {
+  if constexpr (requires { V::HStoreU8Pair(p, a, q, b); }) {
+    V::HStoreU8Pair(p, a, q, b);
+  } else {
+    V::HStoreU8(p, a);
+    V::HStoreU8(q, b);
+  }
 }
 
 // Per-block state of one Step8 block: the multipliers of the decoded old
@@ -730,8 +737,8 @@ STRATA_CPU_ADAM_INLINE void Update8H(const Consts<V>& c, const StepArrays& a,
     const typename V::H ar = Magnitude<V>(tr);
     acc.amax_r = V::HMax(acc.amax_r, ar);
     V::HStore(rtop + j, tr);
-    V::HStoreU8Pair(mc + i, EncodeM8<V>(tm, am, sub_m), rc + i,
-                    EncodeR8<V>(tr, ar, sub_r));
+    StoreCodes<V>(mc + i, EncodeM8<V>(tm, am, sub_m), rc + i,
+                  EncodeR8<V>(tr, ar, sub_r));
   }
 }
 
@@ -810,8 +817,7 @@ STRATA_CPU_ADAM_INLINE void Encode8H(const uint16_t* mtop, const uint16_t* rtop,
   const typename V::H cm = EncodeM8<V>(tm, Magnitude<V>(tm), sub_m);
   if constexpr (kAdam) {
     const typename V::H tr = V::HLoad(rtop + j);
-    V::HStoreU8Pair(mc + i, cm, rc + i,
-                    EncodeR8<V>(tr, Magnitude<V>(tr), sub_r));
+    StoreCodes<V>(mc + i, cm, rc + i, EncodeR8<V>(tr, Magnitude<V>(tr), sub_r));
   } else {
     V::HStoreU8(mc + i, cm);
   }

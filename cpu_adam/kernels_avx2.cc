@@ -101,7 +101,6 @@ struct Avx2 {
   static I ISet(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static I IBits(F x) { return _mm256_castps_si256(x); }
   static F FBits(I x) { return _mm256_castsi256_ps(x); }
-  static I IAnd(I a, I b) { return _mm256_and_si256(a, b); }
   static I IMin(I a, I b) { return _mm256_min_epi32(a, b); }
   static I IMax(I a, I b) { return _mm256_max_epi32(a, b); }
   static uint32_t IMaxAll(I a) {
@@ -274,9 +273,6 @@ struct Avx2x2 {
   }
   [[gnu::always_inline]] static F FBits(I x) {
     return {Avx2::FBits(x.lo), Avx2::FBits(x.hi)};
-  }
-  [[gnu::always_inline]] static I IAnd(I a, I b) {
-    return IMap(a, b, Avx2::IAnd);
   }
   [[gnu::always_inline]] static I IMin(I a, I b) {
     return IMap(a, b, Avx2::IMin);

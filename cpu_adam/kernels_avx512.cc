@@ -135,7 +135,6 @@ struct Avx512 {
   static I ISet(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static I IBits(F x) { return _mm512_castps_si512(x); }
   static F FBits(I x) { return _mm512_castsi512_ps(x); }
-  static I IAnd(I a, I b) { return _mm512_and_si512(a, b); }
   static I IMin(I a, I b) { return _mm512_min_epi32(a, b); }
   static I IMax(I a, I b) { return _mm512_max_epi32(a, b); }
   static uint32_t IMaxAll(I a) {
@@ -170,10 +169,6 @@ struct Avx512 {
   }
   static void HStoreU8(uint8_t* p, H c) {
     Store256(p, _mm512_cvtusepi16_epi8(c));
-  }
-  static void HStoreU8Pair(uint8_t* p, H a, uint8_t* q, H b) {
-    HStoreU8(p, a);
-    HStoreU8(q, b);
   }
   // One two-source word permute (odd words of x[0], then of x[1]); measured
   // faster on Zen 4 than two shifts, a pack and a qword permute.
