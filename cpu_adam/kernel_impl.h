@@ -327,12 +327,13 @@ STRATA_CPU_ADAM_INLINE void PrefetchOnce(const T* p, size_t i) {
   PrefetchAt<V, kElems, kPrefetchOnceElems, 0>(p, i);
 }
 
-// The updated weights at i, and their working copy if there is one.
-template <class V, class W, bool kStream>
+// The updated weights at i, and their working copy if there is one and
+// kWork (else the caller streams it: Note [Whole lines of the working copy]).
+template <class V, class W, bool kStream, bool kWork = true>
 STRATA_CPU_ADAM_INLINE void StoreMaster(float* master, W* w, size_t i,
                                         typename V::F x) {
   V::Store(master + i, x);
-  if constexpr (!std::is_same_v<W, NoWork>) {
+  if constexpr (!std::is_same_v<W, NoWork> && kWork) {
     if constexpr (kStream) {
       V::Stream(w + i, x);
     } else {
@@ -366,7 +367,8 @@ STRATA_CPU_ADAM_INLINE void StoreMaster(float* master, W* w, size_t i,
 //   Adagrad: g += wd * p;  v = v + g * g;  p = p + (-lr * g) / (sqrt(v) + eps)
 //   Lion:    u = sign(fma(g, 1 - b1, m * b1));  p = p * (1 - lr * wd);
 //            p = fma(u, -lr, p);  m = fma(g, 1 - b2, m * b2)
-template <class V, CpuOptimizerAlgo A, class G, class M, class W, bool kStream>
+template <class V, CpuOptimizerAlgo A, class G, class M, class W, bool kStream,
+          bool kWork = true>
 STRATA_CPU_ADAM_INLINE typename V::F UpdateAt(const Consts<V>& c, float* master,
                                               const G* grad, M* m, M* v, W* w,
                                               size_t i) {
@@ -408,25 +410,30 @@ STRATA_CPU_ADAM_INLINE typename V::F UpdateAt(const Consts<V>& c, float* master,
     x = V::Fma(u, c.neg_step, x);
     V::Store(m + i, V::Fma(g0, c.omb2, V::Mul(m0, c.beta2)));
   }
-  StoreMaster<V, W, kStream>(master, w, i, x);
+  StoreMaster<V, W, kStream, kWork>(master, w, i, x);
   return x;
 }
 
 // Note [Whole lines of the working copy]: where V's 16-bit working-copy
 // store is half a 64-byte line (16 lanes: AVX2's two registers, AVX-512's
-// one), StepRange updates two vectors an iteration and streams both halves
-// of a line back to back, after a single vector that brings the copy to a
-// line boundary. One half-line store an iteration, the other half one
-// iteration (about 15 ns) later, had cost the loop more than the store
-// itself: in cache, one Zen 3 core, 16 Ki parameters, four alternating
-// pairs, AdamW with fp32 moments 0.784 -> 0.818 G params/s on the means and
-// bf16 moments 0.710 -> 0.739 (each faster in 3 of 4); `strata-bench adam
-// --params 32M --variants avx2 --reps 5`, one thread, bf16 moments 0.802 ->
-// 0.880 on the means (faster in 4 of 5 pairs), fp32 moments 0.695 -> 0.759
-// (4 of 5); on two threads within the noise. Plain stores instead were
-// faster still in cache (up to 40%) but read each line before writing it,
-// and from memory lost 10-30%. The same stores in another order: the same
-// bits. Not measured on an AVX-512 host.
+// one), StepRange and SM3's loop (ForSegment with kLines) update two vectors
+// an iteration and stream both halves of a line back to back (StreamLines),
+// after a single vector that brings the copy to a line boundary. One
+// half-line store an iteration, the other half one iteration (about 15 ns)
+// later, had cost the loop more than the store itself. One Zen 3 core, in
+// cache (16 Ki parameters, four alternating pairs): AdamW with fp32 moments
+// 0.784 -> 0.818 G params/s on the means, with bf16 moments 0.710 -> 0.739
+// (each faster in 3 of 4). `strata-bench adam --params 32M --variants avx2
+// --reps 5`, one thread: AdamW with bf16 moments 0.802 -> 0.880 on the means
+// (faster in 4 of 5 pairs), with fp32 moments 0.695 -> 0.759 (4 of 5); SM3
+// with bf16 momentum 0.768 -> 0.952 (3 of 3), with fp32 0.911 -> 0.977 (2
+// of 3); on two threads within the noise but for SM3 with bf16 momentum
+// (1.344 -> 1.533, 3 of 3). Adafactor's update pass, at its memory bound
+// already, read 0.81-0.91 of it on two threads against 0.94-1.02 (3 of 3)
+// and keeps one vector an iteration. Plain stores instead were faster still
+// in cache (up to 40%) but read each line before writing it, and from
+// memory lost 10-30%. The same stores in another order: the same bits. Not
+// measured on an AVX-512 host.
 
 // Elements before the first one whose 16-bit working-copy address is
 // aligned for a V::kN-wide non-temporal store, or SIZE_MAX when the address
@@ -454,6 +461,54 @@ STRATA_CPU_ADAM_INLINE void PrefetchStep(const float* master, const G* grad,
   }
 }
 
+// Runs op over [j, end) of the row at `base` (Note [Whole lines of the
+// working copy]): at most one vector that brings the working copy w + base +
+// j to a 64-byte line, then two vectors an iteration, each line's halves
+// streamed back to back. Returns the first element not updated (fewer than
+// two vectors before end). op has Prefetch(j) and At<U, kStream, kWork>(j),
+// which returns the new weights. Only where a vector's working copy is half
+// a line; elsewhere it returns j.
+template <class V, class W, class Op>
+STRATA_CPU_ADAM_INLINE size_t StreamLines(W* w, size_t base, size_t j,
+                                          size_t end, Op& op) {
+  if constexpr (!std::is_same_v<W, NoWork> && V::kN * sizeof(W) * 2 == 64) {
+    if (j + V::kN <= end &&
+        reinterpret_cast<uintptr_t>(w + (base + j)) % 64 != 0) {
+      op.Prefetch(j);
+      op.template At<V, true>(j);
+      j += V::kN;
+    }
+    for (; j + 2 * V::kN <= end; j += 2 * V::kN) {
+      op.Prefetch(j);
+      op.Prefetch(j + V::kN);
+      const typename V::F x0 = op.template At<V, true, false>(j);
+      const typename V::F x1 = op.template At<V, true, false>(j + V::kN);
+      V::Stream(w + (base + j), x0);
+      V::Stream(w + (base + j + V::kN), x1);
+    }
+  }
+  return j;
+}
+
+// UpdateAt over StepRange's arrays, as an op of StreamLines.
+template <class V, CpuOptimizerAlgo A, class G, class M, class W>
+struct StepOp {
+  const Consts<V>& c;
+  float* master;
+  const G* grad;
+  M* m;
+  M* v;
+  W* w;
+
+  STRATA_CPU_ADAM_INLINE void Prefetch(size_t i) const {
+    PrefetchStep<V, A>(master, grad, m, v, i);
+  }
+  template <class U, bool kStream, bool kWork = true>
+  STRATA_CPU_ADAM_INLINE typename V::F At(size_t i) const {
+    return UpdateAt<U, A, G, M, W, kStream, kWork>(c, master, grad, m, v, w, i);
+  }
+};
+
 template <class V, CpuOptimizerAlgo A, class G, class M, class W>
 void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
                size_t end) {
@@ -476,24 +531,8 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
     }
   }
   if (stream) {
-    if constexpr (!std::is_same_v<W, NoWork> && V::kN * sizeof(W) * 2 == 64) {
-      // Note [Whole lines of the working copy]: a vector to the line's start.
-      if (i + V::kN <= end && reinterpret_cast<uintptr_t>(w + i) % 64 != 0) {
-        PrefetchStep<V, A>(master, grad, m, v, i);
-        UpdateAt<V, A, G, M, W, true>(cv, master, grad, m, v, w, i);
-        i += V::kN;
-      }
-      for (; i + 2 * V::kN <= end; i += 2 * V::kN) {
-        PrefetchStep<V, A>(master, grad, m, v, i);
-        PrefetchStep<V, A>(master, grad, m, v, i + V::kN);
-        const typename V::F x0 = UpdateAt<V, A, G, M, NoWork, false>(
-            cv, master, grad, m, v, nullptr, i);
-        const typename V::F x1 = UpdateAt<V, A, G, M, NoWork, false>(
-            cv, master, grad, m, v, nullptr, i + V::kN);
-        V::Stream(w + i, x0);
-        V::Stream(w + i + V::kN, x1);
-      }
-    }
+    StepOp<V, A, G, M, W> op{cv, master, grad, m, v, w};
+    i = StreamLines<V>(w, 0, i, end, op);
     for (; i + V::kN <= end; i += V::kN) {
       PrefetchStep<V, A>(master, grad, m, v, i);
       UpdateAt<V, A, G, M, W, true>(cv, master, grad, m, v, w, i);
@@ -1198,9 +1237,10 @@ STRATA_CPU_ADAM_INLINE void PrefetchFactored(const FactoredParams& p,
 
 // Calls op.template At<U, kStream>(j) for j in [c0, c1) of row `row`: a
 // scalar head until the working copy is aligned for V's non-temporal
-// stores, V's body (after op.Prefetch(j), Note [Software prefetch]), a
+// stores, V's body (after op.Prefetch(j), Note [Software prefetch]; with
+// kLines, whole lines of the working copy where it streams: StreamLines), a
 // scalar tail.
-template <class V, class W, class Op>
+template <class V, bool kLines, class W, class Op>
 STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
                                        Op& op) {
   size_t j = c0;
@@ -1215,6 +1255,7 @@ STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
     }
   }
   if (stream) {
+    if constexpr (kLines) j = StreamLines<V>(w, row, j, c1, op);
     for (; j + V::kN <= c1; j += V::kN) {
       op.Prefetch(j);
       op.template At<V, true>(j);
@@ -1873,8 +1914,8 @@ struct AfApplyOp {
     in_vec = false;
   }
 
-  template <class U, bool kStream>
-  STRATA_CPU_ADAM_INLINE void At(size_t j) {
+  template <class U, bool kStream, bool kWork = true>
+  STRATA_CPU_ADAM_INLINE typename U::F At(size_t j) {
     const FConsts<U>* c = PickConsts<U>(cv, cs);
     using F = typename U::F;
     const G* grad = static_cast<const G*>(a.grad);
@@ -1888,7 +1929,8 @@ struct AfApplyOp {
     F x = U::Load(a.master + i);
     if (p.use_decay) x = U::Fma(x, c->decay, x);
     x = U::Fma(u, c->minus_one, x);
-    StoreMaster<U, W, kStream>(a.master, static_cast<W*>(a.working), i, x);
+    StoreMaster<U, W, kStream, kWork>(a.master, static_cast<W*>(a.working), i,
+                                      x);
     if (p.sum_new_sq) {
       if constexpr (std::is_same_v<U, Scalar>) {
         FlushVectors();
@@ -1903,6 +1945,7 @@ struct AfApplyOp {
         vsq = SqLanes<V>::Sq(vsq, x);
       }
     }
+    return x;
   }
 };
 
@@ -1921,7 +1964,8 @@ double AfApplyT(const FactoredParams& params, const FactoredArrays& arrays,
     op.row = RowStart(a, i);
     op.rf = a.row_factor[i];
     if (p.sum_new_sq) std::fill(std::begin(lanes), std::end(lanes), 0.0);
-    ForSegment<V>(static_cast<W*>(a.working), op.row, t.c0, t.c1, op);
+    // Note [Whole lines of the working copy]: not for this pass.
+    ForSegment<V, false>(static_cast<W*>(a.working), op.row, t.c0, t.c1, op);
     if (p.sum_new_sq) {
       op.FlushVectors();
       sum += LaneTree(lanes);
@@ -1953,8 +1997,8 @@ struct Sm3Op {
     if constexpr (kVec) PrefetchAhead<V, V::kN>(a.col_state, j);
   }
 
-  template <class U, bool kStream>
-  STRATA_CPU_ADAM_INLINE void At(size_t j) {
+  template <class U, bool kStream, bool kWork = true>
+  STRATA_CPU_ADAM_INLINE typename U::F At(size_t j) {
     const FConsts<U>* c = PickConsts<U>(cv, cs);
     using F = typename U::F;
     const G* grad = static_cast<const G*>(a.grad);
@@ -1990,7 +2034,9 @@ struct Sm3Op {
     } else {  // Adagrad's order: a vector's SM3 is Adagrad
       x = U::Add(x, U::Div(U::Mul(c->neg_lr, g), denom));
     }
-    StoreMaster<U, W, kStream>(a.master, static_cast<W*>(a.working), i, x);
+    StoreMaster<U, W, kStream, kWork>(a.master, static_cast<W*>(a.working), i,
+                                      x);
+    return x;
   }
 };
 
@@ -2007,7 +2053,7 @@ void Sm3T(const FactoredParams& params, const FactoredArrays& arrays,
     const size_t row = RowStart(a, i);
     Sm3Op<V, G, M, W, kVec> op{
         cv, cs, p, a, colf, row, i == t.r0, a.row_state[i], V::ISet(0), 0u};
-    ForSegment<V>(static_cast<W*>(a.working), row, t.c0, t.c1, op);
+    ForSegment<V, true>(static_cast<W*>(a.working), row, t.c0, t.c1, op);
     a.row_fpart[i * a.strips + t.strip] =
         BitsFloat(std::max(V::IMaxAll(op.vmax), op.smax));
   }
