@@ -429,11 +429,11 @@ STRATA_CPU_ADAM_INLINE typename V::F UpdateAt(const Consts<V>& c, float* master,
 // with bf16 momentum 0.768 -> 0.952 (3 of 3), with fp32 0.911 -> 0.977 (2
 // of 3); on two threads within the noise but for SM3 with bf16 momentum
 // (1.344 -> 1.533, 3 of 3). Adafactor's update pass, at its memory bound
-// already, read 0.81-0.91 of it on two threads against 0.94-1.02 (3 of 3)
-// and keeps one vector an iteration. Plain stores instead were faster still
-// in cache (up to 40%) but read each line before writing it, and from
-// memory lost 10-30%. The same stores in another order: the same bits. Not
-// measured on an AVX-512 host.
+// already, read 0.81-0.91 of it on two threads with the pairs against
+// 0.94-1.02 without (worse in 3 of 3), and keeps one vector an iteration. Plain
+// stores instead were faster still in cache (up to 40%) but read each line
+// before writing it, and from memory lost 10-30%. The same stores in another
+// order: the same bits. Not measured on an AVX-512 host.
 
 // Elements before the first one whose 16-bit working-copy address is
 // aligned for a V::kN-wide non-temporal store, or SIZE_MAX when the address
