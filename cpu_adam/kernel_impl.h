@@ -357,6 +357,7 @@ STRATA_CPU_ADAM_INLINE void StoreMaster(float* master, W* w, size_t i,
 // 3.3 a division, 8 lanes each), in `strata-bench adam` at 32M, the
 // one-thread in-cache rate 0.729 and 0.731 -> 0.804, 0.820, 0.826 and 0.801
 // G params/s.
+
 // Updates the V::kN elements at i. Operation order mirrors torch 1.13's
 // _single_tensor_adam / adamw / adagrad and the reference Lion:
 //   Adam:    g += wd * p (fma);  m = m * b1, then fma(g, 1 - b1, m);
@@ -490,10 +491,56 @@ STRATA_CPU_ADAM_INLINE size_t StreamLines(W* w, size_t base, size_t j,
   return j;
 }
 
-// UpdateAt over StepRange's arrays, as an op of StreamLines.
+// Calls op.template At<U, kStream>(j) for j in [c0, c1) of row `row`: a
+// scalar head until the working copy is aligned for V's non-temporal
+// stores, V's body (after op.Prefetch(j), Note [Software prefetch]; with
+// kLines, whole lines of the working copy where it streams: StreamLines), a
+// scalar tail.
+template <class V, bool kLines, class W, class Op>
+STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
+                                       Op& op) {
+  size_t j = c0;
+  bool stream = false;
+  if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
+    const size_t head = StreamHead<V>(w + (row + j));
+    if (head != SIZE_MAX) {
+      for (const size_t stop = std::min(c1, j + head); j < stop; ++j) {
+        op.template At<Scalar, false>(j);
+      }
+      stream = true;
+    }
+  }
+  if (stream) {
+    if constexpr (kLines) j = StreamLines<V>(w, row, j, c1, op);
+    for (; j + V::kN <= c1; j += V::kN) {
+      op.Prefetch(j);
+      op.template At<V, true>(j);
+    }
+  } else {
+    for (; j + V::kN <= c1; j += V::kN) {
+      op.Prefetch(j);
+      op.template At<V, false>(j);
+    }
+  }
+  for (; j < c1; ++j) op.template At<Scalar, false>(j);
+}
+
+// The constants of the vector type U an Op is called with: V's or Scalar's.
+template <class U, template <class> class C, class V>
+STRATA_CPU_ADAM_INLINE const C<U>* PickConsts(const C<V>& cv,
+                                              const C<Scalar>& cs) {
+  if constexpr (std::is_same_v<U, Scalar>) {
+    return &cs;
+  } else {
+    return &cv;
+  }
+}
+
+// UpdateAt over StepRange's arrays, as an op of ForSegment.
 template <class V, CpuOptimizerAlgo A, class G, class M, class W>
 struct StepOp {
-  const Consts<V>& c;
+  const Consts<V>& cv;
+  const Consts<Scalar>& cs;
   float* master;
   const G* grad;
   M* m;
@@ -504,8 +551,9 @@ struct StepOp {
     PrefetchStep<V, A>(master, grad, m, v, i);
   }
   template <class U, bool kStream, bool kWork = true>
-  STRATA_CPU_ADAM_INLINE typename V::F At(size_t i) const {
-    return UpdateAt<U, A, G, M, W, kStream, kWork>(c, master, grad, m, v, w, i);
+  STRATA_CPU_ADAM_INLINE typename U::F At(size_t i) const {
+    return UpdateAt<U, A, G, M, W, kStream, kWork>(*PickConsts<U>(cv, cs),
+                                                   master, grad, m, v, w, i);
   }
 };
 
@@ -519,34 +567,10 @@ void StepRange(const StepParams& p, const StepArrays& a, size_t begin,
   M* m = static_cast<M*>(a.m);
   M* v = static_cast<M*>(a.v);
   W* w = static_cast<W*>(a.working);
-  size_t i = begin;
-  bool stream = false;
-  if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
-    const size_t head = StreamHead<V>(w + i);
-    if (head != SIZE_MAX) {
-      for (const size_t stop = std::min(end, i + head); i < stop; ++i) {
-        UpdateAt<Scalar, A, G, M, W, false>(cs, master, grad, m, v, w, i);
-      }
-      stream = true;
-    }
-  }
-  if (stream) {
-    StepOp<V, A, G, M, W> op{cv, master, grad, m, v, w};
-    i = StreamLines<V>(w, 0, i, end, op);
-    for (; i + V::kN <= end; i += V::kN) {
-      PrefetchStep<V, A>(master, grad, m, v, i);
-      UpdateAt<V, A, G, M, W, true>(cv, master, grad, m, v, w, i);
-    }
-    V::Fence();  // NT stores are weakly ordered; see KernelTable::step
-  } else {
-    for (; i + V::kN <= end; i += V::kN) {
-      PrefetchStep<V, A>(master, grad, m, v, i);
-      UpdateAt<V, A, G, M, W, false>(cv, master, grad, m, v, w, i);
-    }
-  }
-  for (; i < end; ++i) {
-    UpdateAt<Scalar, A, G, M, W, false>(cs, master, grad, m, v, w, i);
-  }
+  StepOp<V, A, G, M, W> op{cv, cs, master, grad, m, v, w};
+  ForSegment<V, true>(w, 0, begin, end, op);
+  // NT stores are weakly ordered; see KernelTable::step
+  if constexpr (!std::is_same_v<W, NoWork>) V::Fence();
 }
 
 // ---- 8-bit block states ----------------------------------------------------
@@ -1211,17 +1235,6 @@ struct FConsts {
       minus_one;
 };
 
-// The constants of the vector type U an Op is called with: V's or Scalar's.
-template <class U, class V>
-STRATA_CPU_ADAM_INLINE const FConsts<U>* PickConsts(const FConsts<V>& cv,
-                                                    const FConsts<Scalar>& cs) {
-  if constexpr (std::is_same_v<U, Scalar>) {
-    return &cs;
-  } else {
-    return &cv;
-  }
-}
-
 // The row-major arrays a factored update reads (the gradient, the weights
 // and, when there is one, the first moment), V::kN elements kPrefetchElems
 // ahead of element i (Note [Software prefetch]). The per-column state stays
@@ -1233,40 +1246,6 @@ STRATA_CPU_ADAM_INLINE void PrefetchFactored(const FactoredParams& p,
   PrefetchAhead<V, V::kN>(static_cast<const G*>(a.grad), i);
   PrefetchAhead<V, V::kN>(a.master, i);
   if (p.use_m) PrefetchAhead<V, V::kN>(static_cast<const M*>(a.m), i);
-}
-
-// Calls op.template At<U, kStream>(j) for j in [c0, c1) of row `row`: a
-// scalar head until the working copy is aligned for V's non-temporal
-// stores, V's body (after op.Prefetch(j), Note [Software prefetch]; with
-// kLines, whole lines of the working copy where it streams: StreamLines), a
-// scalar tail.
-template <class V, bool kLines, class W, class Op>
-STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
-                                       Op& op) {
-  size_t j = c0;
-  bool stream = false;
-  if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
-    const size_t head = StreamHead<V>(w + (row + j));
-    if (head != SIZE_MAX) {
-      for (const size_t stop = std::min(c1, j + head); j < stop; ++j) {
-        op.template At<Scalar, false>(j);
-      }
-      stream = true;
-    }
-  }
-  if (stream) {
-    if constexpr (kLines) j = StreamLines<V>(w, row, j, c1, op);
-    for (; j + V::kN <= c1; j += V::kN) {
-      op.Prefetch(j);
-      op.template At<V, true>(j);
-    }
-  } else {
-    for (; j + V::kN <= c1; j += V::kN) {
-      op.Prefetch(j);
-      op.template At<V, false>(j);
-    }
-  }
-  for (; j < c1; ++j) op.template At<Scalar, false>(j);
 }
 
 // The gradient at i times gscale, or as loaded when kUnit (gscale == 1: x
@@ -1914,8 +1893,8 @@ struct AfApplyOp {
     in_vec = false;
   }
 
-  template <class U, bool kStream, bool kWork = true>
-  STRATA_CPU_ADAM_INLINE typename U::F At(size_t j) {
+  template <class U, bool kStream>
+  STRATA_CPU_ADAM_INLINE void At(size_t j) {
     const FConsts<U>* c = PickConsts<U>(cv, cs);
     using F = typename U::F;
     const G* grad = static_cast<const G*>(a.grad);
@@ -1929,8 +1908,7 @@ struct AfApplyOp {
     F x = U::Load(a.master + i);
     if (p.use_decay) x = U::Fma(x, c->decay, x);
     x = U::Fma(u, c->minus_one, x);
-    StoreMaster<U, W, kStream, kWork>(a.master, static_cast<W*>(a.working), i,
-                                      x);
+    StoreMaster<U, W, kStream>(a.master, static_cast<W*>(a.working), i, x);
     if (p.sum_new_sq) {
       if constexpr (std::is_same_v<U, Scalar>) {
         FlushVectors();
@@ -1945,7 +1923,6 @@ struct AfApplyOp {
         vsq = SqLanes<V>::Sq(vsq, x);
       }
     }
-    return x;
   }
 };
 
