@@ -7,6 +7,7 @@
 #define STRATA_COMM_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>

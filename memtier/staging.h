@@ -14,6 +14,7 @@
 #define STRATA_MEMTIER_STAGING_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>

@@ -7,6 +7,7 @@
 #ifndef STRATA_MEMTIER_WORKER_H_
 #define STRATA_MEMTIER_WORKER_H_
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <thread>

@@ -3,6 +3,7 @@
 #ifndef STRATA_SWAP_SWAP_SPACE_INTERNAL_H_
 #define STRATA_SWAP_SWAP_SPACE_INTERNAL_H_
 
+#include <cstdint>
 #include <memory>
 #include <set>
 

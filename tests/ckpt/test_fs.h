@@ -12,6 +12,7 @@
 #define STRATA_TESTS_CKPT_TEST_FS_H_
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>

@@ -7,6 +7,7 @@
 #define STRATA_TESTS_MEMTIER_MEMORY_CHECKPOINT_H_
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <future>
