@@ -8,16 +8,24 @@
 # (STRATA_PREFIX, default /tmp/strata-prefix), never into /.
 # With the device tool, one call does it all:
 #   carry [".gpu-debs"], command "bash scripts/gpu-check.sh $OUT"
-# Steps run in order; a failed step is logged and the next still runs, so one
-# call brings back as much as it can. The exit status is that of the worst
-# step. STRATA_GPU_STEPS picks steps (default: all), e.g. "build gpu copy".
+# Steps run in order, most important first; a failed step is logged and the
+# next still runs, so one call brings back as much as it can. The exit status
+# is that of the worst step.
+#   STRATA_GPU_STEPS    the steps to run (default: all but `tests` and `io`),
+#                       e.g. "cputests adam" on a machine that already built
+#   STRATA_GPU_BUDGET   seconds for the whole run (default 540, inside one
+#                       10-minute call): a step gets what is left, and a step
+#                       with under 20 s left is not started
+#   STRATA_GPU_STEP_TIMEOUT  the most any step after the build may take
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="$(mkdir -p "${1:-gpu-check-out}" && cd "${1:-gpu-check-out}" && pwd)"
 debs="${STRATA_DEBS:-.gpu-debs}"
 prefix="${STRATA_PREFIX:-/tmp/strata-prefix}"
 build="${STRATA_GPU_BUILD:-build-gpu}"
-steps="${STRATA_GPU_STEPS:-machine build gpu sanitizer copy tests adam io tiers step comm finetune}"
+steps="${STRATA_GPU_STEPS:-machine build gpu finetune copy cputests memcheck racecheck tiers comm adam step}"
+deadline=$((SECONDS + ${STRATA_GPU_BUDGET:-540}))
+step_cap="${STRATA_GPU_STEP_TIMEOUT:-240}"
 jobs="$(nproc)"
 worst=0
 summary="$out/summary.txt"
@@ -25,18 +33,21 @@ summary="$out/summary.txt"
 
 note() { echo "gpu-check: $*" | tee -a "$summary"; }
 want() { [[ " $steps " == *" $1 "* ]]; }
-# step NAME CMD...: runs CMD (at most STRATA_GPU_STEP_TIMEOUT seconds, 240 by
-# default, so that one call of the device tool fits its 10 minutes) with its
-# output in $out/NAME.log, records the result, and keeps going.
+# step NAME CAP CMD...: runs CMD for at most CAP seconds and at most what is
+# left of the budget, with its output in $out/NAME.log, records the result,
+# and keeps going. A step that would get under 20 s is not started.
 step() {
-  local name="$1"
-  shift
-  local start=$SECONDS
-  if declare -F "$1" >/dev/null; then
-    "$@" >"$out/$name.log" 2>&1
-  else
-    timeout "${STRATA_GPU_STEP_TIMEOUT:-240}" "$@" >"$out/$name.log" 2>&1
+  local name="$1" cap="$2"
+  shift 2
+  local left=$((deadline - SECONDS - 5))
+  ((cap > left)) && cap=$left
+  if ((cap < 20)); then
+    note "$name: not run, $((deadline - SECONDS)) s of the budget left"
+    ((worst < 1)) && worst=1
+    return 1
   fi
+  local start=$SECONDS
+  timeout "$cap" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   note "$name: rc=$rc in $((SECONDS - start)) s"
   if ((rc != 0)); then
@@ -45,6 +56,7 @@ step() {
   fi
   return $rc
 }
+capped() { local c="$1"; ((c > step_cap)) && c=$step_cap; echo "$c"; }
 
 # ---- The private prefix ------------------------------------------------------
 if [[ ! -d "$debs" ]] || ! compgen -G "$debs/*.deb" >/dev/null; then
@@ -71,6 +83,20 @@ pkgconfig="$(command -v pkg-config || echo "$prefix/usr/bin/pkgconf")"
 [[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+# The fine-tune's default corpus (Debian's fortunes), unpacked with the rest.
+corpus="$prefix/usr/share/games/fortunes"
+
+# NCCL: the toolkit's, else the one a Python wheel (nvidia-nccl-*) brought.
+nccl=()
+if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
+  wheel="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' \
+    2>/dev/null)"
+  lib="$(compgen -G "$wheel/lib/libnccl.so*" | head -n 1)"
+  if [[ -n "$wheel" && -e "$wheel/include/nccl.h" && -n "$lib" ]]; then
+    nccl=(-DNCCL_INCLUDE_DIR="$wheel/include" -DNCCL_LIBRARY="$lib")
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel/lib"
+  fi
+fi
 
 machine() {
   nvidia-smi || true
@@ -82,6 +108,8 @@ machine() {
   lscpu
   free -g
   df -h /tmp .
+  findmnt -T /tmp || true
+  echo "NCCL flags: ${nccl[*]:-none, NCCL from the toolkit if any}"
 }
 
 # Warnings are not errors there: that machine's compiler may be newer than
@@ -91,60 +119,117 @@ machine() {
 configure() {
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$pkgconfig" \
-    -DCMAKE_CUDA_ARCHITECTURES="${STRATA_CUDA_ARCHS:-90}" \
+    -DCMAKE_CUDA_ARCHITECTURES="${STRATA_CUDA_ARCHS:-90}" "${nccl[@]}" \
     -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON \
     -DSTRATA_WERROR=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5
 }
+# The programs the steps run; the whole tree only for the whole suite.
+cpu_tests=(tests/cpu_adam/cpu_adam_test tests/cpu_adam/cpu_adam_torch_test
+  tests/cpu_adam/cpu_adam_factored_reference_test tests/util/util_test
+  tests/finetune/finetune_torch_test)
+targets=(strata-bench strata-finetune gpu_cuda_conformance_test
+  gpu_cuda_header_test finetune_cuda_test comm_nccl_test)
+for t in "${cpu_tests[@]}"; do targets+=("${t##*/}"); done
 compile() {
   if ! grep -q "strata: CUDA=ON" "$out/configure.log"; then
     echo "CMake did not enable CUDA (no nvcc found?): see configure.log"
     return 1
   fi
-  cmake --build "$build" -j "$jobs" || return
+  local pick=()
+  if ! want tests; then
+    # Only the targets this configuration has (comm_nccl_test needs NCCL).
+    local have
+    have="$(cmake --build "$build" --target help 2>/dev/null)"
+    for t in "${targets[@]}"; do
+      grep -qE "(^|[ .])$t(:| |$)" <<<"$have" && pick+=(--target "$t")
+    done
+  fi
+  # Keep going past a failed file: another compiler may reject one, and the
+  # steps that need none of it can still run.
+  local keep=(-k)
+  [[ -f "$build/build.ninja" ]] && keep=(-k 0)
+  cmake --build "$build" -j "$jobs" "${pick[@]}" -- "${keep[@]}"
+  local rc=$?
   echo "compiler warnings: $(grep -c "warning:" "$out/build.log")"
+  return $rc
+}
+# The CPU kernels' suites, whose AVX-512 and PyTorch cases skip where CI runs.
+cputests() {
+  local rc=0
+  for t in "${cpu_tests[@]}"; do
+    echo "== $t"
+    "$build/$t" --gtest_brief=1 || rc=1
+  done
+  return $rc
+}
+# The widest CPU kernel variant strata-bench adam can run here.
+best_variant() {
+  local f
+  f=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  if [[ $f == *" avx512f "* && $f == *" avx512bw "* && $f == *" avx512vl "* &&
+    $f == *" avx512dq "* ]]; then
+    [[ $f == *" avx512_bf16 "* ]] && echo avx512bf16 || echo avx512
+  else
+    echo avx2
+  fi
+}
+# `timeout` runs programs, not functions: a step that is a function runs in a
+# child bash given the function and what it reads.
+fn() {
+  echo "$(declare -p generator prefix pkgconfig nccl targets cpu_tests build \
+    out steps jobs)"
+  declare -f machine configure compile cputests want
+  echo "$1"
 }
 
 bench="$build/bench/strata-bench"
 
-want machine && step machine machine
+want machine && step machine 30 bash -c "$(fn machine)"
 if want build; then
-  { step configure configure && step build compile; } || {
-    note "the build failed; nothing else can run"
+  if ! step configure 120 bash -c "$(fn configure)"; then
+    note "CMake failed; nothing else can run"
     exit $worst
-  }
+  fi
+  step build 420 bash -c "$(fn compile)" ||
+    note "the build failed in part: the steps that need what did build still run"
 fi
-if want gpu; then
-  # STRATA_REQUIRE_CUDA=1 turns "CUDA unavailable" skips into failures: a run
-  # whose CUDA cases all skipped must not pass for a tested one.
-  step gpu env STRATA_REQUIRE_CUDA=1 ctest --test-dir "$build" -L gpu \
-    --output-on-failure --no-tests=error -j 4
-fi
+# STRATA_REQUIRE_CUDA=1 turns "CUDA unavailable" skips into failures: a run
+# whose CUDA cases all skipped must not pass for a tested one.
+want gpu && step gpu "$(capped 120)" env STRATA_REQUIRE_CUDA=1 \
+  ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error -j 4
+# The fine-tune over NCCL on one rank (the engine runs no collective there;
+# several GPUs are needed for that).
+want finetune && step finetune "$(capped 150)" \
+  "$build/examples/finetune/strata-finetune" --device cuda --comm nccl \
+  --data "$corpus" --steps 200 --stop-after 50 --json "$out/finetune-nccl.json"
+want copy && step copy "$(capped 90)" "$bench" copy --device cuda \
+  --json "$out/copy.json"
+want cputests && step cputests "$(capped 150)" bash -c "$(fn cputests)"
 # The CUDA suite again under compute-sanitizer (memcheck, then racecheck).
-if want sanitizer && command -v compute-sanitizer >/dev/null; then
-  step memcheck env STRATA_REQUIRE_CUDA=1 compute-sanitizer --tool memcheck \
-    --error-exitcode 1 "$build/tests/gpu/gpu_cuda_conformance_test"
-  step racecheck env STRATA_REQUIRE_CUDA=1 compute-sanitizer --tool racecheck \
-    --error-exitcode 1 "$build/tests/gpu/gpu_cuda_conformance_test"
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    want $tool && step $tool "$(capped 120)" env STRATA_REQUIRE_CUDA=1 \
+      compute-sanitizer --tool $tool --error-exitcode 1 \
+      "$build/tests/gpu/gpu_cuda_conformance_test"
+  done
 fi
-want tests && step tests ctest --test-dir "$build" -LE "slow|install" \
-  --output-on-failure -j "$jobs"
-want copy && step copy "$bench" copy --device cuda --json "$out/copy.json"
-want adam && step adam "$bench" adam --json "$out/adam.json"
-want io && step io "$bench" io --dir "/tmp/strata-bench-io" --size 4G \
-  --json "$out/io.json"
-# The engine's hops and end-to-end moves on the GPU, and its optimizer step.
+# The engine's hops and end-to-end moves on the GPU.
 mkdir -p /tmp/strata-bench-tiers /tmp/strata-bench-step
-want tiers && step tiers "$bench" tiers --device cuda --size 4G \
-  --dir "/tmp/strata-bench-tiers" --json "$out/tiers.json"
-want step && step step "$bench" step --params 512M --reps 1 \
-  --dir "/tmp/strata-bench-step" --json "$out/step.json"
-# NCCL on one rank: the collectives' bandwidth on device memory, and the
-# fine-tune with the engine's communicator made by NCCL (one rank: the
-# engine runs no collective; several GPUs are needed for that).
-want comm && step comm "$bench" comm --backend nccl --sizes 1M,64M,256M \
-  --json "$out/comm-nccl.json"
-finetune="$build/examples/finetune/strata-finetune"
-want finetune && step finetune "$finetune" --device cuda --comm nccl \
-  --steps 200 --stop-after 50 --json "$out/finetune-nccl.json"
+want tiers && step tiers "$(capped 120)" "$bench" tiers --device cuda \
+  --size 2G --reps 2 --dir /tmp/strata-bench-tiers --json "$out/tiers.json"
+want comm && step comm "$(capped 60)" "$bench" comm --backend nccl \
+  --sizes 1M,64M,256M --json "$out/comm-nccl.json"
+# The CPU optimizers on this machine's cores and widest vectors.
+want adam && step adam "$(capped 240)" "$bench" adam --params 256M \
+  --optimizer adamw,lion,adafactor,sm3 --moments fp32,bf16,int8 \
+  --variants "$(best_variant)" --threads "1,$((jobs / 2)),$jobs" --reps 3 \
+  --torch off --json "$out/adam.json"
+want step && step step "$(capped 180)" "$bench" step --params 256M \
+  --moments fp32,int8 --reps 1 --dir /tmp/strata-bench-step \
+  --json "$out/step.json"
+want tests && step tests "$step_cap" ctest --test-dir "$build" \
+  -LE "slow|install" --output-on-failure -j "$jobs"
+want io && step io "$(capped 120)" "$bench" io --dir /tmp/strata-bench-io \
+  --size 4G --json "$out/io.json"
 note "done; worst rc=$worst; logs in $out"
 exit $worst

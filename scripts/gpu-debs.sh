@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 dir="${1:-.gpu-debs}"
 
 # The -dev packages of scripts/install-deps.sh, the runtime libraries they
-# pull in that a CUDA image does not have, and pkgconf (CMake finds liburing,
-# hwloc and xxhash through pkg-config).
+# pull in that a CUDA image does not have, pkgconf (CMake finds liburing,
+# hwloc and xxhash through pkg-config), and the fine-tune's default corpus.
 packages=(
   liburing2 liburing-dev
   libaio1 libaio-dev
@@ -27,6 +27,7 @@ packages=(
   libopenblas0 libopenblas0-pthread libopenblas-dev libopenblas-pthread-dev
   libgfortran5 libquadmath0
   pkgconf pkgconf-bin libpkgconf3
+  fortunes fortunes-min
 )
 
 if [[ $(id -u) -eq 0 ]] && ! apt-cache show "${packages[0]}" >/dev/null 2>&1; then
