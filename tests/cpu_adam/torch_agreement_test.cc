@@ -38,9 +38,9 @@ struct Agreement {
 class TorchAgreementTest
     : public ::testing::TestWithParam<std::tuple<CpuOptimizerAlgo, int>> {};
 
-// Relative error per element: |ours - torch| / |torch|. The bound is 1e-6
-// for all three arrays. It holds because strata performs torch's float
-// operations in torch's order with the same float scalars (see
+// Relative error per element: |ours - torch| / |torch|, at most 1e-6 for
+// the weights and the second moment. It holds because strata performs torch
+// 1.13's float operations in its order with the same float scalars (see
 // kernel_impl.h); what remains are the few places where the two may fuse
 // differently (torch's compiled addcmul may contract to an fma), each worth
 // half an ulp of one step's update. Measured with torch 1.13: max relative
@@ -48,6 +48,17 @@ class TorchAgreementTest
 // are drawn away from zero (|w| >= 0.5) because a weight that crosses zero
 // has no meaningful relative error; moments are compared where torch's
 // value is a normal float.
+//
+// The first moment is held to the scale of what formed it. Since 2.0 torch
+// updates it as lerp(m, g, 1 - b1), m + (1 - b1) (g - m), where strata (and
+// torch 1.13) take m b1 + (1 - b1) g: the two round differently, by at most
+// about 2 ulps of the larger of |m| and (1 - b1)|g| a step, and a step's
+// difference decays by b1 each step after, so after many steps they differ
+// by at most 2 / (1 - b1) = 20 ulps, 20 * 2^-24 = 1.2e-6, of
+// max(|m|, (1 - b1) max_t |g_t|). Where the decayed mean and the new
+// gradients nearly cancel, m is small against that scale, and its plain
+// relative error is large: 1.8e-4 with torch 2.11 (parameters 3.1e-7, second
+// moment 5.6e-7), where the same ops in numpy float32 gave 7e-7 of the scale.
 TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
   const std::string py = FindPythonWith("torch, numpy");
   if (py.empty()) GTEST_SKIP() << "no python3 with torch and numpy found";
@@ -107,13 +118,23 @@ TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
   }
   Agreement a;
   size_t exact = 0;
+  constexpr double kOneMinusBeta1 = 0.1;  // the optimizer's default beta1 0.9
   for (size_t i = 0; i < kN; ++i) {
     auto rel = [](float ours, float want) {
       return std::fabs(static_cast<double>(ours) - want) / std::fabs(want);
     };
     a.max_param_rel = std::max(a.max_param_rel, rel(p[i], tp[i]));
-    if (std::isnormal(tm[i]))
-      a.max_m_rel = std::max(a.max_m_rel, rel(m[i], tm[i]));
+    double g_max = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      g_max =
+          std::max(g_max, std::fabs(static_cast<double>(grads[s * kN + i])));
+    }
+    const double m_scale =
+        std::max(std::fabs(static_cast<double>(tm[i])), kOneMinusBeta1 * g_max);
+    if (m_scale > 0) {
+      a.max_m_rel = std::max(
+          a.max_m_rel, std::fabs(static_cast<double>(m[i]) - tm[i]) / m_scale);
+    }
     if (std::isnormal(tv[i]))
       a.max_v_rel = std::max(a.max_v_rel, rel(v[i], tv[i]));
     exact += p[i] == tp[i];
@@ -121,12 +142,13 @@ TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
   RecordProperty("max_param_rel", std::to_string(a.max_param_rel));
   RecordProperty("bitwise_equal_params", std::to_string(exact));
   std::printf(
-      "%s %s: max rel err param %.3g m %.3g v %.3g; %zu/%zu params "
+      "%s %s: max rel err param %.3g m (of its scale) %.3g v %.3g; %zu/%zu "
+      "params "
       "bitwise equal\n",
       name, std::string(CpuKernelVariantName(variant)).c_str(), a.max_param_rel,
       a.max_m_rel, a.max_v_rel, exact, kN);
   EXPECT_LE(a.max_param_rel, 1e-6);
-  EXPECT_LE(a.max_m_rel, 1e-6);
+  EXPECT_LE(a.max_m_rel, 20 * 0x1p-24);
   EXPECT_LE(a.max_v_rel, 1e-6);
 }
 
