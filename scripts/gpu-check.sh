@@ -219,10 +219,14 @@ want tiers && step tiers "$(capped 120)" "$bench" tiers --device cuda \
   --size 2G --reps 2 --dir /tmp/strata-bench-tiers --json "$out/tiers.json"
 want comm && step comm "$(capped 60)" "$bench" comm --backend nccl \
   --sizes 1M,64M,256M --json "$out/comm-nccl.json"
-# The CPU optimizers on this machine's cores and widest vectors.
+# The CPU optimizers on this machine's cores and widest vectors: one thread,
+# half of them and all of them (each once).
+threads="1"
+((jobs / 2 > 1)) && threads+=",$((jobs / 2))"
+((jobs > 1)) && threads+=",$jobs"
 want adam && step adam "$(capped 240)" "$bench" adam --params 256M \
   --optimizer adamw,lion,adafactor,sm3 --moments fp32,bf16,int8 \
-  --variants "$(best_variant)" --threads "1,$((jobs / 2)),$jobs" --reps 3 \
+  --variants "$(best_variant)" --threads "$threads" --reps 3 \
   --torch off --json "$out/adam.json"
 want step && step step "$(capped 180)" "$bench" step --params 256M \
   --moments fp32,int8 --reps 1 --dir /tmp/strata-bench-step \
