@@ -1,6 +1,6 @@
 // BlockPlanner: best-fit placement of blocks in one region of fixed capacity,
 // over offsets only. It never touches memory, so the device memory policy is
-// tested without a device (STYLE rule 15).
+// tested without a device.
 //
 // Policy: sizes are rounded up to kAlignment (256 bytes, what cudaMalloc
 // guarantees, enough for every vector load the kernels use). A request takes

@@ -7,7 +7,7 @@
 //
 // Note [Stream-ordered reuse]
 // A block freed while work that touches it is still queued must not be handed
-// out again until that work is done (STYLE rule 11; PyTorch's
+// out again until that work is done (PyTorch's
 // CUDACachingAllocator does the same with recordStream/insert_events). At the
 // free, one event is recorded on every stream that used the block (the
 // allocation stream and each DeviceMemory::RecordUse stream) and the block
@@ -29,7 +29,7 @@
 // memory, under the same overlap, wrap-around and alignment checks.
 //
 // Thread-safe. Lock order: mu_ before any event's internal lock; no blocking
-// wait is done while mu_ is held (STYLE rule 13). external_mu_ is a leaf.
+// wait is done while mu_ is held. external_mu_ is a leaf.
 #ifndef STRATA_GPU_STREAM_ORDERED_POOL_H_
 #define STRATA_GPU_STREAM_ORDERED_POOL_H_
 

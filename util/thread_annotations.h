@@ -1,4 +1,4 @@
-// Clang thread-safety annotations (STYLE rule 14). They let the compiler
+// Clang thread-safety annotations. They let the compiler
 // check, with -Wthread-safety, that shared state is touched only with its
 // lock held; the build turns the warning on whenever the C++ compiler is clang
 // (docs/architecture.md, "Thread safety"). Other compilers see nothing.
