@@ -337,7 +337,10 @@ StatusOr<StepRecord> Run::TrainStep(int64_t s) {
     sum += loss;
   }
   rec.loss = sum / o_.micro_batches;
+  rec.compute_seconds = Since(t0);
+  const auto t_step = Clock::now();
   STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine_->Step(args));
+  rec.optimizer_seconds = Since(t_step);
   if (o_.comm != nullptr) {
     // The mean over ranks of their means over equally many tokens: the
     // mean over the global batch.

@@ -117,6 +117,10 @@ struct StepRecord {
   double loss_scale = 1;
   bool applied = true;  // false: an fp16 overflow skipped it
   double seconds = 0;   // wall time of the step
+  // Its parts: the micro-batches (forward, backward and handing the
+  // gradients over, up to the loss on the host) and the engine's Step.
+  double compute_seconds = 0;
+  double optimizer_seconds = 0;
 };
 
 struct TrainReport {

@@ -127,6 +127,12 @@ TEST_F(FinetuneCliTest, SavesStopsResumesAndExports) {
   EXPECT_EQ(j["resumed_from_step"], 2);
   EXPECT_EQ(j["steps"], 1);
   EXPECT_EQ(j["step_records"][0]["step"], 3);
+  // The step's parts are within its wall time.
+  const double compute = j["step_records"][0]["compute_seconds"];
+  const double optimizer = j["step_records"][0]["optimizer_seconds"];
+  EXPECT_GT(compute, 0);
+  EXPECT_GT(optimizer, 0);
+  EXPECT_LE(compute + optimizer, j["step_records"][0]["seconds"].get<double>());
   EXPECT_EQ(j["checkpoints"].size(), 1u);
   EXPECT_EQ(j["config"]["checkpoint"]["resume"], true);
 }
