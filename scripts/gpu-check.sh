@@ -19,11 +19,24 @@
 #   STRATA_GPU_STEP_TIMEOUT  the most any step after the build may take
 set -uo pipefail
 cd "$(dirname "$0")/.."
+for v in STRATA_GPU_BUDGET STRATA_GPU_STEP_TIMEOUT; do
+  if [[ -n "${!v:-}" && ! "${!v}" =~ ^[1-9][0-9]{0,5}$ ]]; then
+    echo "gpu-check: $v must be a whole number of seconds, 1..999999" >&2
+    exit 2
+  fi
+done
+all_steps="machine build gpu finetune copy cputests memcheck racecheck tiers comm adam step tests io"
+steps="${STRATA_GPU_STEPS:-machine build gpu finetune copy cputests memcheck racecheck tiers comm adam step}"
+for s in $steps; do
+  if [[ " $all_steps " != *" $s "* ]]; then
+    echo "gpu-check: STRATA_GPU_STEPS: '$s' is no step; the steps: $all_steps" >&2
+    exit 2
+  fi
+done
 out="$(mkdir -p "${1:-gpu-check-out}" && cd "${1:-gpu-check-out}" && pwd)"
 debs="${STRATA_DEBS:-.gpu-debs}"
 prefix="${STRATA_PREFIX:-/tmp/strata-prefix}"
 build="${STRATA_GPU_BUILD:-build-gpu}"
-steps="${STRATA_GPU_STEPS:-machine build gpu finetune copy cputests memcheck racecheck tiers comm adam step}"
 deadline=$((SECONDS + ${STRATA_GPU_BUDGET:-540}))
 step_cap="${STRATA_GPU_STEP_TIMEOUT:-240}"
 jobs="$(nproc)"
@@ -214,7 +227,11 @@ if command -v compute-sanitizer >/dev/null; then
   done
 fi
 # The engine's hops and end-to-end moves on the GPU.
-mkdir -p /tmp/strata-bench-tiers /tmp/strata-bench-step
+# The benchmarks' scratch directories; each benchmark removes its own files,
+# and the directories go when the run ends, however it ends.
+scratch=(/tmp/strata-bench-tiers /tmp/strata-bench-step /tmp/strata-bench-io)
+mkdir -p "${scratch[@]}"
+trap 'rmdir "${scratch[@]}" 2>/dev/null' EXIT
 want tiers && step tiers "$(capped 120)" "$bench" tiers --device cuda \
   --size 2G --reps 2 --dir /tmp/strata-bench-tiers --json "$out/tiers.json"
 want comm && step comm "$(capped 60)" "$bench" comm --backend nccl \
