@@ -25,8 +25,8 @@ for v in STRATA_GPU_BUDGET STRATA_GPU_STEP_TIMEOUT; do
     exit 2
   fi
 done
-all_steps="machine build gpu finetune copy cputests memcheck racecheck tiers comm adam step tests io"
-steps="${STRATA_GPU_STEPS:-machine build gpu finetune copy cputests memcheck racecheck tiers comm adam step}"
+all_steps="machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step tests io"
+steps="${STRATA_GPU_STEPS:-machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step}"
 for s in $steps; do
   if [[ " $all_steps " != *" $s "* ]]; then
     echo "gpu-check: STRATA_GPU_STEPS: '$s' is no step; the steps: $all_steps" >&2
@@ -99,6 +99,13 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 # The fine-tune's default corpus (Debian's fortunes), unpacked with the rest.
 corpus="$prefix/usr/share/games/fortunes"
 
+# pybind11 for the Python package: a wheel's CMake files, where Debian's
+# pybind11-dev is not installed.
+pybind=()
+if d="$(python3 -m pybind11 --cmakedir 2>/dev/null)" && [[ -n "$d" ]]; then
+  pybind=(-Dpybind11_DIR="$d")
+fi
+
 # NCCL: the toolkit's, else the one a Python wheel (nvidia-nccl-*) brought.
 nccl=()
 if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
@@ -133,6 +140,7 @@ configure() {
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$pkgconfig" \
     -DCMAKE_CUDA_ARCHITECTURES="${STRATA_CUDA_ARCHS:-90}" "${nccl[@]}" \
+    "${pybind[@]}" \
     -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON \
     -DSTRATA_WERROR=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5
 }
@@ -141,7 +149,7 @@ cpu_tests=(tests/cpu_adam/cpu_adam_test tests/cpu_adam/cpu_adam_torch_test
   tests/cpu_adam/cpu_adam_factored_reference_test tests/util/util_test
   tests/finetune/finetune_torch_test)
 targets=(strata-bench strata-finetune gpu_cuda_conformance_test
-  gpu_cuda_header_test finetune_cuda_test comm_nccl_test)
+  gpu_cuda_header_test finetune_cuda_test comm_nccl_test strata_python)
 for t in "${cpu_tests[@]}"; do targets+=("${t##*/}"); done
 compile() {
   if ! grep -q "strata: CUDA=ON" "$out/configure.log"; then
@@ -189,8 +197,8 @@ best_variant() {
 # `timeout` runs programs, not functions: a step that is a function runs in a
 # child bash given the function and what it reads.
 fn() {
-  echo "$(declare -p generator prefix pkgconfig nccl targets cpu_tests build \
-    out steps jobs)"
+  echo "$(declare -p generator prefix pkgconfig nccl pybind targets cpu_tests \
+    build out steps jobs)"
   declare -f machine configure compile cputests want
   echo "$1"
 }
@@ -218,6 +226,11 @@ want finetune && step finetune "$(capped 150)" \
 want copy && step copy "$(capped 90)" "$bench" copy --device cuda \
   --json "$out/copy.json"
 want cputests && step cputests "$(capped 150)" bash -c "$(fn cputests)"
+# The Python package's suite with the machine's torch: strata.torch.offload
+# on CUDA tensors (a GPU case, failing rather than skipping here).
+want python && step python "$(capped 180)" env STRATA_REQUIRE_CUDA=1 \
+  ctest --test-dir "$build" -L python -LE "mpi|install" --output-on-failure \
+  --no-tests=error -j 4
 # The CUDA suite again under compute-sanitizer (memcheck, then racecheck).
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do

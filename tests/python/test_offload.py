@@ -1,7 +1,8 @@
-"""strata.Engine and strata.torch.offload on the host-emulated device:
-a model trained with its parameters and optimizer states on NVMe (a temp
-directory) under a device budget below the model gives the losses of the same
-model trained in plain torch; bad inputs raise clear exceptions."""
+"""strata.Engine and strata.torch.offload on the host-emulated device (and
+on CUDA where torch sees a GPU): a model trained with its parameters and
+optimizer states on NVMe (a temp directory) under a device budget below the
+model gives the losses of the same model trained in plain torch; bad inputs
+raise clear exceptions."""
 
 import copy
 import os
@@ -114,17 +115,22 @@ class OffloadTrainingTest(unittest.TestCase):
         self.tmp = tempfile.TemporaryDirectory(prefix="strata-offload-")
         self.addCleanup(self.tmp.cleanup)
 
-    def test_same_losses_as_torch_under_a_small_budget(self):
-        data = batches(STEPS)
-        ref_losses, ref_master = train_torch_mixed(make_mlp(0), data)
-        fp32_losses = train_torch_fp32(make_mlp(0), data)
+    def check_same_losses_as_torch(self, device):
+        """Trains make_mlp under a device budget below the model, on the
+        host-emulated device ('host') or the GPU ('cuda'), against plain
+        torch on the same torch device."""
+        on = torch.device("cuda" if device == "cuda" else "cpu")
+        data = [(x.to(on), y.to(on)) for x, y in batches(STEPS)]
+        ref_losses, ref_master = train_torch_mixed(make_mlp(0).to(on), data)
+        fp32_losses = train_torch_fp32(make_mlp(0).to(on), data)
 
         model = make_mlp(0)
         model_bytes = sum(p.numel() for p in model.parameters()) * 2
         budget = 576 * KIB
         self.assertLess(budget, model_bytes)
         cfg = engine_config(self.tmp.name, budget)
-        with storch.offload(model, cfg, device="host") as off:
+        with storch.offload(model, cfg, device=device) as off:
+            self.assertEqual(off.device.type, on.type)
             # The model keeps no copy of its weights.
             for p in model.parameters():
                 self.assertEqual(p.numel(), 0)
@@ -145,13 +151,27 @@ class OffloadTrainingTest(unittest.TestCase):
             self.assertAlmostEqual(a, b, delta=2e-3 * abs(b) + 1e-4,
                                    msg="loss of step %d" % i)
         for name, ref in ref_master.items():
-            torch.testing.assert_close(masters[name], ref, rtol=1e-3,
+            torch.testing.assert_close(masters[name], ref.cpu(), rtol=1e-3,
                                        atol=2e-4, msg=name)
         # And it learns what fp32 torch learns, within bf16's precision.
         for i, (a, b) in enumerate(zip(losses, fp32_losses)):
             self.assertAlmostEqual(a, b, delta=3e-2 * abs(b),
                                    msg="loss of step %d vs fp32" % i)
         self.assertLess(losses[-1], losses[0])
+
+    def test_same_losses_as_torch_under_a_small_budget(self):
+        self.check_same_losses_as_torch("host")
+
+    def test_same_losses_as_torch_on_a_gpu(self):
+        """The CUDA path: parameters fetched into CUDA memory that torch
+        computes on, gradients handed over on torch's current stream.
+        STRATA_REQUIRE_CUDA=1 (a GPU machine's check) makes a missing GPU a
+        failure rather than a skip."""
+        if not torch.cuda.is_available():
+            if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
+                self.fail("STRATA_REQUIRE_CUDA=1 but torch sees no GPU")
+            self.skipTest("torch sees no GPU")
+        self.check_same_losses_as_torch("cuda")
 
     def test_tied_weight_and_reused_module(self):
         """A parameter shared by two modules, and a module called twice:
