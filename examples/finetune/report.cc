@@ -134,18 +134,9 @@ std::string Summary(const TrainOptions& o, const TrainReport& r) {
   line("fetches", std::to_string(e.fetches) + " (" +
                       std::to_string(e.fetch_hits) + " on the device, " +
                       std::to_string(e.prefetch_hits) + " by prefetch)");
-  {
-    // The same steps as tokens/s: all but the first, when there are more.
-    const size_t skip = r.steps.size() > 1 ? 1 : 0;
-    double compute = 0, optimizer = 0;
-    for (size_t i = skip; i < r.steps.size(); ++i) {
-      compute += r.steps[i].compute_seconds;
-      optimizer += r.steps[i].optimizer_seconds;
-    }
-    const double n = static_cast<double>(r.steps.size() - skip);
-    line("time per step", Fixed(compute / n, 4) + " s forward and backward, " +
-                              Fixed(optimizer / n, 4) + " s optimizer step");
-  }
+  line("time per step",
+       Fixed(r.compute_seconds, 4) + " s forward and backward, " +
+           Fixed(r.optimizer_seconds, 4) + " s optimizer step");
   line("stall", Fixed(e.stall_seconds, 3) + " s waiting for fetches");
   line("steps skipped", std::to_string(e.skipped_steps));
   line("updates in backward", std::to_string(e.early_units) + " units");

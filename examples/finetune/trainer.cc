@@ -578,11 +578,9 @@ StatusOr<TrainReport> Train(const TrainOptions& o,
   STRATA_RETURN_IF_ERROR(AgreeAcrossRanks(o.comm.get(), run.Setup(&report)));
   STRATA_ASSIGN_OR_RETURN(const int64_t first, run.Resume(&report));
   const auto t0 = Clock::now();
-  double after_first = 0;
   const int64_t end = EndStep(o);  // > first: Resume checked it
   for (int64_t s = first; s < end; ++s) {
     STRATA_ASSIGN_OR_RETURN(StepRecord rec, run.TrainStep(s));
-    if (s > first) after_first += rec.seconds;
     report.steps.push_back(rec);
     if (progress) progress(rec);
     const bool last = s + 1 == end;
@@ -593,11 +591,19 @@ StatusOr<TrainReport> Train(const TrainOptions& o,
   }
   report.seconds = Since(t0);
   STRATA_RETURN_IF_ERROR(run.Export(&report));
-  const int64_t ran = end - first;
-  const double timed = ran > 1 ? after_first : report.steps[0].seconds;
-  const int64_t timed_steps = ran > 1 ? ran - 1 : 1;
+  // The timed steps (TrainReport): those after the first, or the only one.
+  const size_t skip = report.steps.size() > 1 ? 1 : 0;
+  double timed = 0, compute = 0, optimizer = 0;
+  for (size_t i = skip; i < report.steps.size(); ++i) {
+    timed += report.steps[i].seconds;
+    compute += report.steps[i].compute_seconds;
+    optimizer += report.steps[i].optimizer_seconds;
+  }
+  const auto timed_steps = static_cast<int64_t>(report.steps.size() - skip);
   report.tokens_per_s =
       static_cast<double>(report.tokens_per_step * timed_steps) / timed;
+  report.compute_seconds = compute / static_cast<double>(timed_steps);
+  report.optimizer_seconds = optimizer / static_cast<double>(timed_steps);
   report.tflops = report.tokens_per_s * report.flops_per_token / 1e12;
   report.engine = run.engine().stats();
   report.device_budget_bytes = o.engine.device_budget_bytes;

@@ -140,6 +140,9 @@ struct TrainReport {
   // warms the caches); the first step's figures when there is one step.
   double tokens_per_s = 0;
   double tflops = 0;
+  // Means per step over the same steps: StepRecord's two parts.
+  double compute_seconds = 0;
+  double optimizer_seconds = 0;
   bool from_checkpoint = false;
   // Checkpoints: the step resumed from (0: none), and each save.
   int64_t resumed_from = 0;
