@@ -118,7 +118,6 @@ TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
   }
   Agreement a;
   size_t exact = 0;
-  constexpr double kOneMinusBeta1 = 0.1;  // the optimizer's default beta1 0.9
   for (size_t i = 0; i < kN; ++i) {
     auto rel = [](float ours, float want) {
       return std::fabs(static_cast<double>(ours) - want) / std::fabs(want);
@@ -130,7 +129,7 @@ TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
           std::max(g_max, std::fabs(static_cast<double>(grads[s * kN + i])));
     }
     const double m_scale =
-        std::max(std::fabs(static_cast<double>(tm[i])), kOneMinusBeta1 * g_max);
+        std::max(std::fabs(static_cast<double>(tm[i])), (1 - o.beta1) * g_max);
     if (m_scale > 0) {
       a.max_m_rel = std::max(
           a.max_m_rel, std::fabs(static_cast<double>(m[i]) - tm[i]) / m_scale);
@@ -143,8 +142,7 @@ TEST_P(TorchAgreementTest, HundredStepsWithWeightDecay) {
   RecordProperty("bitwise_equal_params", std::to_string(exact));
   std::printf(
       "%s %s: max rel err param %.3g m (of its scale) %.3g v %.3g; %zu/%zu "
-      "params "
-      "bitwise equal\n",
+      "params bitwise equal\n",
       name, std::string(CpuKernelVariantName(variant)).c_str(), a.max_param_rel,
       a.max_m_rel, a.max_v_rel, exact, kN);
   EXPECT_LE(a.max_param_rel, 1e-6);
