@@ -25,8 +25,9 @@ for v in STRATA_GPU_BUDGET STRATA_GPU_STEP_TIMEOUT; do
     exit 2
   fi
 done
-all_steps="machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step tests io"
-steps="${STRATA_GPU_STEPS:-machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step}"
+default_steps="machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step"
+all_steps="$default_steps tests io"
+steps="${STRATA_GPU_STEPS:-$default_steps}"
 for s in $steps; do
   if [[ " $all_steps " != *" $s "* ]]; then
     echo "gpu-check: STRATA_GPU_STEPS: '$s' is no step; the steps: $all_steps" >&2
@@ -60,8 +61,13 @@ step() {
     return 1
   fi
   local start=$SECONDS
-  timeout "$cap" "$@" >"$out/$name.log" 2>&1
+  # In the background and waited for, so that a signal to this script
+  # reaches it at once (on_signal) rather than after the step.
+  timeout "$cap" "$@" >"$out/$name.log" 2>&1 &
+  child=$!
+  wait "$child"
   local rc=$?
+  child=
   note "$name: rc=$rc in $((SECONDS - start)) s"
   if ((rc != 0)); then
     tail -n 40 "$out/$name.log"
@@ -70,6 +76,16 @@ step() {
   return $rc
 }
 capped() { local c="$1"; ((c > step_cap)) && c=$step_cap; echo "$c"; }
+# INT or TERM: the running step gets TERM (timeout hands it on to its
+# command, whose own handler removes what it created), then the script exits
+# through its EXIT trap.
+child=
+on_signal() {
+  [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null && wait "$child"
+  exit "$1"
+}
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 # ---- The private prefix ------------------------------------------------------
 if [[ ! -d "$debs" ]] || ! compgen -G "$debs/*.deb" >/dev/null; then
@@ -239,14 +255,16 @@ if command -v compute-sanitizer >/dev/null; then
       "$build/tests/gpu/gpu_cuda_conformance_test"
   done
 fi
-# The engine's hops and end-to-end moves on the GPU.
 # The benchmarks' scratch directories; each benchmark removes its own files,
-# and the directories go when the run ends, however it ends.
-scratch=(/tmp/strata-bench-tiers /tmp/strata-bench-step /tmp/strata-bench-io)
-mkdir -p "${scratch[@]}"
-trap 'rmdir "${scratch[@]}" 2>/dev/null' EXIT
+# and the directories go when the run ends, however it ends (on_signal ends
+# it through exit).
+tiers_dir=/tmp/strata-bench-tiers step_dir=/tmp/strata-bench-step
+io_dir=/tmp/strata-bench-io
+mkdir -p "$tiers_dir" "$step_dir" "$io_dir"
+trap 'rmdir "$tiers_dir" "$step_dir" "$io_dir" 2>/dev/null' EXIT
+# The engine's hops and end-to-end moves on the GPU.
 want tiers && step tiers "$(capped 120)" "$bench" tiers --device cuda \
-  --size 2G --reps 2 --dir /tmp/strata-bench-tiers --json "$out/tiers.json"
+  --size 2G --reps 2 --dir "$tiers_dir" --json "$out/tiers.json"
 want comm && step comm "$(capped 60)" "$bench" comm --backend nccl \
   --sizes 1M,64M,256M --json "$out/comm-nccl.json"
 # The CPU optimizers on this machine's cores and widest vectors: one thread,
@@ -261,11 +279,11 @@ want adam && step adam "$(capped 240)" "$bench" adam --params 128M \
   --variants "$(best_variant)" --threads "$threads" --reps 3 \
   --torch off --json "$out/adam.json"
 want step && step step "$(capped 180)" "$bench" step --params 256M \
-  --moments fp32,int8 --reps 1 --dir /tmp/strata-bench-step \
+  --moments fp32,int8 --reps 1 --dir "$step_dir" \
   --json "$out/step.json"
 want tests && step tests "$step_cap" ctest --test-dir "$build" \
   -LE "slow|install" --output-on-failure -j "$jobs"
-want io && step io "$(capped 120)" "$bench" io --dir /tmp/strata-bench-io \
+want io && step io "$(capped 120)" "$bench" io --dir "$io_dir" \
   --size 4G --json "$out/io.json"
 note "done; worst rc=$worst; logs in $out"
 exit $worst
