@@ -21,8 +21,8 @@ using strata::testing::ScratchDir;
 // mpirun -np `ranks` strata-bench `args`..., its output collected.
 strata::testing::MpiRun RunBenchUnderMpi(int ranks,
                                          const std::vector<std::string>& args) {
-  std::vector<std::string> argv =
-      strata::testing::MpiExecArgv(STRATA_TEST_MPIEXEC, ranks);
+  const strata::testing::MpiLaunch launch(STRATA_TEST_MPIEXEC, ranks);
+  std::vector<std::string> argv = launch.Argv();
   argv.push_back(STRATA_BENCH_PATH);
   argv.insert(argv.end(), args.begin(), args.end());
   return strata::testing::RunArgv(argv);

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/util/scratch_dir.h"
+
 namespace strata::testing {
 
 struct MpiRun {
@@ -21,17 +23,42 @@ struct MpiRun {
   double seconds = 0;
 };
 
-// `mpiexec` -np N --oversubscribe (no binding, shared memory and TCP on
-// loopback only), to be followed by the program and its arguments; allows
-// running as root, as the test machines do.
-inline std::vector<std::string> MpiExecArgv(const std::string& mpiexec,
-                                            int ranks) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  return {mpiexec,           "-np",       std::to_string(ranks),
-          "--oversubscribe", "--bind-to", "none",
-          "--mca",           "btl",       "self,vader,tcp"};
-}
+// One mpirun job's command line, up to the program: `mpiexec` -np N
+// --oversubscribe (no binding, shared memory and TCP on loopback only),
+// allowed to run as root, as the test machines do.
+//
+// Each job has a session directory of its own, removed with this object.
+// Open MPI 4 otherwise keeps every job's session files under one
+// TMPDIR/ompi.<host>.<uid>, which a job that ends removes when it finds it
+// empty: when that happens as another job starts (ctest -j), the starting
+// one fails in orte_init ("A call to mkdir was unable to create the desired
+// directory"; CI saw it once in 802 tests, Open MPI issue 8510).
+class MpiLaunch {
+ public:
+  MpiLaunch(const std::string& mpiexec, int ranks)
+      : mpiexec_(mpiexec), ranks_(ranks) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+
+  // To be followed by the program and its arguments; valid while this
+  // object lives.
+  std::vector<std::string> Argv() const {
+    std::vector<std::string> argv = {
+        mpiexec_,          "-np",       std::to_string(ranks_),
+        "--oversubscribe", "--bind-to", "none",
+        "--mca",           "btl",       "self,vader,tcp"};
+    if (!session_.path().empty()) {
+      argv.insert(argv.end(), {"--mca", "orte_tmpdir_base", session_.path()});
+    }
+    return argv;
+  }
+
+ private:
+  std::string mpiexec_;
+  int ranks_;
+  ScratchDir session_;
+};
 
 // Runs `argv` (argv[0] a path), its stdout and stderr collected.
 inline MpiRun RunArgv(std::vector<std::string> argv) {
@@ -65,11 +92,12 @@ inline MpiRun RunArgv(std::vector<std::string> argv) {
   return r;
 }
 
-// MpiExecArgv, then `worker` `plugin` args..., its output collected.
+// An MpiLaunch, then `worker` `plugin` args..., its output collected.
 inline MpiRun RunUnderMpi(const std::string& mpiexec, const std::string& worker,
                           const std::string& plugin, int ranks,
                           const std::vector<std::string>& args) {
-  std::vector<std::string> argv = MpiExecArgv(mpiexec, ranks);
+  const MpiLaunch launch(mpiexec, ranks);
+  std::vector<std::string> argv = launch.Argv();
   argv.push_back(worker);
   argv.push_back(plugin);
   argv.insert(argv.end(), args.begin(), args.end());

@@ -128,8 +128,8 @@ class FinetuneMpiTest : public ::testing::Test {
     return Exec(args, cwd_.path(), logs_.path() + "/single.txt");
   }
   Outcome Mpirun(int ranks, const std::vector<std::string>& args) {
-    std::vector<std::string> argv =
-        strata::testing::MpiExecArgv(STRATA_TEST_MPIEXEC, ranks);
+    const strata::testing::MpiLaunch launch(STRATA_TEST_MPIEXEC, ranks);
+    std::vector<std::string> argv = launch.Argv();
     argv.push_back(STRATA_FINETUNE_PATH);
     argv.insert(argv.end(), args.begin(), args.end());
     return Exec(argv, cwd_.path(), logs_.path() + "/mpirun.txt");

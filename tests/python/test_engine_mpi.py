@@ -45,11 +45,18 @@ class TwoRanksTest(unittest.TestCase):
             f.write("not a directory")
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        cmd = [MPIEXEC, "-np", "2", "--oversubscribe", "--bind-to", "none",
-               "--mca", "btl", "self,vader,tcp", sys.executable,
-               os.path.join(HERE, worker), out, str(stage)]
-        r = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=240)
+        # A session directory of the job's own: Open MPI 4 shares one per
+        # user otherwise, which a job ending beside this one can remove
+        # while this one starts (ctest -j).
+        with tempfile.TemporaryDirectory() as session:
+            cmd = [MPIEXEC, "-np", "2", "--oversubscribe", "--bind-to",
+                   "none", "--mca", "btl", "self,vader,tcp",
+                   "--mca", "orte_tmpdir_base", session, sys.executable,
+                   os.path.join(HERE, worker), out, str(stage)]
+            r = subprocess.run(cmd, cwd=HERE, env=env,
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
+                               timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout)
         self.assertIn("rank 0: ok", r.stdout)
         self.assertIn("rank 1: ok", r.stdout)
