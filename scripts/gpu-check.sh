@@ -11,7 +11,8 @@
 # Steps run in order, most important first; a failed step is logged and the
 # next still runs, so one call brings back as much as it can. The exit status
 # is that of the worst step.
-#   STRATA_GPU_STEPS    the steps to run (default: all but `tests` and `io`),
+#   STRATA_GPU_STEPS    the steps to run (default: all but `tests`, `io` and
+#                       `columns`),
 #                       e.g. "cputests adam" on a machine that already built
 #   STRATA_GPU_BUDGET   seconds for the whole run (default 540, inside one
 #                       10-minute call): a step gets what is left, and a step
@@ -26,7 +27,7 @@ for v in STRATA_GPU_BUDGET STRATA_GPU_STEP_TIMEOUT; do
   fi
 done
 default_steps="machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step"
-all_steps="$default_steps tests io"
+all_steps="$default_steps tests io columns"
 steps="${STRATA_GPU_STEPS:-$default_steps}"
 for s in $steps; do
   if [[ " $all_steps " != *" $s "* ]]; then
@@ -210,16 +211,31 @@ best_variant() {
     echo avx2
   fi
 }
+bench="$build/bench/strata-bench"
+# SM3 and Adafactor on one thread over 32768 x 4096 and over 524288 x 256
+# (where the per-column arrays are 1 KiB each, always in L1), alternating,
+# twice: what reading and rewriting the column arrays for every row costs
+# on this core.
+columns() {
+  local r c rc=0
+  for r in 1 2; do
+    for c in 4096 256; do
+      echo "== pass $r, $c columns"
+      "$bench" adam --params 128M --optimizer sm3,adafactor --moments fp32 \
+        --cols "$c" --variants "$(best_variant)" --threads 1 --reps 3 \
+        --torch off --json "$out/columns-$c-$r.json" || rc=1
+    done
+  done
+  return $rc
+}
 # `timeout` runs programs, not functions: a step that is a function runs in a
 # child bash given the function and what it reads.
 fn() {
   echo "$(declare -p generator prefix pkgconfig nccl pybind targets cpu_tests \
-    build out steps jobs)"
-  declare -f machine configure compile cputests want
+    build out steps jobs bench)"
+  declare -f machine configure compile cputests columns best_variant want
   echo "$1"
 }
-
-bench="$build/bench/strata-bench"
 
 want machine && step machine 30 bash -c "$(fn machine)"
 if want build; then
@@ -285,5 +301,6 @@ want tests && step tests "$step_cap" ctest --test-dir "$build" \
   -LE "slow|install" --output-on-failure -j "$jobs"
 want io && step io "$(capped 120)" "$bench" io --dir "$io_dir" \
   --size 4G --json "$out/io.json"
+want columns && step columns "$(capped 240)" bash -c "$(fn columns)"
 note "done; worst rc=$worst; logs in $out"
 exit $worst
