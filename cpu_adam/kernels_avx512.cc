@@ -13,10 +13,14 @@
 #endif
 #include <immintrin.h>
 
+// tests/cpu_adam/avx512_emulated.cc compiles this file again over portable
+// code, in a namespace of its own.
+#ifndef STRATA_CPU_ADAM_ISA
 #define STRATA_CPU_ADAM_ISA avx512
+#endif
 #include "cpu_adam/kernel_impl.h"
 
-namespace strata::cpu_adam::avx512 {
+namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA {
 namespace {
 
 // The top 16 bits of each 32-bit lane, in order: one word permute, where a
@@ -244,19 +248,21 @@ struct Avx512 {
 };
 
 }  // namespace
-}  // namespace strata::cpu_adam::avx512
+}  // namespace strata::cpu_adam::STRATA_CPU_ADAM_ISA
 
 namespace strata::cpu_adam {
 
 const KernelTable& Avx512Kernels() {
   static const KernelTable table =
-      avx512::MakeTable<avx512::Avx512<false>>(CpuKernelVariant::kAvx512);
+      STRATA_CPU_ADAM_ISA::MakeTable<STRATA_CPU_ADAM_ISA::Avx512<false>>(
+          CpuKernelVariant::kAvx512);
   return table;
 }
 
 const KernelTable& Avx512Bf16Kernels() {
   static const KernelTable table =
-      avx512::MakeTable<avx512::Avx512<true>>(CpuKernelVariant::kAvx512Bf16);
+      STRATA_CPU_ADAM_ISA::MakeTable<STRATA_CPU_ADAM_ISA::Avx512<true>>(
+          CpuKernelVariant::kAvx512Bf16);
   return table;
 }
 
