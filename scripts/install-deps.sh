@@ -20,6 +20,7 @@ test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest util-linux clang-format clang
   python3-mpi4py  # a caller's MPI communicator into strata.Communicator (tests/python)
   libclang-rt-dev  # clang's libFuzzer and sanitizer runtimes (fuzz/)
+  libsimde-dev  # portable AVX-512, for the AVX-512 kernels' tests on any host
 )
 
 pkgs=("${build_pkgs[@]}")
