@@ -20,7 +20,11 @@
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 
+#include "tests/cpu_adam/test_util.h"
+
 namespace strata_emulated {
+
+using strata::cpu_adam_test::Bits;
 
 template <class T, class V>
 inline void ToLanes(T* out, const V& v) {
@@ -33,12 +37,6 @@ inline V FromLanes(const T* in) {
   V v;
   std::memcpy(&v, in, sizeof(V));
   return v;
-}
-
-inline uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
 }
 
 inline simde__m512i CvtEpu8Epi16(simde__m256i a) {
