@@ -17,6 +17,10 @@
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -1287,6 +1291,41 @@ StatusOr<CpuKernelVariant> ParseCpuKernelVariant(std::string_view name) {
   return Status::InvalidArgument(
       "unknown CPU optimizer variant '" + std::string(name) +
       "' (expected auto, scalar, avx2, avx512 or avx512bf16)");
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 15 rejects
+// __builtin_cpu_supports("f16c"). That the OS saves the AVX state is already
+// established by the avx2 check that comes with it.
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
+bool CpuKernelVariantSupported(CpuKernelVariant v) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") &&
+                    __builtin_cpu_supports("fma") && CpuHasF16c();
+  const cpu_adam::CpuAvx512Report avx512 = cpu_adam::ReportCpuAvx512();
+  switch (v) {
+    case CpuKernelVariant::kAuto:
+    case CpuKernelVariant::kScalar:
+      return true;
+    case CpuKernelVariant::kAvx2:
+      return avx2;
+    case CpuKernelVariant::kAvx512:
+      return avx2 && avx512.base;
+    case CpuKernelVariant::kAvx512Bf16:
+      return avx2 && avx512.bf16;
+  }
+  return false;
+#else
+  return v == CpuKernelVariant::kAuto || v == CpuKernelVariant::kScalar;
+#endif
 }
 
 CpuKernelVariant BestCpuKernelVariant() {

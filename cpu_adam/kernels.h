@@ -225,6 +225,17 @@ const KernelTable& Avx512Bf16Kernels();
 // The table of a supported variant (not kAuto); the caller checked support.
 const KernelTable& KernelsFor(CpuKernelVariant v);
 
+// What this CPU reports of AVX-512: F, BW, VL and DQ (`base`), and BF16 as
+// well (`bf16`). Alone in cpu_support.cc, so that a program can link
+// another answer ahead of the archive: tests/cpu_adam/avx512_emulated.cc,
+// whose AVX-512 tables run on any AVX2 host. CpuKernelVariantSupported
+// still requires AVX2, FMA and F16C under both.
+struct CpuAvx512Report {
+  bool base = false;
+  bool bf16 = false;
+};
+CpuAvx512Report ReportCpuAvx512();
+
 // Bytes per element of a fp32/fp16/bf16 array (1 for kBlock8 codes).
 size_t DTypeSize(CpuDType t);
 

@@ -7,9 +7,9 @@
 // kernels build from them: lane orders, permute indices, masks, tails.
 //
 // Linked into that test program ahead of libstrata_cpu_adam.a, this file's
-// Avx512Kernels, Avx512Bf16Kernels and CpuKernelVariantSupported are the
-// ones the program uses, so the archive's kernels_avx512.o and
-// cpu_support.o are never pulled in.
+// Avx512Kernels, Avx512Bf16Kernels and ReportCpuAvx512 are the ones the
+// program uses, so the archive's kernels_avx512.o and cpu_support.o are
+// never pulled in.
 //
 // SIMDe 0.7 has no portable form of the intrinsics below; each is written
 // from the definition in Intel's intrinsics guide, one lane at a time.
@@ -196,16 +196,11 @@ inline simde__m256i CvtPsPh(simde__m512 a) {
 #define STRATA_CPU_ADAM_ISA avx512_emulated
 #include "cpu_adam/kernels_avx512.cc"
 
-namespace strata {
+namespace strata::cpu_adam {
 
-// Every variant but on a host without AVX2, where the emulation itself
-// (built with -mavx2 -mfma -mf16c) cannot run.
-bool CpuKernelVariantSupported(CpuKernelVariant v) {
-  if (v == CpuKernelVariant::kAuto || v == CpuKernelVariant::kScalar) {
-    return true;
-  }
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+// Both AVX-512 variants, whatever the CPU: their tables above run over
+// SIMDe. CpuKernelVariantSupported still asks for AVX2, FMA and F16C, which
+// the emulation itself is built with (-mavx2 -mfma -mf16c).
+CpuAvx512Report ReportCpuAvx512() { return {true, true}; }
 
-}  // namespace strata
+}  // namespace strata::cpu_adam
