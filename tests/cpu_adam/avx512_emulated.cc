@@ -13,6 +13,7 @@
 //
 // SIMDe 0.7 has no portable form of the intrinsics below; each is written
 // from the definition in Intel's intrinsics guide, one lane at a time.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -39,39 +40,38 @@ inline V FromLanes(const T* in) {
   return v;
 }
 
-inline simde__m512i CvtEpu8Epi16(simde__m256i a) {
-  uint8_t in[32];
-  uint16_t out[32];
+// Every lane of Out (of type O) from the lane of In (of type I) at the same
+// index, by f: the widening and narrowing conversions.
+template <class Out, class O, class I, class In, class Fn>
+inline Out MapLanes(const In& a, Fn f) {
+  constexpr size_t kLanes = sizeof(Out) / sizeof(O);
+  static_assert(kLanes <= sizeof(In) / sizeof(I));
+  I in[sizeof(In) / sizeof(I)];
+  O out[kLanes];
   ToLanes(in, a);
-  for (int i = 0; i < 32; ++i) out[i] = in[i];
-  return FromLanes<simde__m512i>(out);
+  for (size_t i = 0; i < kLanes; ++i) out[i] = f(in[i]);
+  return FromLanes<Out>(out);
+}
+
+inline simde__m512i CvtEpu8Epi16(simde__m256i a) {
+  return MapLanes<simde__m512i, uint16_t, uint8_t>(
+      a, [](uint8_t x) { return uint16_t{x}; });
 }
 
 inline simde__m512i CvtEpu16Epi32(simde__m256i a) {
-  uint16_t in[16];
-  uint32_t out[16];
-  ToLanes(in, a);
-  for (int i = 0; i < 16; ++i) out[i] = in[i];
-  return FromLanes<simde__m512i>(out);
+  return MapLanes<simde__m512i, uint32_t, uint16_t>(
+      a, [](uint16_t x) { return uint32_t{x}; });
 }
 
 // Unsigned saturation of unsigned words to bytes.
 inline simde__m256i CvtUsEpi16Epi8(simde__m512i a) {
-  uint16_t in[32];
-  uint8_t out[32];
-  ToLanes(in, a);
-  for (int i = 0; i < 32; ++i) {
-    out[i] = static_cast<uint8_t>(in[i] > 255 ? 255 : in[i]);
-  }
-  return FromLanes<simde__m256i>(out);
+  return MapLanes<simde__m256i, uint8_t, uint16_t>(
+      a, [](uint16_t x) { return static_cast<uint8_t>(x > 255 ? 255 : x); });
 }
 
 inline simde__m512d CvtPsPd(simde__m256 a) {
-  float in[8];
-  double out[8];
-  ToLanes(in, a);
-  for (int i = 0; i < 8; ++i) out[i] = in[i];
-  return FromLanes<simde__m512d>(out);
+  return MapLanes<simde__m512d, double, float>(
+      a, [](float x) { return double{x}; });
 }
 
 inline simde__m256 ExtractF32x8(simde__m512 a, int imm) {
@@ -140,25 +140,16 @@ inline simde__mmask16 FpclassPsMask(simde__m512 a, int imm) {
 // denormals to a signed zero, infinities truncated, NaNs truncated and
 // quieted, normals rounded to nearest even.
 inline simde__m256i CvtnePsPbh(simde__m512 a) {
-  float l[16];
-  uint16_t out[16];
-  ToLanes(l, a);
-  for (int i = 0; i < 16; ++i) {
-    const uint32_t u = Bits(l[i]);
+  return MapLanes<simde__m256i, uint16_t, float>(a, [](float x) {
+    const uint32_t u = Bits(x);
     const uint32_t e = (u >> 23) & 0xff;
     const uint32_t f = u & 0x7fffff;
-    if (e == 0) {
-      out[i] = static_cast<uint16_t>((u >> 16) & 0x8000);
-    } else if (e == 0xff && f == 0) {
-      out[i] = static_cast<uint16_t>(u >> 16);
-    } else if (e == 0xff) {
-      out[i] = static_cast<uint16_t>((u >> 16) | 0x40);
-    } else {
-      const uint32_t bias = 0x7fff + ((u >> 16) & 1);
-      out[i] = static_cast<uint16_t>((u + bias) >> 16);
-    }
-  }
-  return FromLanes<simde__m256i>(out);
+    if (e == 0) return static_cast<uint16_t>((u >> 16) & 0x8000);
+    if (e == 0xff && f == 0) return static_cast<uint16_t>(u >> 16);
+    if (e == 0xff) return static_cast<uint16_t>((u >> 16) | 0x40);
+    const uint32_t bias = 0x7fff + ((u >> 16) & 1);
+    return static_cast<uint16_t>((u + bias) >> 16);
+  });
 }
 
 // F16C's conversions, on each 256-bit half.
