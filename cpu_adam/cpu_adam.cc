@@ -201,6 +201,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   CpuOptimizerImpl(const CpuOptimizerOptions& options, CpuKernelVariant variant)
       : options_(options), kernels_(&KernelsFor(variant)) {
     options_.variant = variant;
+    if (options_.block8_sweeps == 0) {
+      options_.block8_sweeps = kernels_->block8_sweeps;
+    }
     tile_ = std::max<size_t>(64, (options_.tile_elems + 63) / 64 * 64);
     options_.tile_elems = tile_;
   }
@@ -1149,6 +1152,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     p.use_decay = p.decay != 1.0f;
     p.bc2_sqrt = 1.0f;
     p.inv_bc2_sqrt = 1.0f;
+    p.split8 = o.block8_sweeps == 2;
     switch (o.algo) {
       case CpuOptimizerAlgo::kAdam:
       case CpuOptimizerAlgo::kAdamW: {
@@ -1351,6 +1355,10 @@ StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(
   }
   if (options.threads < 0) {
     return Status::InvalidArgument("NewCpuOptimizer: threads must be >= 0");
+  }
+  if (options.block8_sweeps < 0 || options.block8_sweeps > 2) {
+    return Status::InvalidArgument(
+        "NewCpuOptimizer: block8_sweeps must be 0 (the variant's own), 1 or 2");
   }
   if (options.algo == CpuOptimizerAlgo::kAdafactor) {
     const CpuAdafactorOptions& a = options.adafactor;

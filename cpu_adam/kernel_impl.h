@@ -33,8 +33,8 @@
 // halves]), provided HLoadU8 and HTop put them in it and HWiden and HStoreU8
 // take them out of it; the codecs work lane by lane. Optionally,
 // HStoreU8Pair(p, a, q, b) does HStoreU8(p, a) and HStoreU8(q, b) in fewer
-// operations (StoreCodes), and kSplitUpdate8 = true runs the 8-bit update
-// in two sweeps (Note [The 8-bit update in two sweeps]).
+// operations (StoreCodes), and kSplitUpdate8 = true makes two sweeps the
+// 8-bit update's default (Note [The 8-bit update in two sweeps]).
 #ifndef STRATA_CPU_ADAM_ISA
 #error "define STRATA_CPU_ADAM_ISA before including cpu_adam/kernel_impl.h"
 #endif
@@ -804,7 +804,10 @@ STRATA_CPU_ADAM_INLINE typename V::F Apply8(const Consts<V>& c, typename V::F x,
 // (5 of 5), 8-bit AdamW without a working copy 0.99 -> 1.11 on the means
 // (3 of 5). llvm-mca's Zen 3 model, which has no such window limit, gives
 // the first sweep 30.5 cycles per 16 elements against 41.4 for the single
-// one. Not measured on an AVX-512 host, so AVX-512 keeps one sweep.
+// one. Not measured on an AVX-512 host, so AVX-512 keeps one sweep by
+// default. Either form runs on every variant (StepParams::split8, from
+// CpuOptimizerOptions::block8_sweeps), so that a host can time both: the
+// trait only sets what the table offers as the variant's own.
 template <class V>
 constexpr bool SplitsUpdate8() {
   if constexpr (requires { V::kSplitUpdate8; }) {
@@ -950,7 +953,8 @@ STRATA_CPU_ADAM_INLINE void Encode8H(const uint16_t* mtop, const uint16_t* rtop,
 // Measured in cache on one Zen 4 core: 8-bit AdamW 2.04 -> 2.21 G params/s
 // (with the unrolling of ForEachF), Adafactor 1.77 -> 1.89, SM3 3.09 ->
 // 3.29 (512 columns).
-template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream>
+template <class V, CpuOptimizerAlgo A, class G, class W, bool kStream,
+          bool kSplit>
 void Step8Block(const StepParams& p, const StepArrays& arrays, size_t b,
                 size_t e, uint16_t* mtop, uint16_t* rtop, float* steps) {
   const StepArrays a = arrays;  // Note [Local copies of the arrays]
@@ -982,11 +986,10 @@ void Step8Block(const StepParams& p, const StepArrays& arrays, size_t b,
     PrefetchAhead<V, V::kH>(grad, i);
     PrefetchAhead<V, V::kH>(mc, i);
     if constexpr (kAdam) PrefetchAhead<V, V::kH>(rc, i);
-    Update8H<V, A, G, W, kStream, SplitsUpdate8<V>()>(
-        cv, a, grad, mc, rc, w, mtop, rtop, steps, i, i - b, vold_m, vold_r,
-        acc);
+    Update8H<V, A, G, W, kStream, kSplit>(cv, a, grad, mc, rc, w, mtop, rtop,
+                                          steps, i, i - b, vold_m, vold_r, acc);
   }
-  if constexpr (SplitsUpdate8<V>()) {  // Note [The 8-bit update in two sweeps]
+  if constexpr (kSplit) {  // Note [The 8-bit update in two sweeps]
     for (size_t k = b; k < i; k += V::kN) {
       StoreMaster<V, W, kStream>(
           a.master, w, k,
@@ -1020,20 +1023,23 @@ void Step8Range(const StepParams& p, const StepArrays& a, size_t begin,
                 size_t end) {
   alignas(64) uint16_t mtop[kCpuBlock8Elems];
   alignas(64) uint16_t rtop[kCpuBlock8Elems];
-  alignas(64) float steps[SplitsUpdate8<V>() ? kCpuBlock8Elems : 1];
+  alignas(64) float steps[kCpuBlock8Elems];  // with p.split8
   // Blocks start at multiples of kCpuBlock8Elems, so the working copy is
   // aligned for V's non-temporal stores at every block start or at none.
   bool stream = false;
   if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
     stream = StreamHead<V>(static_cast<W*>(a.working) + begin) == 0;
   }
+  // The block function for this call's stream and sweeps, chosen once.
+  using BlockFn = void (*)(const StepParams&, const StepArrays&, size_t, size_t,
+                           uint16_t*, uint16_t*, float*);
+  const BlockFn block =
+      stream ? (p.split8 ? &Step8Block<V, A, G, W, true, true>
+                         : &Step8Block<V, A, G, W, true, false>)
+             : (p.split8 ? &Step8Block<V, A, G, W, false, true>
+                         : &Step8Block<V, A, G, W, false, false>);
   for (size_t b = begin; b < end; b += kCpuBlock8Elems) {
-    const size_t e = std::min(end, b + kCpuBlock8Elems);
-    if (stream) {
-      Step8Block<V, A, G, W, true>(p, a, b, e, mtop, rtop, steps);
-    } else {
-      Step8Block<V, A, G, W, false>(p, a, b, e, mtop, rtop, steps);
-    }
+    block(p, a, b, std::min(end, b + kCpuBlock8Elems), mtop, rtop, steps);
   }
   if (stream) V::Fence();  // see KernelTable::step
 }
@@ -2123,6 +2129,7 @@ double AdafactorSumsq(const FactoredParams& p, const FactoredArrays& a,
 template <class V, class VS = V>
 KernelTable MakeTable(CpuKernelVariant variant) {
   return KernelTable{variant,
+                     SplitsUpdate8<V>() ? 2 : 1,
                      &Step<V>,
                      &GradStats<VS>,
                      &Convert<V>,

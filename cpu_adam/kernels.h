@@ -35,6 +35,7 @@ struct StepParams {
   float neg_step;      // Adam: -lr / bias_correction1. Adagrad: -lr. Lion: -lr
   float bc2_sqrt;      // Adam: sqrt(bias_correction2)
   float inv_bc2_sqrt;  // Adam, kBlock8 moments: 1 / sqrt(bias_correction2)
+  bool split8;         // kBlock8 moments: the update in two sweeps a block
 };
 
 // Raw array pointers of one update (types per StepParams).
@@ -178,6 +179,10 @@ inline float AdafactorStat(float old, float beta2, float omb2, double sum,
 
 struct KernelTable {
   CpuKernelVariant variant;
+  // kBlock8 moments: the update's sweeps over each block that this variant
+  // runs unless CpuOptimizerOptions::block8_sweeps says otherwise (Note
+  // [The 8-bit update in two sweeps] in kernel_impl.h); 1 or 2.
+  int block8_sweeps;
   // Updates elements [begin, end); with kBlock8 moments begin is a multiple
   // of kCpuBlock8Elems (the driver's tiles are). Non-temporal stores are fenced
   // before return, so completion of the call orders them for other threads.

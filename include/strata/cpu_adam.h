@@ -158,6 +158,15 @@ struct CpuOptimizerOptions {
   // per-tile arrays (about 2 MiB) near the L2 size while leaving hundreds
   // of tiles for load balance at the sizes where bandwidth matters.
   size_t tile_elems = size_t{1} << 16;
+  // kBlock8 moments: how many sweeps the update makes over each block of
+  // kCpuBlock8Elems elements. 1: one, the codecs, the moments and the
+  // weights together. 2: the codecs and the moments first, each element's
+  // step kept in an 8 KiB scratch, then the weights: shorter iterations
+  // around the square root and the division, which a core with a small
+  // out-of-order window overlaps better. 0 = the variant's own (2 on avx2,
+  // 1 elsewhere; options() reports the one chosen). The same bits either
+  // way: a tuning knob for a CPU the default was not measured on.
+  int block8_sweeps = 0;
   CpuAdafactorOptions adafactor;  // kAdafactor only
 };
 

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "strata/cpu_adam.h"
@@ -30,13 +31,14 @@ constexpr CpuOptimizerAlgo kAlgos8[] = {
 std::unique_ptr<CpuOptimizer> MakeOpt(CpuOptimizerAlgo algo, CpuKernelVariant v,
                                       int threads = 1,
                                       size_t tile = size_t{1} << 16,
-                                      double wd = 0.01) {
+                                      double wd = 0.01, int sweeps = 0) {
   CpuOptimizerOptions o;
   o.algo = algo;
   o.variant = v;
   o.threads = threads;
   o.tile_elems = tile;
   o.weight_decay = wd;
+  o.block8_sweeps = sweeps;
   auto opt = NewCpuOptimizer(o);
   EXPECT_TRUE(opt.ok()) << opt.status().ToString();
   return opt.ok() ? std::move(opt).value() : nullptr;
@@ -195,30 +197,39 @@ TEST(Block8Test, StateBytesFollowTheLayout) {
   EXPECT_EQ(CpuStateBytes(CpuDType::kBFloat16, 10), 20u);
 }
 
+// Both forms of the update (CpuOptimizerOptions::block8_sweeps) on every
+// variant against the scalar reference in its own form (one sweep).
 TEST(Block8Test, VariantsMatchScalarOnEveryLength) {
   const auto variants = cpu_adam_test::SupportedVariants();
   for (CpuOptimizerAlgo algo : kAlgos8) {
     auto ref = MakeOpt(algo, CpuKernelVariant::kScalar);
+    ASSERT_EQ(ref->options().block8_sweeps, 1);
     for (CpuKernelVariant v : variants) {
-      if (v == CpuKernelVariant::kScalar) continue;
-      auto opt = MakeOpt(algo, v);
-      // Every length 0 .. 2 blocks + 70 with the fp32 gradient and the
-      // working copy; the other cases every length to 70 and on a stride
-      // after.
-      for (size_t n = 0; n <= 2 * kBlock + 70; ++n) {
-        for (CpuDType g :
-             {CpuDType::kFloat32, CpuDType::kBFloat16, CpuDType::kFloat16}) {
-          for (bool work : {true, false}) {
-            const bool full = g == CpuDType::kFloat32 && work;
-            if (!full && n % 97 != 0 && n > 70) continue;
-            Problem8 a(n, g, work, static_cast<uint32_t>(n * 7 + 1));
-            Problem8 b = a;
-            TwoSteps(*ref, a);
-            TwoSteps(*opt, b);
-            ExpectSame(a, b, CpuKernelVariantName(v).data());
-            if (HasFatalFailure()) {
-              FAIL() << "algo " << static_cast<int>(algo) << " n " << n
-                     << " grad " << static_cast<int>(g) << " work " << work;
+      const int own = MakeOpt(algo, v)->options().block8_sweeps;
+      for (int sweeps : {1, 2}) {
+        if (v == CpuKernelVariant::kScalar && sweeps == 1) continue;
+        SCOPED_TRACE(std::string(CpuKernelVariantName(v)) + ", " +
+                     std::to_string(sweeps) + " sweeps");
+        auto opt = MakeOpt(algo, v, 1, size_t{1} << 16, 0.01, sweeps);
+        // Every length 0 .. 2 blocks + 70 with the fp32 gradient and the
+        // working copy in the variant's own form; the other cases, and the
+        // other form, every length to 70 and on a stride after.
+        for (size_t n = 0; n <= 2 * kBlock + 70; ++n) {
+          for (CpuDType g :
+               {CpuDType::kFloat32, CpuDType::kBFloat16, CpuDType::kFloat16}) {
+            for (bool work : {true, false}) {
+              const bool full =
+                  g == CpuDType::kFloat32 && work && sweeps == own;
+              if (!full && n % 97 != 0 && n > 70) continue;
+              Problem8 a(n, g, work, static_cast<uint32_t>(n * 7 + 1));
+              Problem8 b = a;
+              TwoSteps(*ref, a);
+              TwoSteps(*opt, b);
+              ExpectSame(a, b, CpuKernelVariantName(v).data());
+              if (HasFatalFailure()) {
+                FAIL() << "algo " << static_cast<int>(algo) << " n " << n
+                       << " grad " << static_cast<int>(g) << " work " << work;
+              }
             }
           }
         }
@@ -231,13 +242,43 @@ TEST(Block8Test, SpecialValuesMatchScalar) {
   for (CpuOptimizerAlgo algo : kAlgos8) {
     auto ref = MakeOpt(algo, CpuKernelVariant::kScalar, 2);
     for (CpuKernelVariant v : cpu_adam_test::SupportedVariants()) {
-      auto opt = MakeOpt(algo, v, 2);
-      Problem8 a(5 * kBlock + 333, CpuDType::kFloat32, true, 99, true);
-      Problem8 b = a;
-      TwoSteps(*ref, a);
-      TwoSteps(*opt, b);
-      ExpectSame(a, b, CpuKernelVariantName(v).data());
+      for (int sweeps : {1, 2}) {
+        auto opt = MakeOpt(algo, v, 2, size_t{1} << 16, 0.01, sweeps);
+        Problem8 a(5 * kBlock + 333, CpuDType::kFloat32, true, 99, true);
+        Problem8 b = a;
+        TwoSteps(*ref, a);
+        TwoSteps(*opt, b);
+        ExpectSame(a, b,
+                   (std::string(CpuKernelVariantName(v)) + ", " +
+                    std::to_string(sweeps) + " sweeps")
+                       .c_str());
+      }
     }
+  }
+}
+
+// 0 takes the variant's own form (two sweeps on AVX2, one elsewhere), which
+// options() reports; 1 and 2 are kept; anything else is refused by name.
+TEST(Block8Test, SweepsResolveToTheVariantsOwn) {
+  for (CpuKernelVariant v : cpu_adam_test::SupportedVariants()) {
+    auto opt = MakeOpt(CpuOptimizerAlgo::kAdamW, v);
+    EXPECT_EQ(opt->options().block8_sweeps,
+              v == CpuKernelVariant::kAvx2 ? 2 : 1)
+        << CpuKernelVariantName(v);
+    for (int sweeps : {1, 2}) {
+      auto chosen = MakeOpt(CpuOptimizerAlgo::kAdamW, v, 1, size_t{1} << 16,
+                            0.01, sweeps);
+      EXPECT_EQ(chosen->options().block8_sweeps, sweeps);
+    }
+  }
+  for (int bad : {-1, 3}) {
+    CpuOptimizerOptions o;
+    o.block8_sweeps = bad;
+    auto opt = NewCpuOptimizer(o);
+    ASSERT_FALSE(opt.ok()) << bad;
+    EXPECT_EQ(opt.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(opt.status().message().find("block8_sweeps"), std::string::npos)
+        << opt.status().ToString();
   }
 }
 
