@@ -291,6 +291,8 @@ void CheckTraining(const EngineOptions& o, Checker& c) {
   c.Real("optimizer.cpu.weight_decay", opt.cpu.weight_decay, 0, true, INFINITY,
          false);
   c.Count("optimizer.cpu.threads", opt.cpu.threads, 0, 4096);
+  c.Count("optimizer.cpu.block8_sweeps", opt.cpu.block8_sweeps, 1, 2,
+          /*zero_is_auto=*/true);
   if (opt.moment_dtype != CpuDType::kFloat32 &&
       opt.moment_dtype != CpuDType::kBFloat16 &&
       opt.moment_dtype != CpuDType::kBlock8) {
@@ -1418,7 +1420,9 @@ void ReadStrataOptimizer(Ctx& ctx, const Field& f, OptimizerOptions* out) {
                    &out->cpu.bias_correction}},
                  ReadStrictBool);
   ReadInto<int>(ctx, sec,
-                {{"threads", "optimizer.cpu.threads", &out->cpu.threads}},
+                {{"threads", "optimizer.cpu.threads", &out->cpu.threads},
+                 {"block8_sweeps", "optimizer.cpu.block8_sweeps",
+                  &out->cpu.block8_sweeps}},
                 ReadInt);
   ReadInto<CpuKernelVariant>(
       ctx, sec, {{"variant", "optimizer.cpu.variant", &out->cpu.variant}},

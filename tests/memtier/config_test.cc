@@ -343,7 +343,7 @@ TEST(EngineConfigTest, StrataKeys) {
       "optimizer": {"algo": "lion", "lr": 1e-4, "beta1": 0.95,
                     "beta2": 0.98, "eps": 0, "weight_decay": 0.1,
                     "bias_correction": false, "threads": 12,
-                    "variant": "scalar"}}})");
+                    "variant": "scalar", "block8_sweeps": 2}}})");
   const EngineOptions& o = c.options;
   EXPECT_THAT(c.warnings, IsEmpty());
   EXPECT_EQ(o.rank, 1);
@@ -391,6 +391,7 @@ TEST(EngineConfigTest, StrataKeys) {
   EXPECT_FALSE(o.optimizer.cpu.bias_correction);
   EXPECT_EQ(o.optimizer.cpu.threads, 12);
   EXPECT_EQ(o.optimizer.cpu.variant, CpuKernelVariant::kScalar);
+  EXPECT_EQ(o.optimizer.cpu.block8_sweeps, 2);
 }
 
 TEST(EngineConfigTest, EmptyObjectGivesDefaults) {
@@ -570,6 +571,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"ZeroQueueDepth",
                 R"({"aio": {"queue_depth": 0}})",
                 {"aio.queue_depth: 0 is out of range; accepted: 1 .. 32768"}},
+        BadCase{"ThreeSweeps",
+                R"({"strata": {"optimizer": {"block8_sweeps": 3}}})",
+                {"strata.optimizer.block8_sweeps: 3 is out of range; "
+                 "accepted: 0 (automatic) or 1 .. 2"}},
         BadCase{"ZeroMicroBatch",
                 R"({"train_micro_batch_size_per_gpu": 0})",
                 {"train_micro_batch_size_per_gpu: 0 is out of range"}},
