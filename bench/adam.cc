@@ -84,6 +84,7 @@ struct AdamFlags {
   std::string grad = "fp32";
   std::string scale_parameter = "on";
   std::string carry_param_sq = "on";
+  std::string block8_sweeps = "auto";
   std::string reps = "5";
   std::string json;
   std::string torch = "auto";
@@ -110,6 +111,9 @@ struct AdamConfig {
   // loop that owns its weights does, and its statistics pass reads the
   // gradient alone.
   bool carry_param_sq = true;
+  // int8 moments: CpuOptimizerOptions::block8_sweeps (0 = each variant's
+  // own).
+  int block8_sweeps = 0;
   int reps = 5;
   bool torch = true;
   std::string json;
@@ -176,6 +180,10 @@ void AddOptions(CLI::App& app, AdamFlags& f) {
                  "adafactor with --scale-parameter on: hand each step the "
                  "weights' sum of squares the last one returned, on (the "
                  "default) or off (the statistics pass reads the weights)");
+  app.add_option(
+      "--block8-sweeps", f.block8_sweeps,
+      "int8 moments: the update's sweeps over each block, auto (each "
+      "variant's own, the default), 1 or 2");
   app.add_option("--reps", f.reps,
                  "timed repetitions, 1..1000; the best is kept (default 5)");
   app.add_option("--json", f.json, "write results as JSON to FILE");
@@ -286,6 +294,10 @@ StatusOr<AdamConfig> ParseAdam(const AdamFlags& f) {
       std::string carry,
       ParseChoiceOption("--carry-param-sq", f.carry_param_sq, {"on", "off"}));
   cfg.carry_param_sq = carry == "on";
+  STRATA_ASSIGN_OR_RETURN(std::string sweeps,
+                          ParseChoiceOption("--block8-sweeps", f.block8_sweeps,
+                                            {"auto", "1", "2"}));
+  cfg.block8_sweeps = sweeps == "auto" ? 0 : std::stoi(sweeps);
   STRATA_ASSIGN_OR_RETURN(int64_t reps,
                           ParseIntOption("--reps", f.reps, 1, kMaxReps));
   cfg.reps = static_cast<int>(reps);
@@ -386,6 +398,7 @@ CpuOptimizerOptions OptionsFor(const AdamConfig& cfg, CpuOptimizerAlgo algo,
   o.variant = v;
   o.threads = threads;
   o.weight_decay = 0.01;
+  o.block8_sweeps = cfg.block8_sweeps;
   o.adafactor.scale_parameter = cfg.scale_parameter;
   return o;
 }
@@ -702,15 +715,13 @@ uint64_t CacheSampleElems(uint64_t n, double bytes_per_param, CpuDType mom) {
   return std::min(n, std::max<uint64_t>(1, fits / unit) * unit);
 }
 
-// Note [The in-cache rate]: one thread of variant `v` of the row's optimizer
-// over the first elements of `full`.
+// Note [The in-cache rate]: one thread of the row's optimizer (its variant
+// and options) over the first elements of `full`.
 StatusOr<CacheRate> MeasureCacheRate(const CpuOptimizerOptions& row_options,
-                                     CpuKernelVariant v,
                                      const CpuOptimizerTensors& full,
                                      double bytes_per_param) {
   if (CpuOptimizerIsFactored(row_options.algo)) return CacheRate{};
   CpuOptimizerOptions o = row_options;
-  o.variant = v;
   o.threads = 1;
   STRATA_ASSIGN_OR_RETURN(auto opt, NewCpuOptimizer(o));
   CpuOptimizerTensors t = full;
@@ -754,6 +765,7 @@ struct Measured {
   std::vector<BoundArrays> passes;
   BoundBest bounds = BoundBest(0);
   std::vector<int> threads;  // [variant]: what ran
+  std::vector<int> sweeps;   // [variant]: block8_sweeps, resolved
   std::vector<double> best;  // [variant]: the best step
   // [variant][pass]: each pass's best, as the step timed it.
   std::vector<std::vector<double>> pass_best;
@@ -838,7 +850,10 @@ StatusOr<Measured> MeasureRows(
   m.pass_best.assign(variants, std::vector<double>(passes, 1e30));
   m.pass_paired.assign(variants, std::vector<std::vector<double>>(passes));
   m.paired.assign(variants, {});
-  for (const auto& opt : opts) m.threads.push_back(opt->threads());
+  for (const auto& opt : opts) {
+    m.threads.push_back(opt->threads());
+    m.sweeps.push_back(opt->options().block8_sweeps);
+  }
   for (int r = 0; r <= cfg.reps; ++r) {  // r == 0 warms up
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
     BoundBest rep_bounds(passes);
@@ -882,9 +897,10 @@ StatusOr<Measured> MeasureRows(
     if (!stats.ok()) return stats.status();
     if (r > 0) *best_stats = std::min(*best_stats, Seconds(t0, t1));
   }
-  for (CpuKernelVariant v : cfg.variants) {
-    STRATA_ASSIGN_OR_RETURN(CacheRate c,
-                            MeasureCacheRate(o, v, tensors, m.bound_bytes()));
+  for (size_t k = 0; k < variants; ++k) {
+    STRATA_ASSIGN_OR_RETURN(
+        CacheRate c,
+        MeasureCacheRate(opts[k]->options(), tensors, m.bound_bytes()));
     m.cache.push_back(c);
   }
   return m;
@@ -948,6 +964,9 @@ void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
         {"cols", m.cols},
         {"options", OptionsJson(m.options)},
         {"moment_dtype", m.mom_name},
+        {"block8_sweeps", m.mom == CpuDType::kBlock8
+                              ? nlohmann::json(m.sweeps[k])
+                              : nlohmann::json(nullptr)},
         {"grad_dtype", cfg.grad_name},
         {"working_dtype", cfg.working_name},
         {"passes", m.fp.passes},
@@ -1153,6 +1172,9 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
           {"working_dtype", cfg.working_name},
           {"scale_parameter", cfg.scale_parameter},
           {"carry_param_sq", cfg.carry_param_sq},
+          {"block8_sweeps", cfg.block8_sweeps == 0
+                                ? nlohmann::json("auto")
+                                : nlohmann::json(cfg.block8_sweeps)},
           {"reps", cfg.reps},
           {"torch", cfg.torch ? "auto" : "off"},
           {"bound_isa", BoundIsaName(BestBoundIsa())}};
@@ -1161,8 +1183,16 @@ nlohmann::json ConfigJson(const AdamConfig& cfg) {
 Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
                   JsonOutput& json) {
   const bool adafactor = cfg.measures(CpuOptimizerAlgo::kAdafactor);
+  const bool int8 = std::find(cfg.moments.begin(), cfg.moments.end(),
+                              CpuDType::kBlock8) != cfg.moments.end();
+  const std::string sweeps =
+      !int8 ? ""
+      : cfg.block8_sweeps == 0
+          ? ", int8 in each variant's own sweeps"
+          : ", int8 in " + std::to_string(cfg.block8_sweeps) +
+                (cfg.block8_sweeps == 1 ? " sweep" : " sweeps");
   std::printf(
-      "strata-bench adam: %llu params, grad %s, working %s%s, best of "
+      "strata-bench adam: %llu params, grad %s, working %s%s%s, best of "
       "%d, bound %s\n%s",
       static_cast<unsigned long long>(cfg.n), cfg.grad_name.c_str(),
       cfg.working_name.c_str(),
@@ -1170,7 +1200,8 @@ Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
       : !cfg.scale_parameter ? ", adafactor scale_parameter off"
       : cfg.carry_param_sq ? ", adafactor scale_parameter on, param_sq carried"
                            : ", adafactor scale_parameter on, param_sq summed",
-      cfg.reps, std::string(BoundIsaName(BestBoundIsa())).c_str(),
+      sweeps.c_str(), cfg.reps,
+      std::string(BoundIsaName(BestBoundIsa())).c_str(),
       out.table.ToString().c_str());
   if (out.speedups.HasRows()) {
     std::printf(

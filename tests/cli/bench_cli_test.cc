@@ -400,6 +400,9 @@ TEST(BenchCliTest, BadNumbersAreUsageErrors) {
        "--scale-parameter: 'yes' is not one of on, off"},
       {{"adam", "--carry-param-sq", "1"},
        "--carry-param-sq: '1' is not one of on, off"},
+      {{"adam", "--block8-sweeps", "3"},
+       "--block8-sweeps: '3' is not one of auto, 1, 2"},
+      {{"adam", "--block8-sweeps", "0"}, "--block8-sweeps"},
       {{"io", "--queue-depth", "0"},
        "--queue-depth: 0 is out of range 1..1024"},
       {{"io", "--queue-depth", "1025"}, "--queue-depth"},
@@ -1136,6 +1139,47 @@ TEST(BenchCliTest, AdamRowsCarryTheirInCacheRate) {
                 one * row["threads"].get<int>(), one * 1e-9);
   }
   EXPECT_EQ(threads, (std::set<int>{1, 2}));
+}
+
+// --block8-sweeps: the int8 rows say which form of the update each variant
+// ran (auto: the variant's own, two on avx2, one elsewhere), the other rows
+// null, and the config records the option as given. Every variant the CPU
+// supports runs (the default --variants).
+TEST(BenchCliTest, AdamInt8RowsSayTheirSweeps) {
+  for (const std::string sweeps : {"auto", "1", "2"}) {
+    SCOPED_TRACE(sweeps);
+    ScratchDir d;
+    const std::string json = d.path() + "/a.json";
+    const Outcome o =
+        RunBench({"adam", "--params", "8K", "--threads", "1", "--torch", "off",
+                  "--reps", "1", "--moments", "fp32,int8", "--block8-sweeps",
+                  sweeps, "--json", json},
+                 d.path());
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_TRUE(Has(o.out, sweeps == "auto" ? "int8 in each variant's own"
+                           : sweeps == "1"  ? "int8 in 1 sweep,"
+                                            : "int8 in 2 sweeps"))
+        << o.out;
+    std::ifstream in(json);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (sweeps == "auto") {
+      EXPECT_EQ(j["config"]["block8_sweeps"], "auto");
+    } else {
+      EXPECT_EQ(j["config"]["block8_sweeps"], std::stoi(sweeps));
+    }
+    const std::vector<nlohmann::json> rows = BoundRows(json);
+    ASSERT_EQ(rows.size(), 2 * j["config"]["variants"].size());
+    for (const auto& row : rows) {
+      SCOPED_TRACE(row.dump());
+      if (row["moment_dtype"] != "int8") {
+        EXPECT_TRUE(row["block8_sweeps"].is_null());
+        continue;
+      }
+      const int own = row["variant"] == "avx2" ? 2 : 1;
+      EXPECT_EQ(row["block8_sweeps"].get<int>(),
+                sweeps == "auto" ? own : std::stoi(sweeps));
+    }
+  }
 }
 
 // Adam and AdamW with fp32 moments move the same arrays, and Adagrad other
