@@ -11,8 +11,8 @@
 # Steps run in order, most important first; a failed step is logged and the
 # next still runs, so one call brings back as much as it can. The exit status
 # is that of the worst step.
-#   STRATA_GPU_STEPS    the steps to run (default: all but `tests`, `io` and
-#                       `columns`),
+#   STRATA_GPU_STEPS    the steps to run (default: all but `tests`, `io`,
+#                       `columns` and `sweeps`),
 #                       e.g. "cputests adam" on a machine that already built
 #   STRATA_GPU_BUDGET   seconds for the whole run (default 540, inside one
 #                       10-minute call): a step gets what is left, and a step
@@ -27,7 +27,7 @@ for v in STRATA_GPU_BUDGET STRATA_GPU_STEP_TIMEOUT; do
   fi
 done
 default_steps="machine build gpu finetune copy cputests python memcheck racecheck tiers comm adam step"
-all_steps="$default_steps tests io columns"
+all_steps="$default_steps tests io columns sweeps"
 steps="${STRATA_GPU_STEPS:-$default_steps}"
 for s in $steps; do
   if [[ " $all_steps " != *" $s "* ]]; then
@@ -228,12 +228,29 @@ columns() {
   done
   return $rc
 }
+# The 8-bit update in one sweep over each block against two (the form AVX2
+# takes by default; --block8-sweeps), AdamW and Lion beside their fp32 rows,
+# on one thread and on all of them, alternating, twice: whether this core's
+# out-of-order window wants the two sweeps too.
+sweeps() {
+  local r s rc=0
+  for r in 1 2; do
+    for s in 1 2; do
+      echo "== pass $r, $s sweeps"
+      "$bench" adam --params 64M --optimizer adamw,lion --moments fp32,int8 \
+        --block8-sweeps "$s" --variants "$(best_variant)" --threads "1,$jobs" \
+        --reps 3 --torch off --json "$out/sweeps-$s-$r.json" || rc=1
+    done
+  done
+  return "$rc"
+}
 # `timeout` runs programs, not functions: a step that is a function runs in a
 # child bash given the function and what it reads.
 fn() {
   echo "$(declare -p generator prefix pkgconfig nccl pybind targets cpu_tests \
     build out steps jobs bench)"
-  declare -f machine configure compile cputests columns best_variant want
+  declare -f machine configure compile cputests columns sweeps best_variant \
+    want
   echo "$1"
 }
 
@@ -302,5 +319,6 @@ want tests && step tests "$step_cap" ctest --test-dir "$build" \
 want io && step io "$(capped 120)" "$bench" io --dir "$io_dir" \
   --size 4G --json "$out/io.json"
 want columns && step columns "$(capped 240)" bash -c "$(fn columns)"
+want sweeps && step sweeps "$(capped 240)" bash -c "$(fn sweeps)"
 note "done; worst rc=$worst; logs in $out"
 exit $worst
