@@ -444,21 +444,23 @@ class PyCpuOptimizer {
 };
 
 // The options both constructors take apart from the algorithm's: threads,
-// kernel variant, tile size.
+// kernel variant, tile size, the 8-bit update's sweeps.
 CpuOptimizerOptions RunOptions(int threads, const std::string& variant,
-                               size_t tile_elems) {
+                               size_t tile_elems, int block8_sweeps) {
   CpuOptimizerOptions o;
   o.threads = threads;
   o.variant = ValueOrThrow(ParseCpuKernelVariant(variant));
   o.tile_elems = tile_elems;
+  o.block8_sweeps = block8_sweeps;
   return o;
 }
 
 std::unique_ptr<PyCpuOptimizer> NewPyCpuOptimizer(
     const std::string& algo, std::pair<double, double> betas, double eps,
     double weight_decay, bool bias_correction, int threads,
-    const std::string& variant, size_t tile_elems) {
-  CpuOptimizerOptions o = RunOptions(threads, variant, tile_elems);
+    const std::string& variant, size_t tile_elems, int block8_sweeps) {
+  CpuOptimizerOptions o =
+      RunOptions(threads, variant, tile_elems, block8_sweeps);
   o.algo = ValueOrThrow(ParseCpuOptimizerAlgo(algo));
   o.beta1 = betas.first;
   o.beta2 = betas.second;
@@ -473,14 +475,15 @@ std::unique_ptr<PyCpuOptimizer> NewPyCpuOptimizer(
 // the one parser of it.
 std::unique_ptr<PyCpuOptimizer> PyCpuOptimizerFromConfig(
     py::handle section, int threads, const std::string& variant,
-    size_t tile_elems) {
+    size_t tile_elems, int block8_sweeps) {
   const std::string json = py::isinstance<py::str>(section)
                                ? section.cast<std::string>()
                                : py::module_::import("json")
                                      .attr("dumps")(section)
                                      .cast<std::string>();
   const CpuOptimizerConfig c = ValueOrThrow(ParseCpuOptimizerConfig(
-      json, "optimizer", RunOptions(threads, variant, tile_elems)));
+      json, "optimizer",
+      RunOptions(threads, variant, tile_elems, block8_sweeps)));
   auto opt = std::make_unique<PyCpuOptimizer>(c.options);
   opt->set_config_lr(c.lr);
   return opt;
@@ -552,10 +555,12 @@ strata's fused CPU optimizer over caller memory (include/strata/cpu_adam.h).
 
 CpuOptimizer(algo='adamw', betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
              bias_correction=True, threads=0, variant='auto',
-             tile_elems=65536)
+             tile_elems=65536, block8_sweeps=0)
 
 algo: adam, adamw, adagrad, lion, adafactor (HF defaults), sm3 (momentum =
 betas[0]). threads: the optimizer's worker threads, 0 = all cores.
+block8_sweeps: with block8 state, the update's sweeps over each block, 1 or
+2 (the same results either way), 0 = the variant's own.
 Hyper-parameters out of range raise strata.InvalidArgumentError. Calls must not
 overlap on one object (a second concurrent call raises strata.Error); close()
 frees the threads. CpuOptimizer.from_config takes any algorithm's parameters,
@@ -565,10 +570,12 @@ Adafactor's included.
            py::arg("betas") = std::pair<double, double>(0.9, 0.999),
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.0,
            py::arg("bias_correction") = true, py::arg("threads") = 0,
-           py::arg("variant") = "auto", py::arg("tile_elems") = 65536)
+           py::arg("variant") = "auto", py::arg("tile_elems") = 65536,
+           py::arg("block8_sweeps") = 0)
       .def_static("from_config", &PyCpuOptimizerFromConfig, py::arg("section"),
                   py::kw_only(), py::arg("threads") = 0,
                   py::arg("variant") = "auto", py::arg("tile_elems") = 65536,
+                  py::arg("block8_sweeps") = 0,
                   R"doc(
 An optimizer from an optimizer section as DeepSpeed writes it, a dict or JSON
 text: {"type": "Adafactor", "params": {"lr": 1e-3, "beta1": 0.9, ...}}. type:
@@ -629,6 +636,13 @@ Negative: not known.
       .def_property_readonly(
           "threads",
           [](PyCpuOptimizer& self) { return self.get("threads").threads(); })
+      .def_property_readonly(
+          "block8_sweeps",
+          [](PyCpuOptimizer& self) {
+            return self.get("block8_sweeps").options().block8_sweeps;
+          },
+          "the block8 update's sweeps over each block this optimizer runs "
+          "(1 or 2; the variant's own unless the constructor chose)")
       .def_property_readonly("betas",
                              [](PyCpuOptimizer& self) {
                                const auto& o = self.get("betas").options();

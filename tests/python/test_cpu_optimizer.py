@@ -72,6 +72,28 @@ class NumpyStepTest(unittest.TestCase):
         np.testing.assert_allclose(m, rm, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(v, rv, rtol=1e-5, atol=1e-9)
 
+    def test_block8_sweeps_give_the_same_state(self):
+        n = 5000  # two whole 2048-element blocks and a partial one
+        g = np.resize(self.grads[0], n)
+        results = []
+        for sweeps in (1, 2):
+            p = np.resize(self.p, n).astype(np.float32)
+            m = np.zeros(strata.state_bytes("block8", n), np.uint8)
+            v = np.zeros(strata.state_bytes("block8", n), np.uint8)
+            with strata.CpuOptimizer("adamw", weight_decay=0.01, threads=2,
+                                     block8_sweeps=sweeps) as opt:
+                self.assertEqual(opt.block8_sweeps, sweeps)
+                for step in (1, 2):
+                    self.assertTrue(opt.step(p, g, m, v, step=step, lr=1e-2))
+            results.append((p, m, v))
+        for a, b in zip(results[0], results[1]):
+            np.testing.assert_array_equal(a, b)
+        with strata.CpuOptimizer("adamw", variant="scalar") as opt:
+            self.assertEqual(opt.block8_sweeps, 1)  # scalar's own
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    "block8_sweeps"):
+            strata.CpuOptimizer("adamw", block8_sweeps=3)
+
     def test_adafactor_carries_the_weights_sum_of_squares(self):
         rows, cols = 30, 100
         p = self.p.copy()
