@@ -1133,6 +1133,11 @@ void strata_cpu_optimizer_options_set_threads(
   if (options != nullptr) options->options.threads = threads;
 }
 
+void strata_cpu_optimizer_options_set_block8_sweeps(
+    strata_cpu_optimizer_options_t* options, int sweeps) {
+  if (options != nullptr) options->options.block8_sweeps = sweeps;
+}
+
 void strata_cpu_optimizer_options_set_adafactor_eps(
     strata_cpu_optimizer_options_t* options, double eps1, double eps2) {
   if (options == nullptr) return;

@@ -478,6 +478,12 @@ STRATA_EXPORT void strata_cpu_optimizer_options_set_variant(
  * use. */
 STRATA_EXPORT void strata_cpu_optimizer_options_set_threads(
     strata_cpu_optimizer_options_t* options, int threads);
+/* BLOCK8 moments: the update's sweeps over each block, 1 (the codecs, the
+ * moments and the weights together) or 2 (the weights after the codecs and
+ * the moments), the same results either way; 0 (the default) = the
+ * variant's own (2 on AVX2, 1 elsewhere). */
+STRATA_EXPORT void strata_cpu_optimizer_options_set_block8_sweeps(
+    strata_cpu_optimizer_options_t* options, int sweeps);
 /* Adafactor's hyper-parameters, with HF transformers' names and defaults.
  * eps1 (1e-30) is added to g^2 before the statistics, eps2 (1e-3) bounds
  * the parameter scale from below; both >= 0. */

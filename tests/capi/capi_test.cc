@@ -1569,6 +1569,17 @@ TEST(CApiCpuOptimizerTest, BadArguments) {
   strata_cpu_optimizer_options_set_threads(o, -1);
   EXPECT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()),
             STRATA_INVALID_ARGUMENT);
+  strata_cpu_optimizer_options_set_threads(o, 1);
+  strata_cpu_optimizer_options_set_block8_sweeps(o, 3);
+  EXPECT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_MESSAGE_HAS(e, "block8_sweeps");
+  strata_cpu_optimizer_options_set_block8_sweeps(o, 2);
+  ASSERT_EQ(strata_cpu_optimizer_create(o, &opt, e.ptr()), STRATA_OK)
+      << e.str();
+  strata_cpu_optimizer_destroy(opt);
+  opt = nullptr;
+  strata_cpu_optimizer_options_set_block8_sweeps(nullptr, 1);  // ignored
   strata_cpu_optimizer_options_destroy(o);
   strata_cpu_optimizer_options_destroy(nullptr);
   strata_cpu_optimizer_options_set_eps(nullptr, 1.0);  // ignored
