@@ -307,12 +307,6 @@ void CheckTraining(const EngineOptions& o, Checker& c) {
                "lion, adafactor or sm3 (their first moment), int8 with adam, "
                "adamw or lion");
   }
-  if (CpuOptimizerIsFactored(opt.cpu.algo) && o.grads == Residence::kNvme) {
-    c.Fail("grads", "nvme with " +
-                        std::string(CpuOptimizerAlgoName(opt.cpu.algo)) +
-                        ", which reads each gradient before the update (its "
-                        "row and column statistics); accepted: host");
-  }
   c.Count("optimizer.cpu.tile_elems",
           static_cast<int64_t>(std::min<size_t>(opt.cpu.tile_elems, INT64_MAX)),
           1, int64_t{1} << 30);

@@ -381,7 +381,9 @@ Status EngineImpl::Start() {
       staging_, StagingPool::Create(device_, staging_count, staging_bytes,
                                     options_.pin_memory));
   if (nvme_grads) {
-    // Two pieces open, three writing back.
+    // Two pieces open, three writing back; at the step, after the spill's
+    // Flush, two of them carry Adafactor's reads of the gradients before
+    // the update (FactoredSpilledPass).
     STRATA_ASSIGN_OR_RETURN(
         grad_pool_,
         StagingPool::Create(device_, 5, staging_bytes, options_.pin_memory));

@@ -512,12 +512,22 @@ class EngineImpl final : public Engine {
   // Checks the tensors' shapes and the options, and sizes factored_.
   Status StartFactored();
   // Begins every tensor's plan and runs the passes before the update
-  // (Adafactor's statistics and RMS), over the gradients on the host.
+  // (Adafactor's statistics and RMS), over the gradients on the host or,
+  // resting on NVMe, read back a piece at a time (FactoredSpilledPass).
   Status FactoredBeforeUpdate(const CpuStepArgs& args);
+  // The due plans' pass over every piece of the spilled gradients that
+  // holds a part of one of `due`, the next piece's read in flight while a
+  // piece passes.
+  Status FactoredSpilledPass(const std::vector<TensorId>& due);
   // The update of the tensors in `t`'s piece: elements [begin, begin + t.n)
   // of unit u's shard.
   Status FactoredUpdate(uint32_t u, uint64_t begin,
                         const CpuOptimizerTensors& t);
+  // The current pass of the plans of the tensors in `t`'s piece (as
+  // FactoredUpdate), of those marked in `due` when it is not null.
+  Status FactoredPieceRanges(uint32_t u, uint64_t begin,
+                             const CpuOptimizerTensors& t,
+                             const std::vector<uint8_t>* due, const char* what);
   // Ends every tensor's plan after the update (SM3's new accumulators, the
   // weights' sum of squares).
   Status FactoredAfterUpdate();

@@ -15,26 +15,38 @@
 //     (GatherFactoredVectors).
 //   - Each tensor steps through a CpuFactoredPlan (Note [Factored steps in
 //     ranges] in cpu_adam.cc): before the piece pipeline, Adafactor's
-//     statistics and RMS passes over this rank's part of each gradient (on
-//     the host), their sums reduced over the ranks between passes; in the
-//     pipeline, each piece's update, tensor by tensor; after it, SM3's new
-//     maxima and the weights' sums of squares, reduced likewise. Results do
-//     not depend on where the states rest (the ranges are the pieces); they
-//     depend on the piece size and the ranks, which cut the ranges
-//     (Adafactor's sums; SM3 not).
+//     statistics and RMS passes over this rank's part of each gradient,
+//     their sums reduced over the ranks between passes; in the pipeline,
+//     each piece's update, tensor by tensor; after it, SM3's new maxima and
+//     the weights' sums of squares, reduced likewise. Results do not depend
+//     on where the states rest (the ranges are the pieces); they depend on
+//     the piece size and the ranks, which cut the ranges (Adafactor's sums;
+//     SM3 not).
+//   - Gradients on NVMe (FactoredSpilledPass): Adafactor's passes before
+//     the update read the spilled pieces back, one piece in flight while
+//     the one before passes, and take each piece's part of a tensor as a
+//     range, where gradients on the host give a rank's whole part as one.
+//     A tensor within one piece steps to the same bits either way; one cut
+//     by pieces within the last bits of its sums' order, as over ranks. A
+//     step reads each gradient from the drive once per pass: twice on one
+//     rank (statistics with the fused RMS, then the update), three times
+//     for a tensor whose ranges are not whole rows (an RMS pass). SM3 has
+//     no pass before the update and reads each gradient once.
 //   - scale_parameter's sum of the weights' squares is carried from step to
 //     step (FactoredTensor::param_sq): 0 at Start (the master is zeros), the
 //     values' at SetInitialValues, the checkpoint's at LoadState. So the
 //     statistics pass never reads the master, which may rest on NVMe.
 //   - Refused: tensors of more than two dimensions (HF factors them per
-//     leading index but clips by the whole tensor), gradients on NVMe (the
-//     passes before the update read them on the host), BeginStep (every
+//     leading index but clips by the whole tensor), BeginStep (every
 //     statistic must be in before a weight moves) and int8 moments.
 //   - Checkpoints: the statistics and the sums of squares, by tensor name,
 //     in the blob strata.engine.factored (FactoredBlob).
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -68,8 +80,7 @@ bool EngineImpl::RoleKept(int role) const {
 
 Status EngineImpl::StartFactored() {
   if (!Factored()) return Status::Ok();
-  // Gradients on NVMe and int8 moments are refused with the options
-  // (ValidateEngineOptions).
+  // Int8 moments are refused with the options (ValidateEngineOptions).
   const std::string name(CpuOptimizerAlgoName(options_.optimizer.cpu.algo));
   factored_.assign(specs_.size(), FactoredTensor{});
   for (TensorId id = 0; id < specs_.size(); ++id) {
@@ -126,36 +137,130 @@ Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
     }
     if (due.empty()) return Status::Ok();
     Status st;
-    for (TensorId id : due) {
-      const TensorPlace& place = layout_->tensor(id);
-      const UnitState& s = units_[place.unit];
-      uint64_t lo = 0, hi = 0;  // this rank's part of the tensor
-      if (!ShardPart(place, &lo, &hi)) continue;
-      FactoredTensor& f = factored_[id];
-      CpuOptimizerTensors t;
-      t.n = hi - lo;
-      t.rows = f.rows;
-      t.cols = f.cols;
-      t.grad = HostAt(kGrad, place.unit, lo - s.shard_begin);
-      t.grad_dtype = CpuDType::kFloat32;
-      t.exp_avg_sq = f.stats.data();
-      t.moment_dtype = MomentDType();
-      st = optimizer_->FactoredPass(t, lo - place.offset, &f.plan)
-               .WithContext("engine: stepping " + specs_[id].name);
-      if (!st.ok()) break;
+    if (grad_spill_) {
+      st = FactoredSpilledPass(due);
+    } else {
+      for (TensorId id : due) {
+        const TensorPlace& place = layout_->tensor(id);
+        const UnitState& s = units_[place.unit];
+        uint64_t lo = 0, hi = 0;  // this rank's part of the tensor
+        if (!ShardPart(place, &lo, &hi)) continue;
+        FactoredTensor& f = factored_[id];
+        CpuOptimizerTensors t;
+        t.n = hi - lo;
+        t.rows = f.rows;
+        t.cols = f.cols;
+        t.grad = HostAt(kGrad, place.unit, lo - s.shard_begin);
+        t.grad_dtype = CpuDType::kFloat32;
+        t.exp_avg_sq = f.stats.data();
+        t.moment_dtype = MomentDType();
+        st = optimizer_->FactoredPass(t, lo - place.offset, &f.plan)
+                 .WithContext("engine: stepping " + specs_[id].name);
+        if (!st.ok()) break;
+      }
     }
     STRATA_RETURN_IF_ERROR(AgreeNow(st));
     STRATA_RETURN_IF_ERROR(FactoredNextAll(due));
   }
 }
 
+Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
+  std::vector<uint8_t> is_due(factored_.size(), 0);
+  for (TensorId id : due) is_due[id] = 1;
+  // The pieces of this rank's shards that hold a part of a due tensor.
+  std::vector<std::pair<uint32_t, size_t>> order;
+  for (uint32_t u = 0; u < units_.size(); ++u) {
+    const UnitState& s = units_[u];
+    for (size_t p = 0; p * piece_elems_ < s.elems; ++p) {
+      const uint64_t first = s.shard_begin + p * piece_elems_;
+      const uint64_t end =
+          s.shard_begin + std::min(s.elems, (p + 1) * piece_elems_);
+      for (uint32_t id : layout_->unit(u).tensors) {
+        const TensorPlace& place = layout_->tensor(id);
+        if (is_due[id] && std::max(place.offset, first) <
+                              std::min(place.offset + place.elems, end)) {
+          order.emplace_back(u, p);
+          break;
+        }
+      }
+    }
+  }
+  // Two buffers of the spill's pool, which holds none between Flush and
+  // EndStep: a piece passes while the next one is read.
+  struct Ahead {
+    uint32_t unit = 0;
+    size_t index = 0;
+    uint64_t n = 0;
+    StagingLease grad;
+    std::future<Status> read;
+  };
+  std::deque<Ahead> ahead;
+  size_t next = 0;
+  auto start = [&]() -> Status {
+    while (ahead.size() < 2 && next < order.size()) {
+      Ahead a;
+      std::tie(a.unit, a.index) = order[next++];
+      a.n =
+          std::min(piece_elems_, units_[a.unit].elems - a.index * piece_elems_);
+      STRATA_ASSIGN_OR_RETURN(a.grad, grad_pool_->Acquire());
+      if (grad_spill_->written(a.unit, a.index)) {
+        a.read = ReadPieceFuture(a.unit, kGrad, a.index, a.grad.span(),
+                                 IoPriority::kUrgent);
+      } else {
+        // Not handed over in this step: zeros (Note [Gradients on NVMe]).
+        std::memset(a.grad.data(), 0, a.n * 4);
+        std::promise<Status> zeros;
+        zeros.set_value(Status::Ok());
+        a.read = zeros.get_future();
+      }
+      ahead.push_back(std::move(a));
+    }
+    return Status::Ok();
+  };
+  Status st;
+  while (st.ok()) {
+    st = start();
+    if (!st.ok() || ahead.empty()) break;
+    Ahead cur = std::move(ahead.front());
+    ahead.pop_front();
+    st = cur.read.get();
+    if (!st.ok()) {
+      st = std::move(st).WithContext(
+          "engine: the gradients read back for " +
+          std::string(CpuOptimizerAlgoName(options_.optimizer.cpu.algo)) +
+          "'s passes before the update");
+      break;
+    }
+    CpuOptimizerTensors t;
+    t.n = cur.n;
+    t.grad = cur.grad.data();
+    t.grad_dtype = CpuDType::kFloat32;
+    t.moment_dtype = MomentDType();
+    st = FactoredPieceRanges(cur.unit, cur.index * piece_elems_, t, &is_due,
+                             "stepping");
+  }
+  // The reads still in flight end before their buffers go back.
+  for (Ahead& a : ahead) {
+    if (a.read.valid()) a.read.wait();
+  }
+  return st;
+}
+
 Status EngineImpl::FactoredUpdate(uint32_t u, uint64_t begin,
                                   const CpuOptimizerTensors& t) {
+  return FactoredPieceRanges(u, begin, t, nullptr, "updating");
+}
+
+Status EngineImpl::FactoredPieceRanges(uint32_t u, uint64_t begin,
+                                       const CpuOptimizerTensors& t,
+                                       const std::vector<uint8_t>* due,
+                                       const char* what) {
   const UnitState& s = units_[u];
   // The piece in full-unit coordinates.
   const uint64_t first = s.shard_begin + begin, end = first + t.n;
   const size_t wsize = ElementSize(s.dtype);
   for (uint32_t id : layout_->unit(u).tensors) {
+    if (due != nullptr && !(*due)[id]) continue;
     const TensorPlace& place = layout_->tensor(id);
     const uint64_t lo = std::max(place.offset, first);
     const uint64_t hi = std::min(place.offset + place.elems, end);
@@ -166,7 +271,7 @@ Status EngineImpl::FactoredUpdate(uint32_t u, uint64_t begin,
     r.n = hi - lo;
     r.rows = f.rows;
     r.cols = f.cols;
-    r.master = t.master + off;
+    if (t.master != nullptr) r.master = t.master + off;
     r.grad = static_cast<const float*>(t.grad) + off;
     if (t.exp_avg != nullptr) {
       r.exp_avg = static_cast<std::byte*>(t.exp_avg) +
@@ -178,7 +283,8 @@ Status EngineImpl::FactoredUpdate(uint32_t u, uint64_t begin,
     }
     STRATA_RETURN_IF_ERROR(
         optimizer_->FactoredPass(r, lo - place.offset, &f.plan)
-            .WithContext("engine: updating " + specs_[id].name));
+            .WithContext("engine: " + std::string(what) + " " +
+                         specs_[id].name));
   }
   return Status::Ok();
 }

@@ -54,7 +54,9 @@ class GradSpill {
   // `unit_elems[u]` is unit u's element count; pieces are `piece_elems`
   // long (the last of a unit shorter). `pool` has at least open_pieces + 1
   // buffers of piece_elems * 4 bytes (the rest carry writes in flight) and
-  // is used by nothing else.
+  // is used by nothing else, except between Flush and the next Add or
+  // EndStep: the spill holds none of its buffers then, and the step may
+  // read the gradients back with them.
   GradSpill(std::vector<uint64_t> unit_elems, uint64_t piece_elems,
             StagingPool* pool, size_t open_pieces, ReadFn read, WriteFn write,
             StatsFn stats);

@@ -547,6 +547,34 @@ TEST_P(EngineFaultTest, ReadErrorDuringStepFailsItNamingTheTensor) {
       StatusCode::kIoError, "reading the");
 }
 
+// Adafactor with the gradients on NVMe reads them back before the update
+// (its statistics): a read that fails there fails the step, saying so and
+// naming the tensor, before any weight moves; then the engine refuses.
+TEST_P(EngineFaultTest, ReadErrorBeforeAdafactorsUpdateFailsTheStep) {
+  EngineOptions o = Options();
+  o.grads = Residence::kNvme;
+  o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
+  Trainer t(o);
+  ASSERT_TRUE(t.Start().ok());
+  ASSERT_TRUE(t.TrainStep().ok());
+  ASSERT_TRUE(t.MicroBatch().ok());
+  plan_->Add(
+      {.op = IoOp::kRead, .err = EIO, .nth = 1, .count = FaultRule::kForever});
+  auto r = t.Step();
+  plan_->Clear();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIoError) << r.status().ToString();
+  EXPECT_TRUE(Has(r.status(),
+                  "the gradients read back for adafactor's "
+                  "passes before the update"))
+      << r.status().ToString();
+  EXPECT_TRUE(Has(r.status(), "reading the gradient of w"))
+      << r.status().ToString();
+  ExpectRefusesAfterFailedStep(t, r.status());
+  t.Destroy();
+  ExpectCallbacksBalanced();
+}
+
 // Transient faults in every step (one EIO on a write-back, one or two on
 // the reads of the fetches and of the step, short transfers, EINTR and
 // EAGAIN) are absorbed: training ends bit-identical with a fault-free run.
