@@ -517,17 +517,17 @@ class EngineImpl final : public Engine {
   Status FactoredBeforeUpdate(const CpuStepArgs& args);
   // The due plans' pass over every piece of the spilled gradients that
   // holds a part of one of `due`, the next piece's read in flight while a
-  // piece passes.
+  // piece passes, a matrix's pieces joined into whole rows (Note [Whole
+  // rows from pieces] in factored.cc).
   Status FactoredSpilledPass(const std::vector<TensorId>& due);
   // The update of the tensors in `t`'s piece: elements [begin, begin + t.n)
   // of unit u's shard.
   Status FactoredUpdate(uint32_t u, uint64_t begin,
                         const CpuOptimizerTensors& t);
-  // The current pass of the plans of the tensors in `t`'s piece (as
-  // FactoredUpdate), of those marked in `due` when it is not null.
-  Status FactoredPieceRanges(uint32_t u, uint64_t begin,
-                             const CpuOptimizerTensors& t,
-                             const std::vector<uint8_t>* due, const char* what);
+  // Tensor `id`'s plan's pass (before the update) over its elements
+  // [begin, begin + n), whose gradient is at `grad`.
+  Status FactoredGradPass(TensorId id, const float* grad, uint64_t begin,
+                          uint64_t n);
   // Ends every tensor's plan after the update (SM3's new accumulators, the
   // weights' sum of squares).
   Status FactoredAfterUpdate();

@@ -24,14 +24,16 @@
 //     SM3 not).
 //   - Gradients on NVMe (FactoredSpilledPass): Adafactor's passes before
 //     the update read the spilled pieces back, one piece in flight while
-//     the one before passes, and take each piece's part of a tensor as a
-//     range, where gradients on the host give a rank's whole part as one.
-//     A tensor within one piece steps to the same bits either way; one cut
+//     the one before passes, and take a tensor's part in ranges of whole
+//     rows joined from the pieces (Note [Whole rows from pieces]), where
+//     gradients on the host give a rank's whole part as one range. A
+//     tensor within one piece steps to the same bits either way; one cut
 //     by pieces within the last bits of its sums' order, as over ranks. A
 //     step reads each gradient from the drive once per pass: twice on one
 //     rank (statistics with the fused RMS, then the update), three times
-//     for a tensor whose ranges are not whole rows (an RMS pass). SM3 has
-//     no pass before the update and reads each gradient once.
+//     for rows wider than kCpuAdafactorFusedRowCols or a rank's part that
+//     begins or ends mid-row (an RMS pass). SM3 has no pass before the
+//     update and reads each gradient once.
 //   - scale_parameter's sum of the weights' squares is carried from step to
 //     step (FactoredTensor::param_sq): 0 at Start (the master is zeros), the
 //     values' at SetInitialValues, the checkpoint's at LoadState. So the
@@ -44,6 +46,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <string>
 #include <tuple>
@@ -70,6 +73,93 @@ bool Take(const std::string& in, size_t& at, T* v) {
 }
 
 constexpr uint32_t kBlobMagic = 0x53464331;  // "SFC1"
+
+// Note [Whole rows from pieces]
+// Adafactor's statistics pass sums the RMS with the statistics only when
+// every range of a matrix is two or more whole rows (Note [Whole rows in a
+// range] in cpu_adam.cc); otherwise the plan takes an RMS pass of its own,
+// which with the gradients on NVMe reads each of them from the drive once
+// more. Pieces cut rows anywhere, so the pass over spilled gradients joins
+// them: RowJoiner takes a tensor's part a piece at a time and passes it on
+// as ranges of at least two whole rows, in order, straight from the piece
+// where they lie in one; the rows a piece leaves unfinished wait in a carry
+// of the tensor, completed from the next piece's head and passed from
+// there. The last range of a part is never one row alone: a cut leaves at
+// least two rows to the carry. A carry holds at most six rows (and a row
+// at most kCpuAdafactorFusedRowCols elements). A part that does not begin
+// and end at a row, or holds one row, is passed piece by piece, as it
+// could not fuse anyway.
+class RowJoiner {
+ public:
+  using PassFn =
+      std::function<Status(TensorId, const float*, uint64_t n, uint64_t begin)>;
+  explicit RowJoiner(PassFn pass) : pass_(std::move(pass)) {}
+
+  // Tensor `id`'s part ends at element `end` and holds whole rows of
+  // `cols` elements: join its pieces.
+  void Join(TensorId id, uint64_t cols, uint64_t end) {
+    Carry& c = carries_[id];
+    c.cols = cols;
+    c.end = end;
+  }
+
+  // Elements [begin, begin + n) of tensor `id`, its part's next.
+  Status Add(TensorId id, const float* g, uint64_t begin, uint64_t n) {
+    auto it = carries_.find(id);
+    if (it == carries_.end()) return pass_(id, g, n, begin);
+    Carry& c = it->second;
+    const uint64_t cols = c.cols, end = c.end;
+    uint64_t a = begin;
+    const uint64_t b = begin + n;
+    if (!c.buf.empty()) {
+      // Completed to a row and two rows at least, or to the part's end
+      // when less than two rows would be left after it.
+      const uint64_t have = c.begin + c.buf.size();
+      uint64_t target =
+          std::max((have + cols - 1) / cols * cols, c.begin + 2 * cols);
+      if (target > end || end - target < 2 * cols) target = end;
+      const uint64_t take = std::min(target, b) - a;
+      c.buf.insert(c.buf.end(), g, g + take);
+      a += take;
+      g += take;
+      if (a < target) return Status::Ok();  // the piece ended first
+      Status st = pass_(id, c.buf.data(), c.buf.size(), c.begin);
+      c.buf.clear();
+      STRATA_RETURN_IF_ERROR(st);
+    }
+    if (a == b) return Status::Ok();
+    if (b == end) return pass_(id, g, b - a, a);
+    // a is at a row; the rows whole in the piece pass from it, but for
+    // two left to the carry when fewer would remain after them.
+    uint64_t cut = a + (b - a) / cols * cols;
+    if (end - cut < 2 * cols && cut >= cols) cut -= cols;
+    if (cut >= a + 2 * cols) {
+      STRATA_RETURN_IF_ERROR(pass_(id, g, cut - a, a));
+      g += cut - a;
+      a = cut;
+    }
+    c.begin = a;
+    c.buf.assign(g, g + (b - a));
+    return Status::Ok();
+  }
+
+  // Every part passed whole: no carry is left.
+  bool Done() const {
+    for (const auto& [id, c] : carries_) {
+      if (!c.buf.empty()) return false;
+    }
+    return true;
+  }
+
+ private:
+  struct Carry {
+    uint64_t cols = 0, end = 0;
+    uint64_t begin = 0;      // the tensor element of buf[0], at a row
+    std::vector<float> buf;  // elements [begin, begin + buf.size())
+  };
+  PassFn pass_;
+  std::unordered_map<TensorId, Carry> carries_;
+};
 
 }  // namespace
 
@@ -142,20 +232,11 @@ Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
     } else {
       for (TensorId id : due) {
         const TensorPlace& place = layout_->tensor(id);
-        const UnitState& s = units_[place.unit];
         uint64_t lo = 0, hi = 0;  // this rank's part of the tensor
         if (!ShardPart(place, &lo, &hi)) continue;
-        FactoredTensor& f = factored_[id];
-        CpuOptimizerTensors t;
-        t.n = hi - lo;
-        t.rows = f.rows;
-        t.cols = f.cols;
-        t.grad = HostAt(kGrad, place.unit, lo - s.shard_begin);
-        t.grad_dtype = CpuDType::kFloat32;
-        t.exp_avg_sq = f.stats.data();
-        t.moment_dtype = MomentDType();
-        st = optimizer_->FactoredPass(t, lo - place.offset, &f.plan)
-                 .WithContext("engine: stepping " + specs_[id].name);
+        const auto* g = reinterpret_cast<const float*>(
+            HostAt(kGrad, place.unit, lo - units_[place.unit].shard_begin));
+        st = FactoredGradPass(id, g, lo - place.offset, hi - lo);
         if (!st.ok()) break;
       }
     }
@@ -183,6 +264,26 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
           break;
         }
       }
+    }
+  }
+  // Note [Whole rows from pieces]: the matrices whose statistics may sum
+  // the RMS.
+  RowJoiner rows(
+      [this](TensorId id, const float* g, uint64_t n, uint64_t begin) {
+        return FactoredGradPass(id, g, begin, n);
+      });
+  for (TensorId id : due) {
+    const FactoredTensor& f = factored_[id];
+    const TensorPlace& place = layout_->tensor(id);
+    uint64_t lo = 0, hi = 0;
+    if (f.plan.phase != CpuFactoredPhase::kStatistics || f.rows < 2 ||
+        f.cols > kCpuAdafactorFusedRowCols || !ShardPart(place, &lo, &hi)) {
+      continue;
+    }
+    lo -= place.offset;
+    hi -= place.offset;
+    if (lo % f.cols == 0 && hi % f.cols == 0 && hi - lo >= 2 * f.cols) {
+      rows.Join(id, f.cols, hi);
     }
   }
   // Two buffers of the spill's pool, which holds none between Flush and
@@ -231,36 +332,53 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
           "'s passes before the update");
       break;
     }
-    CpuOptimizerTensors t;
-    t.n = cur.n;
-    t.grad = cur.grad.data();
-    t.grad_dtype = CpuDType::kFloat32;
-    t.moment_dtype = MomentDType();
-    st = FactoredPieceRanges(cur.unit, cur.index * piece_elems_, t, &is_due,
-                             "stepping");
+    const UnitState& s = units_[cur.unit];
+    const uint64_t first = s.shard_begin + cur.index * piece_elems_;
+    const auto* g = reinterpret_cast<const float*>(cur.grad.data());
+    for (uint32_t id : layout_->unit(cur.unit).tensors) {
+      const TensorPlace& place = layout_->tensor(id);
+      uint64_t lo = 0, hi = 0;
+      if (!is_due[id] || !ShardPart(place, &lo, &hi)) continue;
+      lo = std::max(lo, first);
+      hi = std::min(hi, first + cur.n);
+      if (hi <= lo) continue;
+      st = rows.Add(id, g + (lo - first), lo - place.offset, hi - lo);
+      if (!st.ok()) break;
+    }
   }
   // The reads still in flight end before their buffers go back.
   for (Ahead& a : ahead) {
     if (a.read.valid()) a.read.wait();
   }
+  if (st.ok() && !rows.Done()) {
+    return Status::Internal(
+        "engine: a row of a gradient read back was never passed whole");
+  }
   return st;
+}
+
+Status EngineImpl::FactoredGradPass(TensorId id, const float* grad,
+                                    uint64_t begin, uint64_t n) {
+  FactoredTensor& f = factored_[id];
+  CpuOptimizerTensors t;
+  t.n = n;
+  t.rows = f.rows;
+  t.cols = f.cols;
+  t.grad = grad;
+  t.grad_dtype = CpuDType::kFloat32;
+  t.exp_avg_sq = f.stats.data();
+  t.moment_dtype = MomentDType();
+  return optimizer_->FactoredPass(t, begin, &f.plan)
+      .WithContext("engine: stepping " + specs_[id].name);
 }
 
 Status EngineImpl::FactoredUpdate(uint32_t u, uint64_t begin,
                                   const CpuOptimizerTensors& t) {
-  return FactoredPieceRanges(u, begin, t, nullptr, "updating");
-}
-
-Status EngineImpl::FactoredPieceRanges(uint32_t u, uint64_t begin,
-                                       const CpuOptimizerTensors& t,
-                                       const std::vector<uint8_t>* due,
-                                       const char* what) {
   const UnitState& s = units_[u];
   // The piece in full-unit coordinates.
   const uint64_t first = s.shard_begin + begin, end = first + t.n;
   const size_t wsize = ElementSize(s.dtype);
   for (uint32_t id : layout_->unit(u).tensors) {
-    if (due != nullptr && !(*due)[id]) continue;
     const TensorPlace& place = layout_->tensor(id);
     const uint64_t lo = std::max(place.offset, first);
     const uint64_t hi = std::min(place.offset + place.elems, end);
@@ -271,7 +389,7 @@ Status EngineImpl::FactoredPieceRanges(uint32_t u, uint64_t begin,
     r.n = hi - lo;
     r.rows = f.rows;
     r.cols = f.cols;
-    if (t.master != nullptr) r.master = t.master + off;
+    r.master = t.master + off;
     r.grad = static_cast<const float*>(t.grad) + off;
     if (t.exp_avg != nullptr) {
       r.exp_avg = static_cast<std::byte*>(t.exp_avg) +
@@ -283,8 +401,7 @@ Status EngineImpl::FactoredPieceRanges(uint32_t u, uint64_t begin,
     }
     STRATA_RETURN_IF_ERROR(
         optimizer_->FactoredPass(r, lo - place.offset, &f.plan)
-            .WithContext("engine: " + std::string(what) + " " +
-                         specs_[id].name));
+            .WithContext("engine: updating " + specs_[id].name));
   }
   return Status::Ok();
 }
