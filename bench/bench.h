@@ -105,10 +105,18 @@ void AddSwapIoOptions(CLI::App& app, SwapIoFlags& f);
 // of 4 KiB in 64 KiB..64 MiB.
 StatusOr<SwapIoConfig> ParseSwapIoFlags(const SwapIoFlags& f);
 
-// The I/O engine's rate, bytes/s, moving equal amounts of reads and writes
-// at once (what an offloaded step and a checkpoint of NVMe-resident state
-// do) with `io`'s engine, block size and queue depth, through a scratch file
-// `scratch` in `dir` of about `bytes` (at most 1 GiB); best of three passes.
+// The I/O engine's rate, bytes/s, moving reads and writes at once,
+// `read_share` of the blocks reads (0..1, at least one block of each kind
+// the share asks for), with `io`'s engine, block size and queue depth,
+// through a scratch file `scratch` in `dir` of about `bytes` (at most 1
+// GiB); best of three passes. An offloaded step moves its own share (its
+// states' reads and writes, and its gradients' reads when they rest on
+// NVMe).
+StatusOr<double> MeasureIo(const std::string& dir, const std::string& scratch,
+                           const SwapIoConfig& io, double read_share,
+                           uint64_t bytes, RunGuard& guard);
+// MeasureIo with equal reads and writes (what an offloaded step and a
+// checkpoint of NVMe-resident state do).
 StatusOr<double> MeasureMixedIo(const std::string& dir,
                                 const std::string& scratch,
                                 const SwapIoConfig& io, uint64_t bytes,

@@ -653,30 +653,34 @@ DeviceChoice DeviceChoiceOf(const std::string& device) {
 
 namespace {
 
-// One pass: `blocks` reads of the first half and as many writes of the
-// second, alternating, queue_depth in flight. Returns its seconds.
+// One pass: `reads` blocks read from the file's start and `writes` written
+// after them, interleaved in proportion (alternating when equal),
+// queue_depth in flight. Returns its seconds.
 StatusOr<double> MixedPass(IoEngine& engine, FileId file, const SwapIoConfig& c,
-                           HostBuffer& buf, uint64_t half, uint64_t blocks) {
-  uint64_t next = 0;  // even: read block next/2; odd: write it
+                           HostBuffer& buf, uint64_t reads, uint64_t writes) {
+  const uint64_t total = reads + writes;
+  uint64_t next = 0, read = 0;  // requests submitted, reads among them
   std::vector<IoCompletion> done(c.queue_depth);
   auto submit = [&](uint64_t slot) -> Status {
-    const uint64_t b = next / 2;
-    const bool write = next % 2 == 1;
+    // A read while the reads lag their share of the requests so far.
+    const bool write = read * total >= (next + 1) * reads;
+    const uint64_t b = write ? next - read : read;
+    read += write ? 0 : 1;
     ++next;
-    IoRequest r{file, (write ? half : 0) + b * c.block_size,
+    IoRequest r{file, ((write ? reads : 0) + b) * c.block_size,
                 buf.span().subspan(slot * c.block_size, c.block_size),
                 write ? IoOp::kWrite : IoOp::kRead, slot};
     return engine.Submit({&r, 1});
   };
   const auto t0 = std::chrono::steady_clock::now();
-  for (uint64_t s = 0; s < c.queue_depth && next < 2 * blocks; ++s) {
+  for (uint64_t s = 0; s < c.queue_depth && next < total; ++s) {
     STRATA_RETURN_IF_ERROR(submit(s));
   }
   while (engine.in_flight() > 0) {
     STRATA_ASSIGN_OR_RETURN(size_t n, engine.Reap(done, 1));
     for (size_t i = 0; i < n; ++i) {
       STRATA_RETURN_IF_ERROR(done[i].status);
-      if (next < 2 * blocks) {
+      if (next < total) {
         STRATA_RETURN_IF_ERROR(CheckInterrupted());
         STRATA_RETURN_IF_ERROR(submit(done[i].tag));
       }
@@ -687,13 +691,17 @@ StatusOr<double> MixedPass(IoEngine& engine, FileId file, const SwapIoConfig& c,
 
 }  // namespace
 
-StatusOr<double> MeasureMixedIo(const std::string& dir,
-                                const std::string& scratch,
-                                const SwapIoConfig& c, uint64_t bytes,
-                                RunGuard& guard) {
-  const uint64_t half = std::min<uint64_t>(
-      std::max<uint64_t>(bytes / 2 / c.block_size * c.block_size, c.block_size),
-      uint64_t{512} << 20);
+StatusOr<double> MeasureIo(const std::string& dir, const std::string& scratch,
+                           const SwapIoConfig& c, double read_share,
+                           uint64_t bytes, RunGuard& guard) {
+  read_share = std::clamp(read_share, 0.0, 1.0);
+  const uint64_t blocks = std::clamp<uint64_t>(
+      bytes / c.block_size, 2, (uint64_t{1} << 30) / c.block_size);
+  uint64_t reads = static_cast<uint64_t>(
+      std::llround(read_share * static_cast<double>(blocks)));
+  if (read_share > 0) reads = std::max<uint64_t>(reads, 1);
+  if (read_share < 1) reads = std::min(reads, blocks - 1);
+  const uint64_t writes = read_share < 1 ? blocks - reads : 0;
   const std::string path = dir + "/" + scratch;
   guard.RemoveOnExit(path);
   IoEngineOptions io;
@@ -702,7 +710,8 @@ StatusOr<double> MeasureMixedIo(const std::string& dir,
   STRATA_ASSIGN_OR_RETURN(auto engine, NewIoEngine(io));
   STRATA_ASSIGN_OR_RETURN(
       FileId file, engine->Open(path, {.create = true, .truncate = true}));
-  STRATA_RETURN_IF_ERROR(engine->Allocate(file, 2 * half));
+  STRATA_RETURN_IF_ERROR(
+      engine->Allocate(file, (reads + writes) * c.block_size));
   HostBufferOptions bo;
   bo.prefault = true;
   STRATA_ASSIGN_OR_RETURN(
@@ -710,22 +719,28 @@ StatusOr<double> MeasureMixedIo(const std::string& dir,
   std::memset(buf.data(), 0x5a, buf.size());
   const std::span<std::byte> whole = buf.span();
   STRATA_RETURN_IF_ERROR(engine->RegisterBuffers({&whole, 1}));
-  // The read half is written first, so reads touch the device.
-  for (uint64_t off = 0; off < half; off += c.block_size) {
+  // The blocks read are written first, so reads touch the device.
+  for (uint64_t off = 0; off < reads * c.block_size; off += c.block_size) {
     STRATA_RETURN_IF_ERROR(
         engine->WriteAt(file, off, buf.span().first(c.block_size)));
   }
   STRATA_RETURN_IF_ERROR(engine->Sync(file));
-  const uint64_t blocks = half / c.block_size;
   double best = 1e30;
   for (int pass = 0; pass < 3; ++pass) {  // the best of three passes
     STRATA_ASSIGN_OR_RETURN(double s,
-                            MixedPass(*engine, file, c, buf, half, blocks));
+                            MixedPass(*engine, file, c, buf, reads, writes));
     best = std::min(best, s);
   }
   STRATA_RETURN_IF_ERROR(engine->Close(file));
   ::unlink(path.c_str());
-  return 2.0 * static_cast<double>(half) / best;
+  return static_cast<double>((reads + writes) * c.block_size) / best;
+}
+
+StatusOr<double> MeasureMixedIo(const std::string& dir,
+                                const std::string& scratch,
+                                const SwapIoConfig& c, uint64_t bytes,
+                                RunGuard& guard) {
+  return MeasureIo(dir, scratch, c, 0.5, bytes, guard);
 }
 
 }  // namespace strata::bench

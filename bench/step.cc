@@ -26,7 +26,11 @@
 // the memory's moved by 20-40% between runs).
 //
 // The working copy rests on the host, so no device traffic is timed. The
-// gradients are handed over (outside the timing) before every step.
+// gradients are handed over (outside the timing) before every step; with
+// --grads nvme they rest on NVMe (written at the hand-over) and each case's
+// step also reads them back: once for the update and once more for
+// Adafactor's statistics. The I/O time then counts those reads, at the rate
+// of the same engine moving the case's own share of reads and writes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,6 +66,7 @@ struct StepFlags {
   std::string cases = "nvme,host";
   std::string moments = "fp32";
   std::string optimizers = "adamw";
+  std::string grads = "host";
   std::string dir = ".";
   SwapIoFlags io;
   std::string threads = "0";
@@ -74,6 +79,7 @@ struct StepConfig {
   std::vector<std::string> cases;
   std::vector<CpuDType> moments;
   std::vector<CpuOptimizerAlgo> optimizers;
+  bool nvme_grads = false;
   std::string dir;
   IoBackend engine = IoBackend::kAuto;
   uint32_t queue_depth = 32;
@@ -85,6 +91,8 @@ struct StepConfig {
   bool has(const char* c) const {
     return std::find(cases.begin(), cases.end(), c) != cases.end();
   }
+  // Whether a case moves bytes through --dir.
+  bool uses_dir() const { return has("nvme") || nvme_grads; }
 };
 
 void AddOptions(CLI::App& app, StepFlags& f) {
@@ -98,6 +106,9 @@ void AddOptions(CLI::App& app, StepFlags& f) {
   app.add_option("--optimizer", f.optimizers,
                  "optimizers, each a run of the cases: adam, adamw, adagrad, "
                  "lion, adafactor, sm3 (default adamw)");
+  app.add_option("--grads", f.grads,
+                 "where the gradients rest in every case: host or nvme "
+                 "(default host)");
   app.add_option("--dir", f.dir, "directory for the NVMe tier (default .)");
   AddSwapIoOptions(app, f.io);
   app.add_option("--threads", f.threads,
@@ -140,6 +151,10 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
       }
     }
   }
+  STRATA_ASSIGN_OR_RETURN(
+      std::string grads,
+      ParseChoiceOption("--grads", f.grads, {"host", "nvme"}));
+  c.nvme_grads = grads == "nvme";
   c.dir = f.dir;
   STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
   c.engine = io.engine;
@@ -221,27 +236,57 @@ uint64_t StateBytes(const StepConfig& c, const Run& run) {
   return bytes;
 }
 
-// Bytes each case keeps in RAM: the host gradient (4 per parameter) and
-// working copy (2), plus master and moments when they rest there.
+// Bytes each case keeps in RAM: the host gradient (4 per parameter, unless
+// it rests on NVMe) and working copy (2), plus master and moments when they
+// rest there.
 uint64_t HostBytes(const StepConfig& c, bool nvme, const Run& run) {
-  return c.params * 6 + (nvme ? 0 : StateBytes(c, run));
+  return c.params * (c.nvme_grads ? 2 : 6) + (nvme ? 0 : StateBytes(c, run));
+}
+
+// The bytes a case's step moves through the drive: the master and moments
+// read and written (the nvme case), and the gradients read back when they
+// rest there, once for the update and once more for Adafactor's statistics
+// (its rows of kCols sum the RMS with them: Note [Whole rows from pieces]
+// in memtier/factored.cc).
+struct CaseIo {
+  uint64_t read = 0, write = 0;
+  uint64_t total() const { return read + write; }
+  double read_share() const {
+    return total() == 0
+               ? 0.0
+               : static_cast<double>(read) / static_cast<double>(total());
+  }
+};
+
+CaseIo IoOfCase(const StepConfig& c, bool nvme, const Run& run) {
+  CaseIo io;
+  if (nvme) io.read = io.write = StateBytes(c, run);
+  if (c.nvme_grads) {
+    const uint64_t reads = run.algo == CpuOptimizerAlgo::kAdafactor ? 2 : 1;
+    io.read += reads * c.params * 4;
+  }
+  return io;
 }
 
 Status CheckStep(const StepConfig& c, RunGuard& guard, JsonOutput* json) {
   if (!c.json.empty()) {
     STRATA_ASSIGN_OR_RETURN(*json, JsonOutput::Prepare("--json", c.json));
   }
-  if (c.has("nvme")) {
+  if (c.uses_dir()) {
     STRATA_ASSIGN_OR_RETURN(DirLock lock, DirLock::Acquire(c.dir, kLockName));
     guard.AdoptLock(std::move(lock));
     STRATA_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(c.dir));
-    // The swap space (the widest format's states, plus slack) and the
-    // scratch file of the I/O measurement.
+    // The swap space (the widest format's states when the nvme case runs,
+    // the gradients with --grads nvme, plus slack) and the scratch file of
+    // the I/O measurement.
     uint64_t states = 0;
-    for (const Run& r : Runs(c)) states = std::max(states, StateBytes(c, r));
-    const uint64_t need = states + (uint64_t{2} << 30);
+    if (c.has("nvme")) {
+      for (const Run& r : Runs(c)) states = std::max(states, StateBytes(c, r));
+    }
+    const uint64_t need =
+        states + (c.nvme_grads ? c.params * 4 : 0) + (uint64_t{2} << 30);
     if (need > free_bytes) {
-      return Status::NoSpace("--dir " + c.dir + ": the nvme case needs " +
+      return Status::NoSpace("--dir " + c.dir + ": the run needs " +
                              FormatBytes(need) + ", " +
                              FormatBytes(free_bytes) + " are free");
     }
@@ -443,6 +488,8 @@ struct CaseResult {
   std::string name;
   Run run;
   double step_s = 0, io_s = 0, update_s = 0;
+  CaseIo io;                   // bytes through the drive a step
+  double io_rate = 0;          // bytes/s at the case's share of reads
   double update_rate = 0;      // params/s: Note [The update sample]
   uint64_t sample_params = 0;  // the update-rate sample's size
   bool sample_beside = true;   // sampled beside the engine, after each step
@@ -457,12 +504,13 @@ struct CaseResult {
   double bound_s() const { return std::max(io_s, update_s); }
 };
 
-// The case's bound at these rates (io_rate is ignored by the host case).
+// The case's bound at these rates (io_rate is ignored by a case that moves
+// nothing through the drive).
 double BoundSeconds(const StepConfig& c, const CaseResult& r,
                     double update_rate, double io_rate) {
   const double update_s = static_cast<double>(c.params) / update_rate;
-  if (r.name != "nvme") return update_s;
-  return std::max(update_s, 2.0 * StateBytes(c, r.run) / io_rate);
+  if (r.io.total() == 0) return update_s;
+  return std::max(update_s, static_cast<double>(r.io.total()) / io_rate);
 }
 
 StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
@@ -477,7 +525,8 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
   EngineOptions o;
   o.params = Residence::kHost;
   o.optimizer_states = nvme ? Residence::kNvme : Residence::kHost;
-  if (nvme) o.nvme_paths = {c.dir};
+  o.grads = c.nvme_grads ? Residence::kNvme : Residence::kHost;
+  if (nvme || c.nvme_grads) o.nvme_paths = {c.dir};
   o.io.backend = c.engine;
   o.io.queue_depth = c.queue_depth;
   o.io_block_bytes = c.block_size;
@@ -512,6 +561,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
   CaseResult r;
   r.name = nvme ? "nvme" : "host";
   r.run = run;
+  r.io = IoOfCase(c, nvme, run);
   r.step_s = 1e30;
   std::optional<UpdateSample> update_sample;
   // One step with every gradient handed over first (outside the timing), in
@@ -556,10 +606,10 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
       r.update_rate = std::max(r.update_rate, sample.update_rate);
     }
     r.step_s = std::min(r.step_s, sample.step_s);
-    if (nvme) {
+    if (r.io.total() > 0) {
       STRATA_ASSIGN_OR_RETURN(
-          sample.io_rate,
-          MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
+          sample.io_rate, MeasureIo(c.dir, kScratchName, IoOf(c),
+                                    r.io.read_share(), c.params * 24, guard));
     }
     r.reps.push_back(sample);
   }
@@ -598,7 +648,7 @@ struct StepOutcome {
 
 StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   StepOutcome out;
-  if (c.has("nvme")) {
+  if (c.uses_dir()) {
     std::fprintf(stderr, "step: measuring the I/O engine's rate\n");
     STRATA_ASSIGN_OR_RETURN(
         out.io_rate,
@@ -608,15 +658,17 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
     for (const std::string& k : c.cases) {
       STRATA_ASSIGN_OR_RETURN(CaseResult r,
                               RunCase(c, k == "nvme", run, guard));
-      for (const RepSample& s : r.reps) {
-        out.io_rate = std::max(out.io_rate, s.io_rate);
+      if (r.io.read == r.io.write) {
+        for (const RepSample& s : r.reps) {
+          out.io_rate = std::max(out.io_rate, s.io_rate);
+        }
       }
       out.cases.push_back(std::move(r));
     }
   }
   // Measured again after the cases, the best kept: the machine may have
   // been slower while the first sample ran.
-  if (c.has("nvme")) {
+  if (c.uses_dir()) {
     STRATA_ASSIGN_OR_RETURN(
         double io_again,
         MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
@@ -626,8 +678,15 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
     out.update_rate = std::max(out.update_rate, r.update_rate);
     // Per step, the nvme case reads and writes the master and the moments.
     r.update_s = static_cast<double>(c.params) / r.update_rate;
-    if (r.name == "nvme") {
-      r.io_s = 2.0 * StateBytes(c, r.run) / out.io_rate;
+    if (r.io.total() > 0) {
+      // The run's own rate when the case moves as many reads as writes
+      // (measured before and after the cases too), else the best of the
+      // case's samples at its share.
+      r.io_rate = 0;
+      for (const RepSample& s : r.reps)
+        r.io_rate = std::max(r.io_rate, s.io_rate);
+      if (r.io.read == r.io.write) r.io_rate = std::max(r.io_rate, out.io_rate);
+      r.io_s = static_cast<double>(r.io.total()) / r.io_rate;
     }
     for (const RepSample& s : r.reps) {
       r.paired.push_back(BoundSeconds(c, r, s.update_rate, s.io_rate) /
@@ -656,7 +715,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
           {"step_s", x.step_s},
           {"bound_s", BoundSeconds(c, r, x.update_rate, x.io_rate)},
           {"update_params_per_s", x.update_rate}};
-      if (r.name == "nvme") one["io_mixed_bytes_per_s"] = x.io_rate;
+      if (r.io.total() > 0) one["io_mixed_bytes_per_s"] = x.io_rate;
       reps.push_back(one);
     }
     const double per_param = static_cast<double>(StateBytes(c, r.run)) /
@@ -665,7 +724,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
     const std::string optimizer(CpuOptimizerAlgoName(r.run.algo));
     table.AddRow({r.name, optimizer, moments, Fixed(per_param, 3),
                   std::to_string(c.params), Fixed(r.step_s, 3),
-                  r.name == "nvme" ? Fixed(r.io_s, 3) : "-",
+                  r.io.total() > 0 ? Fixed(r.io_s, 3) : "-",
                   Fixed(r.update_s, 3), Fixed(r.bound_s(), 3), Fixed(eff, 3),
                   Fixed(paired_eff, 3), Fixed(r.stats.nvme_read_bytes / 1e9, 2),
                   Fixed(r.stats.nvme_write_bytes / 1e9, 2),
@@ -680,6 +739,10 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
          {"step_s", r.step_s},
          {"bound_s", r.bound_s()},
          {"io_s", r.io_s},
+         {"io_read_bytes", r.io.read},
+         {"io_write_bytes", r.io.write},
+         {"io_read_share", r.io.read_share()},
+         {"io_bytes_per_s", r.io_rate},
          {"update_s", r.update_s},
          {"update_params_per_s", r.update_rate},
          {"update_sample_params", r.sample_params},
@@ -694,14 +757,15 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
          {"engine_stats", nlohmann::json::parse(EngineStatsJson(r.stats))}});
   }
   std::printf(
-      "strata-bench step: %llu params, optimizer %.3f Gparams/s%s, best of "
-      "%d (paired: the median of each step's bound sampled beside it / its "
-      "time)\n%s",
-      static_cast<unsigned long long>(c.params), out.update_rate / 1e9,
-      c.has("nvme") ? (", I/O (reads and writes at once) " +
-                       Fixed(out.io_rate / 1e9, 2) + " GB/s")
-                          .c_str()
-                    : "",
+      "strata-bench step: %llu params, gradients on %s, optimizer %.3f "
+      "Gparams/s%s, best of %d (paired: the median of each step's bound "
+      "sampled beside it / its time)\n%s",
+      static_cast<unsigned long long>(c.params), c.nvme_grads ? "nvme" : "host",
+      out.update_rate / 1e9,
+      c.uses_dir() ? (", I/O (as many reads as writes at once) " +
+                      Fixed(out.io_rate / 1e9, 2) + " GB/s")
+                         .c_str()
+                   : "",
       c.reps, table.ToString().c_str());
   if (!json.active()) return Status::Ok();
   std::vector<std::string> moment_names, optimizer_names;
@@ -718,6 +782,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                         {"cases", c.cases},
                         {"moments", moment_names},
                         {"optimizers", optimizer_names},
+                        {"grads", c.nvme_grads ? "nvme" : "host"},
                         // Adafactor as HF transformers' defaults, SM3
                         // without momentum; rows of this many columns.
                         {"sm3_momentum", 0.0},
@@ -734,7 +799,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                        {{"update_params_per_s", out.update_rate},
                         {"io_mixed_bytes_per_s", out.io_rate}}},
                       {"results", results}};
-  if (c.has("nvme")) j["filesystem"] = FilesystemInfo(c.dir);
+  if (c.uses_dir()) j["filesystem"] = FilesystemInfo(c.dir);
   return json.Commit(j);
 }
 

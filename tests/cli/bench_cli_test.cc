@@ -369,6 +369,7 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
       {{"step", "--cases", "gpu"}, "--cases"},
       {{"step", "--moments", "fp16"}, "--moments"},
       {{"step", "--optimizer", "lamb"}, "--optimizer"},
+      {{"step", "--grads", "device"}, "--grads"},
       {{"step", "--optimizer", "adamw,adafactor", "--moments", "fp32,int8"},
        "--moments int8 with --optimizer adafactor"},
       {{"step", "--engine", "bogus"}, "--engine"},
@@ -654,7 +655,7 @@ TEST(BenchCliTest, EveryJsonNamesItsCommandAndConfig) {
         "1", "--engine", "psync", "--queue-depth", "4", "--moments",
         "fp32,int8"},
        "step",
-       {"params", "cases", "moments", "optimizers", "sm3_momentum",
+       {"params", "cases", "moments", "optimizers", "grads", "sm3_momentum",
         "tensor_cols", "dir", "engine", "queue_depth", "block_size", "threads",
         "reps", "tensor_elems"}},
       {{"checkpoint", "--params", "2M", "--dir", d.path(), "--reps", "1",
@@ -737,6 +738,46 @@ TEST(BenchCliTest, StepRunsEachOptimizerWithItsStateBytes) {
       EXPECT_GT(read, 0u) << r.dump();
       EXPECT_EQ(read % per_step, 0u) << r.dump();
     }
+  }
+  EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
+}
+
+// With --grads nvme every case's step reads the gradients back from the
+// drive (AdamW and SM3 once, Adafactor twice: its statistics, then the
+// update) beside the nvme case's states, and its I/O bound counts them: the
+// bytes the JSON says a step moves are the engine's own, step for step.
+TEST(BenchCliTest, StepWithGradientsOnNvmeCountsTheirReads) {
+  ScratchDir d;
+  const std::string json = d.path() + "/step.json";
+  const Outcome o = RunBench(
+      {"step", "--params", "4M", "--dir", d.path(), "--reps", "1", "--threads",
+       "1", "--engine", "psync", "--queue-depth", "4", "--optimizer",
+       "adamw,adafactor,sm3", "--grads", "nvme", "--json", json},
+      d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Has(o.out, "gradients on nvme")) << o.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["config"].value("grads", ""), "nvme");
+  ASSERT_EQ(j["results"].size(), 6u);
+  for (const auto& r : j["results"]) {
+    const std::string opt = r.value("optimizer", "");
+    const bool nvme = r.value("case", "") == "nvme";
+    const uint64_t params = r.value("params", uint64_t{0});
+    const uint64_t state = (opt == "adamw" ? 12 : 4) * params;
+    const uint64_t grads = (opt == "adafactor" ? 2 : 1) * 4 * params;
+    const uint64_t read = r.value("io_read_bytes", uint64_t{0});
+    EXPECT_EQ(read, (nvme ? state : 0) + grads) << r.dump();
+    EXPECT_EQ(r.value("io_write_bytes", uint64_t{1}), nvme ? state : 0)
+        << r.dump();
+    EXPECT_GT(r.value("io_s", 0.0), 0.0) << r.dump();
+    EXPECT_GT(r.value("io_bytes_per_s", 0.0), 0.0) << r.dump();
+    // Every step (the warm-up ones too) read exactly that.
+    const uint64_t engine_read =
+        r["engine_stats"].value("nvme_read_bytes", uint64_t{0});
+    EXPECT_GT(engine_read, 0u) << r.dump();
+    EXPECT_EQ(engine_read % read, 0u) << r.dump();
   }
   EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
 }
