@@ -569,14 +569,19 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
     }
   }
   // Adafactor and SM3: each tensor's statistics summed (or maxed) over the
-  // ranks between the passes, as one engine sees the whole gradient.
+  // ranks between the passes, as one engine sees the whole gradient; stage
+  // 2 also with each rank's gradient shard on NVMe (read back for
+  // Adafactor's passes before the update).
   for (CpuOptimizerAlgo algo :
        {CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
-    for (int stage : {2, 3}) {
+    for (int variant : {2, 3, 4}) {
+      const int stage = variant == 3 ? 3 : 2;
       const std::string name =
           std::string(CpuOptimizerAlgoName(algo)) + ", stage " +
           std::to_string(stage) +
-          (stage == 3 ? ", states and params on nvme" : ", states on host");
+          (variant == 3   ? ", states and params on nvme"
+           : variant == 4 ? ", states on host, gradients on nvme"
+                          : ", states on host");
       EngineOptions o = Base();
       o.optimizer.cpu.algo = algo;
       o.zero_stage = stage;
@@ -585,6 +590,7 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
         o.params = Residence::kNvme;
         o.device_budget_bytes = kTight;
       }
+      if (variant == 4) o.grads = Residence::kNvme;
       const Trained one = Train(o, all, world);
       o.rank = rank;
       o.world_size = world;
