@@ -259,13 +259,18 @@ class EngineImpl final : public Engine {
     }
     return out + "]";
   }
-  // The part of `t` in this rank's shard of its unit: [*lo, *hi) in
-  // full-unit elements; false when the shard holds none of it.
+  // The part of `t` among its unit's elements [first, end) (a shard, a
+  // piece): [*lo, *hi) in full-unit elements; false when it holds none.
+  static bool PartIn(const TensorPlace& t, uint64_t first, uint64_t end,
+                     uint64_t* lo, uint64_t* hi) {
+    *lo = std::max(t.offset, first);
+    *hi = std::min(t.offset + t.elems, end);
+    return *hi > *lo;
+  }
+  // The part of `t` in this rank's shard of its unit.
   bool ShardPart(const TensorPlace& t, uint64_t* lo, uint64_t* hi) const {
     const UnitState& s = units_[t.unit];
-    *lo = std::max(t.offset, s.shard_begin);
-    *hi = std::min(t.offset + t.elems, s.shard_begin + s.elems);
-    return *hi > *lo;
+    return PartIn(t, s.shard_begin, s.shard_begin + s.elems, lo, hi);
   }
   // The accumulator of zero_stage 1 with several ranks: the unit's full
   // local gradient.

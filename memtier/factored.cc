@@ -257,9 +257,8 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
       const uint64_t end =
           s.shard_begin + std::min(s.elems, (p + 1) * piece_elems_);
       for (uint32_t id : layout_->unit(u).tensors) {
-        const TensorPlace& place = layout_->tensor(id);
-        if (is_due[id] && std::max(place.offset, first) <
-                              std::min(place.offset + place.elems, end)) {
+        uint64_t lo = 0, hi = 0;
+        if (is_due[id] && PartIn(layout_->tensor(id), first, end, &lo, &hi)) {
           order.emplace_back(u, p);
           break;
         }
@@ -337,11 +336,10 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
     const auto* g = reinterpret_cast<const float*>(cur.grad.data());
     for (uint32_t id : layout_->unit(cur.unit).tensors) {
       const TensorPlace& place = layout_->tensor(id);
-      uint64_t lo = 0, hi = 0;
-      if (!is_due[id] || !ShardPart(place, &lo, &hi)) continue;
-      lo = std::max(lo, first);
-      hi = std::min(hi, first + cur.n);
-      if (hi <= lo) continue;
+      uint64_t lo = 0, hi = 0;  // the piece lies in this rank's shard
+      if (!is_due[id] || !PartIn(place, first, first + cur.n, &lo, &hi)) {
+        continue;
+      }
       st = rows.Add(id, g + (lo - first), lo - place.offset, hi - lo);
       if (!st.ok()) break;
     }
@@ -380,9 +378,8 @@ Status EngineImpl::FactoredUpdate(uint32_t u, uint64_t begin,
   const size_t wsize = ElementSize(s.dtype);
   for (uint32_t id : layout_->unit(u).tensors) {
     const TensorPlace& place = layout_->tensor(id);
-    const uint64_t lo = std::max(place.offset, first);
-    const uint64_t hi = std::min(place.offset + place.elems, end);
-    if (hi <= lo) continue;
+    uint64_t lo = 0, hi = 0;
+    if (!PartIn(place, first, end, &lo, &hi)) continue;
     const uint64_t off = lo - first;
     FactoredTensor& f = factored_[id];
     CpuOptimizerTensors r = t;
