@@ -93,6 +93,9 @@ struct StepConfig {
   }
   // Whether a case moves bytes through --dir.
   bool uses_dir() const { return has("nvme") || nvme_grads; }
+  // Whether a case moves as many reads as writes (the nvme case, its
+  // gradients on the host): the run's even-split rate bounds it.
+  bool even_io() const { return has("nvme") && !nvme_grads; }
 };
 
 void AddOptions(CLI::App& app, StepFlags& f) {
@@ -251,6 +254,7 @@ uint64_t HostBytes(const StepConfig& c, bool nvme, const Run& run) {
 struct CaseIo {
   uint64_t read = 0, write = 0;
   uint64_t total() const { return read + write; }
+  bool even() const { return total() > 0 && read == write; }
   double read_share() const {
     return total() == 0
                ? 0.0
@@ -648,7 +652,7 @@ struct StepOutcome {
 
 StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   StepOutcome out;
-  if (c.uses_dir()) {
+  if (c.even_io()) {
     std::fprintf(stderr, "step: measuring the I/O engine's rate\n");
     STRATA_ASSIGN_OR_RETURN(
         out.io_rate,
@@ -658,7 +662,7 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
     for (const std::string& k : c.cases) {
       STRATA_ASSIGN_OR_RETURN(CaseResult r,
                               RunCase(c, k == "nvme", run, guard));
-      if (r.io.read == r.io.write) {
+      if (r.io.even()) {
         for (const RepSample& s : r.reps) {
           out.io_rate = std::max(out.io_rate, s.io_rate);
         }
@@ -668,7 +672,7 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   }
   // Measured again after the cases, the best kept: the machine may have
   // been slower while the first sample ran.
-  if (c.uses_dir()) {
+  if (c.even_io()) {
     STRATA_ASSIGN_OR_RETURN(
         double io_again,
         MeasureMixedIo(c.dir, kScratchName, IoOf(c), c.params * 24, guard));
@@ -676,16 +680,15 @@ StatusOr<StepOutcome> RunStep(const StepConfig& c, RunGuard& guard) {
   }
   for (CaseResult& r : out.cases) {
     out.update_rate = std::max(out.update_rate, r.update_rate);
-    // Per step, the nvme case reads and writes the master and the moments.
     r.update_s = static_cast<double>(c.params) / r.update_rate;
     if (r.io.total() > 0) {
-      // The run's own rate when the case moves as many reads as writes
-      // (measured before and after the cases too), else the best of the
-      // case's samples at its share.
-      r.io_rate = 0;
-      for (const RepSample& s : r.reps)
+      // The best of the case's samples at its share, and of the run's own
+      // rate when that share is even (measured before and after the cases
+      // too).
+      r.io_rate = r.io.even() ? out.io_rate : 0;
+      for (const RepSample& s : r.reps) {
         r.io_rate = std::max(r.io_rate, s.io_rate);
-      if (r.io.read == r.io.write) r.io_rate = std::max(r.io_rate, out.io_rate);
+      }
       r.io_s = static_cast<double>(r.io.total()) / r.io_rate;
     }
     for (const RepSample& s : r.reps) {
@@ -762,10 +765,10 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
       "sampled beside it / its time)\n%s",
       static_cast<unsigned long long>(c.params), c.nvme_grads ? "nvme" : "host",
       out.update_rate / 1e9,
-      c.uses_dir() ? (", I/O (as many reads as writes at once) " +
-                      Fixed(out.io_rate / 1e9, 2) + " GB/s")
-                         .c_str()
-                   : "",
+      c.even_io() ? (", I/O (as many reads as writes at once) " +
+                     Fixed(out.io_rate / 1e9, 2) + " GB/s")
+                        .c_str()
+                  : "",
       c.reps, table.ToString().c_str());
   if (!json.active()) return Status::Ok();
   std::vector<std::string> moment_names, optimizer_names;
@@ -795,10 +798,9 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                         {"reps", c.reps},
                         {"tensor_elems", std::min(c.params, kTensorElems)},
                         {"working_rests_on", "host"}}},
-                      {"limits",
-                       {{"update_params_per_s", out.update_rate},
-                        {"io_mixed_bytes_per_s", out.io_rate}}},
+                      {"limits", {{"update_params_per_s", out.update_rate}}},
                       {"results", results}};
+  if (c.even_io()) j["limits"]["io_mixed_bytes_per_s"] = out.io_rate;
   if (c.uses_dir()) j["filesystem"] = FilesystemInfo(c.dir);
   return json.Commit(j);
 }

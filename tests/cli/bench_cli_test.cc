@@ -759,6 +759,9 @@ TEST(BenchCliTest, StepWithGradientsOnNvmeCountsTheirReads) {
   const auto j = nlohmann::json::parse(in, nullptr, false);
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j["config"].value("grads", ""), "nvme");
+  // No case moves as many reads as writes: no even-split rate is taken.
+  EXPECT_FALSE(j["limits"].contains("io_mixed_bytes_per_s")) << j["limits"];
+  EXPECT_FALSE(Has(o.out, "as many reads as writes")) << o.out;
   ASSERT_EQ(j["results"].size(), 6u);
   for (const auto& r : j["results"]) {
     const std::string opt = r.value("optimizer", "");
