@@ -368,8 +368,10 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
   // A step under `rule` (after `steps` good ones) fails with `code`, saying
   // `what` and naming a tensor; then the engine refuses every call that
   // touches the training state, and once destroyed every callback ran once.
+  // `change`, when given, edits Options() first.
   void ExpectStepFailsThenRefuses(int steps, const FaultRule& rule,
-                                  StatusCode code, const std::string& what);
+                                  StatusCode code, const std::string& what,
+                                  void (*change)(EngineOptions&) = nullptr);
 
   // The one swap file of the directory.
   std::string SwapFile() const {
@@ -423,11 +425,12 @@ void ExpectRefusesAfterFailedStep(Trainer& t, const Status& first) {
   EXPECT_GT(t.engine().stats().fetches, 0u);
 }
 
-void EngineFaultTest::ExpectStepFailsThenRefuses(int steps,
-                                                 const FaultRule& rule,
-                                                 StatusCode code,
-                                                 const std::string& what) {
-  Trainer t(Options());
+void EngineFaultTest::ExpectStepFailsThenRefuses(
+    int steps, const FaultRule& rule, StatusCode code, const std::string& what,
+    void (*change)(EngineOptions&)) {
+  EngineOptions o = Options();
+  if (change != nullptr) change(o);
+  Trainer t(o);
   ASSERT_TRUE(t.Start().ok());
   for (int s = 0; s < steps; ++s) ASSERT_TRUE(t.TrainStep().ok());
   ASSERT_TRUE(t.MicroBatch().ok());
@@ -551,28 +554,16 @@ TEST_P(EngineFaultTest, ReadErrorDuringStepFailsItNamingTheTensor) {
 // (its statistics): a read that fails there fails the step, saying so and
 // naming the tensor, before any weight moves; then the engine refuses.
 TEST_P(EngineFaultTest, ReadErrorBeforeAdafactorsUpdateFailsTheStep) {
-  EngineOptions o = Options();
-  o.grads = Residence::kNvme;
-  o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
-  Trainer t(o);
-  ASSERT_TRUE(t.Start().ok());
-  ASSERT_TRUE(t.TrainStep().ok());
-  ASSERT_TRUE(t.MicroBatch().ok());
-  plan_->Add(
-      {.op = IoOp::kRead, .err = EIO, .nth = 1, .count = FaultRule::kForever});
-  auto r = t.Step();
-  plan_->Clear();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kIoError) << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(),
-                  "the gradients read back for adafactor's "
-                  "passes before the update"))
-      << r.status().ToString();
-  EXPECT_TRUE(Has(r.status(), "reading the gradient of w"))
-      << r.status().ToString();
-  ExpectRefusesAfterFailedStep(t, r.status());
-  t.Destroy();
-  ExpectCallbacksBalanced();
+  ExpectStepFailsThenRefuses(
+      1,
+      {.op = IoOp::kRead, .err = EIO, .nth = 1, .count = FaultRule::kForever},
+      StatusCode::kIoError,
+      "the gradients read back for adafactor's passes before the update: "
+      "engine: reading the gradient of w",
+      [](EngineOptions& o) {
+        o.grads = Residence::kNvme;
+        o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
+      });
 }
 
 // Transient faults in every step (one EIO on a write-back, one or two on
