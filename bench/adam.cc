@@ -151,6 +151,8 @@ struct AdamOutcome {
   // Each pass of a multi-pass step (Adafactor) against its own bound.
   Table passes{{"optimizer", "variant", "threads", "pass", "B/param", "GB/s",
                 "bound GB/s", "ratio", "paired"}};
+  // Every row's and pass's ratio to its bound, for PrintAboveOneNote.
+  std::vector<RatioFigure> figures;
 };
 
 // ---- Parse -----------------------------------------------------------------
@@ -603,7 +605,7 @@ std::string PassName(const std::string& optimizer, size_t p, size_t count) {
 void AddPassJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
                  uint64_t n, const std::vector<double>& best,
                  const std::vector<std::vector<double>>& paired,
-                 nlohmann::json& row, Table& table) {
+                 nlohmann::json& row, AdamOutcome& out) {
   const std::string optimizer = row["optimizer"].get<std::string>();
   nlohmann::json names = nlohmann::json::array(),
                  seconds = nlohmann::json::array(),
@@ -619,12 +621,17 @@ void AddPassJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
     std::vector<double> reps = paired[p];  // Percentile sorts
     paired_ratio.push_back(Percentile(reps, 50));
     if (passes.size() > 1) {
-      table.AddRow({row["optimizer"], row["variant"],
-                    std::to_string(row["threads"].get<int>()), names.back(),
-                    Fixed(b, 2), Fixed(gbps.back().get<double>(), 1),
-                    Fixed(n * b / 1e9 / bb.PassSeconds(p), 1),
-                    Fixed(ratio.back().get<double>(), 3),
-                    Fixed(paired_ratio.back().get<double>(), 3)});
+      const std::string variant = row["variant"].get<std::string>();
+      const std::string threads = std::to_string(row["threads"].get<int>());
+      out.passes.AddRow({optimizer, variant, threads, names.back(), Fixed(b, 2),
+                         Fixed(gbps.back().get<double>(), 1),
+                         Fixed(n * b / 1e9 / bb.PassSeconds(p), 1),
+                         Fixed(ratio.back().get<double>(), 3),
+                         Fixed(paired_ratio.back().get<double>(), 3)});
+      out.figures.push_back(
+          {optimizer + " " + variant + " " + threads + "T " +
+               names.back().get<std::string>() + " pass ratio",
+           ratio.back().get<double>(), paired_ratio.back().get<double>()});
     }
   }
   row["pass_names"] = names;
@@ -997,7 +1004,11 @@ void AddRows(const AdamConfig& cfg, const std::vector<Measured>& all, size_t i,
     }
     AddBoundJson(shared.bounds, m.passes, n, bound_bytes, row);
     AddPassJson(shared.bounds, m.passes, n, m.pass_best[k], m.pass_paired[k],
-                row, out.passes);
+                row, out);
+    out.figures.push_back(
+        {m.algo_name + " " + row["variant"].get<std::string>() + " " +
+             std::to_string(m.threads[k]) + "T " + m.mom_name + " ratio",
+         ratio, paired_ratio});
     if (cfg.variants[k] == BestCpuKernelVariant()) {
       if (m.mom == CpuDType::kFloat32) *fp32_rate = pps;
       if (m.mom != CpuDType::kFloat32 && *fp32_rate > 0) {
@@ -1215,6 +1226,8 @@ Status ReportAdam(const AdamConfig& cfg, const AdamOutcome& out,
         "own bound\n%s",
         out.passes.ToString().c_str());
   }
+  PrintAboveOneNote(out.figures,
+                    "the bound (the same bytes streamed with no arithmetic)");
   if (!json.active()) return Status::Ok();
   nlohmann::json j = {{"command", kCommand},
                       {"machine", MachineInfo()},

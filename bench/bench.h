@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench/parse.h"
+#include "bench/report.h"
 #include "strata/device.h"
 #include "strata/io_engine.h"
 #include "strata/status.h"
@@ -290,12 +291,6 @@ class Progress {
   size_t done_ = 0;
   bool tty_;
 };
-
-// The p-th percentile (0..100) by nearest rank; sorts `v`. 0 for empty.
-double Percentile(std::vector<double>& v, double p);
-
-// Fixed notation with `digits` decimals.
-std::string Fixed(double v, int digits);
 
 }  // namespace strata::bench
 

@@ -806,7 +806,7 @@ Status ReportComm(const CommConfig& c, CommPrepared& p,
   Table table({"op", "size", "time us", "algbw GB/s", "busbw GB/s",
                "all-gather us", "ratio", "paired"});
   nlohmann::json jr = nlohmann::json::array();
-  bool above_one = false;
+  std::vector<RatioFigure> figures;
   for (const Row& r : rows) {
     const Stage3Result* s3 = r.stage3 ? &*r.stage3 : nullptr;
     table.AddRow({r.op, FormatBytes(r.bytes), Fixed(r.seconds * 1e6, 1),
@@ -821,7 +821,8 @@ Status ReportComm(const CommConfig& c, CommPrepared& p,
                           {"busbw_gbps", r.busbw}};
     if (s3) {
       one.update(Stage3Json(*s3));
-      above_one = above_one || s3->ratio > 1 || s3->paired > 1;
+      figures.push_back({r.op + " " + FormatBytes(r.bytes) + " ratio",
+                         s3->ratio, s3->paired});
     }
     jr.push_back(std::move(one));
   }
@@ -834,13 +835,9 @@ Status ReportComm(const CommConfig& c, CommPrepared& p,
         "all-gather time / fetch time, paired = the median of each "
         "repetition's ratio.\n",
         c.comm_memory.c_str());
-    if (above_one) {
-      std::printf(
-          "note: a ratio above 1 means the all-gather alone was measured "
-          "slower than the fetch, which does the same all-gathers and more: "
-          "the reference was disturbed (other load on the machine); run "
-          "again.\n");
-    }
+    PrintAboveOneNote(figures,
+                      "the all-gather alone (the fetch does the same "
+                      "all-gathers and more)");
   }
   if (!p.json.active()) return Status::Ok();
   nlohmann::json out;

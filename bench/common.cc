@@ -587,20 +587,6 @@ Progress::~Progress() {
   if (tty_ && done_ > 0) std::fprintf(stderr, "\r\033[K");
 }
 
-double Percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
-  size_t idx = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
-  return v[std::min(idx, v.size() - 1)];
-}
-
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 void AddSwapIoOptions(CLI::App& app, SwapIoFlags& f) {
   app.add_option("--engine", f.engine, "I/O engine: auto, uring, aio, psync")
       ->capture_default_str();

@@ -427,6 +427,7 @@ Status ReportCopy(const Config& cfg, CopyPrepared& p,
   }
   Table table(header);
   nlohmann::json jr = nlohmann::json::array();
+  std::vector<RatioFigure> figures;
   for (const Result& r : results) {
     std::vector<std::string> row = {r.pinned ? "pinned" : "pageable",
                                     r.direction,
@@ -445,11 +446,16 @@ Status ReportCopy(const Config& cfg, CopyPrepared& p,
       row.push_back(Fixed(r.gbps / r.baseline_gbps, 3));
       j["baseline_cuda_memcpy_async_gbps"] = r.baseline_gbps;
       j["ratio_to_baseline"] = r.gbps / r.baseline_gbps;
+      figures.push_back({std::string(r.pinned ? "pinned " : "pageable ") +
+                             r.direction + " " + FormatBytes(r.bytes) +
+                             " ratio",
+                         r.gbps / r.baseline_gbps});
     }
     table.AddRow(std::move(row));
     jr.push_back(std::move(j));
   }
   std::printf("%s", table.ToString().c_str());
+  PrintAboveOneNote(figures, "the cudaMemcpyAsync loop of the same copies");
   const nlohmann::json targets = CheckTargets(results, emulated);
   for (const auto& t : targets) {
     std::printf("%s: %s\n", t["target"].get<std::string>().c_str(),

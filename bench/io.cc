@@ -701,8 +701,16 @@ Status ReportIo(const IoConfig& cfg, IoPrepared& p, const IoOutcome& out) {
                "ratio"});
   auto kib = [](double v) { return v > 0 ? Fixed(v, 0) : std::string("-"); };
   nlohmann::json arr = nlohmann::json::array();
+  std::vector<RatioFigure> figures;
   for (const IoResult& r : out.results) {
     const bool have_fio = r.fio_gbps > 0;
+    if (have_fio) {
+      figures.push_back({r.engine + " " + OpName(r.op) +
+                             (r.random ? " rand " : " seq ") +
+                             FormatBytes(r.block_size) + " qd" +
+                             std::to_string(r.queue_depth) + " ratio",
+                         r.gbps() / r.fio_gbps});
+    }
     table.AddRow({r.engine, OpName(r.op), r.random ? "rand" : "seq",
                   FormatBytes(r.block_size), std::to_string(r.queue_depth),
                   Fixed(r.gbps(), 3), Fixed(r.iops(), 0), Fixed(r.p50_us, 0),
@@ -735,6 +743,8 @@ Status ReportIo(const IoConfig& cfg, IoPrepared& p, const IoOutcome& out) {
     arr.push_back(std::move(j));
   }
   std::printf("%s", table.ToString().c_str());
+  PrintAboveOneNote(figures,
+                    "fio (the same engine, pattern, block and queue depth)");
   nlohmann::json doc;
   doc["command"] = kCommand;
   doc["machine"] = MachineInfo();

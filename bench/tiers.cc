@@ -864,6 +864,12 @@ void PrintTable(const TiersConfig& c, const TiersPrepared& p,
       p.device->name().c_str(), out.io_engine.c_str(), c.queue_depth,
       FormatBytes(c.block_size).c_str(), FormatBytes(c.shape.budget).c_str(),
       c.reps, table.ToString().c_str());
+  std::vector<RatioFigure> figures;
+  for (const E2eRow* e : {&out.fetch, &out.writeback}) {
+    figures.push_back({e->row.hop + " efficiency", Efficiency(out, *e),
+                       PairedEfficiency(out, *e)});
+  }
+  PrintAboveOneNote(figures, "the slowest hop alone");
 }
 
 Status ReportTiers(const TiersConfig& c, TiersPrepared& p,
