@@ -784,6 +784,56 @@ TEST(BenchCliTest, StepWithGradientsOnNvmeCountsTheirReads) {
   EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
 }
 
+// strata-bench step bounds each timed step by the faster of the rates
+// sampled just before and just after it (the first step's "before" sampled
+// ahead of it), so that a step is never timed against samples from one side
+// of a swing in the machine's rates; the case's rate is the fastest sample.
+TEST(BenchCliTest, StepBoundsEachStepByTheSamplesAroundIt) {
+  ScratchDir d;
+  const std::string json = d.path() + "/step.json";
+  const int reps = 3;
+  const Outcome o =
+      RunBench({"step", "--params", "4M", "--dir", d.path(), "--reps",
+                std::to_string(reps), "--threads", "1", "--engine", "psync",
+                "--queue-depth", "4", "--json", json},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_EQ(j["results"].size(), 2u);  // nvme and host
+  for (const auto& r : j["results"]) {
+    const bool nvme = r.value("case", "") == "nvme";
+    const auto& steps = r["reps"];
+    const auto& samples = r["rate_samples"];
+    ASSERT_EQ(steps.size(), static_cast<size_t>(reps)) << r.dump();
+    ASSERT_EQ(samples.size(), static_cast<size_t>(reps + 1)) << r.dump();
+    double fastest = 0;
+    for (const auto& x : samples) {
+      EXPECT_GT(x.value("update_params_per_s", 0.0), 0.0) << r.dump();
+      EXPECT_EQ(x.contains("io_bytes_per_s"), nvme) << r.dump();
+      fastest = std::max(fastest, x.value("update_params_per_s", 0.0));
+    }
+    EXPECT_DOUBLE_EQ(r.value("update_params_per_s", 0.0), fastest);
+    std::vector<double> paired;
+    for (int k = 0; k < reps; ++k) {
+      const auto& before = samples[k];
+      const auto& after = samples[k + 1];
+      for (const char* rate : {"update_params_per_s", "io_bytes_per_s"}) {
+        if (!before.contains(rate)) continue;
+        EXPECT_DOUBLE_EQ(
+            steps[k].value(rate, 0.0),
+            std::max(before.value(rate, 0.0), after.value(rate, 0.0)))
+            << rate << " of step " << k << ": " << r.dump();
+      }
+      paired.push_back(steps[k].value("bound_s", 0.0) /
+                       steps[k].value("step_s", 1.0));
+    }
+    std::sort(paired.begin(), paired.end());
+    EXPECT_DOUBLE_EQ(r.value("paired_efficiency", 0.0), paired[1]) << r.dump();
+  }
+}
+
 // A git revision as the build records it: 7 to 40 hex digits, "-dirty"
 // after them for a modified tree, or "unknown". (Not std::regex: GCC 12
 // warns inside <regex> under the sanitizers, and warnings are errors.)
