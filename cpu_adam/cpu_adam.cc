@@ -133,6 +133,23 @@ bool IsAligned(const void* p, size_t a) {
   return reinterpret_cast<uintptr_t>(p) % a == 0;
 }
 
+// Calls emit(a, b) for each stretch [a, b) of [begin, end) that no span of
+// `fused` (sorted by begin, disjoint) covers, in order.
+template <class Emit>
+void ForEachUnfused(const std::vector<std::pair<size_t, size_t>>& fused,
+                    size_t begin, size_t end, Emit emit) {
+  auto it = std::upper_bound(
+      fused.begin(), fused.end(), begin,
+      [](size_t v, const std::pair<size_t, size_t>& s) { return v < s.first; });
+  if (it != fused.begin() && std::prev(it)->second > begin) --it;
+  size_t at = begin;
+  for (; it != fused.end() && it->first < end; ++it) {
+    if (it->first > at) emit(at, it->first);
+    at = std::max(at, it->second);
+  }
+  if (at < end) emit(at, end);
+}
+
 // Resolves kAuto (and STRATA_CPU_ADAM_VARIANT) and checks support.
 StatusOr<CpuKernelVariant> ResolveVariant(CpuKernelVariant requested) {
   if (requested == CpuKernelVariant::kAuto) {
@@ -315,8 +332,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   // they cover distinct columns). After the sweep the pass adds the
   // partials into the plan's sums rectangle by rectangle, in order (SM3:
   // their maxima), so a range gives the same bits on any thread count.
-  // Adafactor's RMS takes a pass of its own over such rectangles; a range of
-  // whole rows fuses it (Note [Whole rows in a range]).
+  // Adafactor's RMS takes a pass of its own over such rectangles; the whole
+  // rows of a range fuse it (Note [Whole rows in a range]).
   struct RangeRects {
     std::vector<cpu_adam::TileRect> rects;
     size_t strips = 1;
@@ -398,8 +415,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     if (options_.algo == CpuOptimizerAlgo::kAdafactor) {
       p.phase = CpuFactoredPhase::kStatistics;
       // Then the weights' and u's squares; a matrix's fused RMS partials
-      // and unfused ranges (Note [Whole rows in a range]).
-      p.sums.assign(lines + 2 + (rows > 1 ? cols + 1 : 0), 0.0);
+      // and the counts of the passes that did not fuse and that did (Note
+      // [Whole rows in a range]).
+      p.sums.assign(lines + 2 + (rows > 1 ? cols + 2 : 0), 0.0);
       p.row_factor.resize(rows);
       p.col_factor.resize(cols);
     } else {
@@ -440,44 +458,105 @@ class CpuOptimizerImpl final : public CpuOptimizer {
          options_.adafactor.scale_parameter && plan_ref.args.param_sq < 0.0);
     STRATA_RETURN_IF_ERROR(
         ValidateFactoredArrays(t, weights).WithContext("FactoredPass"));
-    cpu_adam::FactoredParams p = FactoredParamsOf(t, plan_ref.args);
-    if (FusesRangeRms(plan_ref, begin, t.n)) {
-      plan_ref.pass_seconds +=
-          SecondsOf([&] { FusedRangeStats(t, begin, p, plan_ref); });
-      return Status::Ok();
-    }
-    const RangeRects rr = CutRange(cols, begin, begin + t.n);
-    cpu_adam::FactoredArrays a = FactoredArraysOf(t, rows, cols, begin);
-    a.strips = rr.strips;
-    plan_ref.pass_seconds += SecondsOf([&] { RangePass(p, a, rr, plan_ref); });
+    const size_t end = begin + t.n;
+    plan_ref.pass_seconds += SecondsOf([&] {
+      if (plan_ref.phase == CpuFactoredPhase::kRms) {
+        // Note [Whole rows in a range]: only what the statistics did not
+        // fuse.
+        ForEachUnfused(plan_ref.fused, begin, end, [&](size_t a, size_t b) {
+          SegmentPass(t, begin, a, b, plan_ref);
+        });
+        return;
+      }
+      const auto [b0, b1] = FusedBody(plan_ref, begin, end);
+      if (b0 == b1) {
+        SegmentPass(t, begin, begin, end, plan_ref);
+        return;
+      }
+      if (begin < b0) SegmentPass(t, begin, begin, b0, plan_ref);
+      FusedRangeStats(SubRange(t, b0 - begin, b1 - b0), b0, plan_ref);
+      auto at = std::upper_bound(plan_ref.fused.begin(), plan_ref.fused.end(),
+                                 std::make_pair(b0, b1));
+      plan_ref.fused.insert(at, {b0, b1});
+      if (b1 < end) SegmentPass(t, begin, b1, end, plan_ref);
+    });
     return Status::Ok();
   }
 
-  // Note [Whole rows in a range]: Adafactor's statistics pass over a range
-  // of two or more whole rows (of at most kCpuAdafactorFusedRowCols
-  // columns) sums what the update's RMS needs as Step does (Note
-  // [Adafactor's fused RMS] in kernels.h), each column's sum of g^2 / R_i
-  // into the plan; when every range of every rank did, the RMS pass is
-  // skipped (the plan counts the ranges that did not). One rank's range of
-  // a whole tensor is its whole rows: over the same grid and in the same
-  // order as Step, so that range gives Step's statistics and update bit for
-  // bit (its weights' sum of squares, summed over other tiles in the update,
-  // may differ in the last bits).
-  bool FusesRangeRms(const CpuFactoredPlan& plan, size_t begin,
-                     size_t n) const {
-    return plan.phase == CpuFactoredPhase::kStatistics && plan.rows > 1 &&
-           begin % plan.cols == 0 && n % plan.cols == 0 && n / plan.cols > 1 &&
-           cpu_adam::AdafactorFusesRms(plan.rows, plan.cols);
+  // Elements [off, off + n) of a range's arrays.
+  static CpuOptimizerTensors SubRange(const CpuOptimizerTensors& t, size_t off,
+                                      size_t n) {
+    CpuOptimizerTensors s = t;
+    s.n = n;
+    if (s.master != nullptr) s.master += off;
+    s.grad = static_cast<const std::byte*>(t.grad) +
+             off * cpu_adam::DTypeSize(t.grad_dtype);
+    if (s.exp_avg != nullptr) {
+      s.exp_avg = static_cast<std::byte*>(t.exp_avg) +
+                  off * cpu_adam::DTypeSize(t.moment_dtype);
+    }
+    if (s.working != nullptr) {
+      s.working = static_cast<std::byte*>(t.working) +
+                  off * cpu_adam::DTypeSize(t.working_dtype);
+    }
+    return s;
+  }
+
+  // The plan's pass over elements [a, b) of the range `t` (which begins at
+  // the tensor's element `begin`), cut into rectangles (Note [Factored
+  // steps in ranges]).
+  void SegmentPass(const CpuOptimizerTensors& t, size_t begin, size_t a,
+                   size_t b, CpuFactoredPlan& plan) {
+    const CpuOptimizerTensors s = SubRange(t, a - begin, b - a);
+    cpu_adam::FactoredParams p = FactoredParamsOf(s, plan.args);
+    const RangeRects rr = CutRange(plan.cols, a, b);
+    cpu_adam::FactoredArrays arrays =
+        FactoredArraysOf(s, plan.rows, plan.cols, a);
+    arrays.strips = rr.strips;
+    RangePass(p, arrays, rr, plan);
+  }
+
+  // Note [Whole rows in a range]: Adafactor's statistics pass over the
+  // whole rows of a range, when there are two or more of them (of at most
+  // kCpuAdafactorFusedRowCols columns), sums what the update's RMS needs as
+  // Step does (Note [Adafactor's fused RMS] in kernels.h), each column's
+  // sum of g^2 / R_i into the plan, and records them in plan.fused. What
+  // the range holds before its first whole row and after its last (a
+  // rank's shard that begins or ends mid-row) passes on its own; the plan
+  // counts such passes, and when no range of any rank took one the RMS
+  // pass is skipped. Otherwise the RMS pass sums the update's squares over
+  // what was not fused alone, and adds them to what the fused rows give
+  // (CpuFactoredPassReads tells a caller which ranges it needs): a rank's
+  // shard cut mid-row costs its first and last rows again, not the whole
+  // shard. One rank's range of a whole tensor is its whole rows: over the
+  // same grid and in the same order as Step, so that range gives Step's
+  // statistics and update bit for bit (its weights' sum of squares, summed
+  // over other tiles in the update, may differ in the last bits).
+  //
+  // The whole rows of [begin, end) that fuse their RMS in the statistics
+  // pass, as elements [b0, b1); b0 == b1 when none do.
+  static std::pair<size_t, size_t> FusedBody(const CpuFactoredPlan& plan,
+                                             size_t begin, size_t end) {
+    const size_t cols = plan.cols;
+    if (plan.phase != CpuFactoredPhase::kStatistics || plan.rows < 2 ||
+        !cpu_adam::AdafactorFusesRms(plan.rows, cols)) {
+      return {begin, begin};
+    }
+    const size_t b0 = (begin + cols - 1) / cols * cols, b1 = end / cols * cols;
+    if (b1 < b0 + 2 * cols) return {begin, begin};
+    return {b0, b1};
   }
 
   // Where a matrix's plan keeps, after its lines and the two squares' sums,
-  // the columns' fused RMS partials and then the count of unfused ranges.
+  // the columns' fused RMS partials, then the count of the passes that did
+  // not fuse and of those that did.
   static size_t RmsAt(const CpuFactoredPlan& plan) {
     return plan.rows + plan.cols + 2;
   }
 
   void FusedRangeStats(const CpuOptimizerTensors& t, size_t begin,
-                       cpu_adam::FactoredParams& p, CpuFactoredPlan& plan) {
+                       CpuFactoredPlan& plan) {
+    cpu_adam::FactoredParams p = FactoredParamsOf(t, plan.args);
     const size_t rows = plan.rows, cols = plan.cols;
     const size_t r0 = begin / cols, nrows = t.n / cols;
     // The range as a matrix of its own rows, over the tensor's columns.
@@ -507,6 +586,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     for (const cpu_adam::AfTileSums& k : tile_sums_) {
       sums[rows + cols] += k.p_sq;
     }
+    rms[cols + 1] += 1;  // a pass that fused
   }
 
   Status FactoredNext(float* stats, CpuFactoredPlan* plan) override {
@@ -562,12 +642,17 @@ class CpuOptimizerImpl final : public CpuOptimizer {
                                    p.n);
           p.phase = CpuFactoredPhase::kUpdate;
         } else {
+          // The fused rows' part, and the RMS pass's for the rest.
+          p.fused_sq = p.sums[RmsAt(p) + cols + 1] == 0
+                           ? 0.0
+                           : FusedUpdateSq(p.sums.data() + RmsAt(p), col_state,
+                                           cols, row_mean);
           p.phase = CpuFactoredPhase::kRms;
         }
         break;
       }
       case CpuFactoredPhase::kRms:
-        p.clip = AdafactorClipOf(p.sums[0], p.n);
+        p.clip = AdafactorClipOf(p.fused_sq + p.sums[0], p.n);
         p.phase = CpuFactoredPhase::kUpdate;
         break;
       default:  // kUpdate
@@ -1339,6 +1424,15 @@ CpuKernelVariant BestCpuKernelVariant() {
     if (CpuKernelVariantSupported(v)) return v;
   }
   return CpuKernelVariant::kScalar;
+}
+
+bool CpuFactoredPassReads(const CpuFactoredPlan& plan, size_t begin, size_t n) {
+  if (n == 0 || plan.phase == CpuFactoredPhase::kDone) return false;
+  if (plan.phase != CpuFactoredPhase::kRms) return true;
+  bool reads = false;
+  cpu_adam::ForEachUnfused(plan.fused, begin, begin + n,
+                           [&](size_t, size_t) { reads = true; });
+  return reads;
 }
 
 StatusOr<std::unique_ptr<CpuOptimizer>> NewCpuOptimizer(

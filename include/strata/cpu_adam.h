@@ -39,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/export.h"
@@ -329,8 +330,12 @@ struct CpuStepResult {
 // the rest). The result matches Step over the whole tensor: SM3's bit for
 // bit, Adafactor's up to the order of its sums (a few ulps; the same bits
 // for the same ranges whatever the thread count). Adafactor reads its
-// gradient in up to three passes here, not two (the fused RMS needs whole
-// rows). check_overflow is not run: check the gradient first
+// gradient in two passes, statistics and update, where every range is
+// whole rows; the fused RMS needs whole rows, so the elements of a range
+// before its first whole row and after its last take an RMS pass between
+// the two (CpuFactoredPassReads says which ranges it reads; a range of
+// fewer than two whole rows, or rows wider than kCpuAdafactorFusedRowCols,
+// takes it whole). check_overflow is not run: check the gradient first
 // (ComputeGradStats over every range).
 enum class CpuFactoredPhase : uint8_t { kStatistics, kRms, kUpdate, kDone };
 enum class CpuFactoredReduce : uint8_t { kSum, kMax };
@@ -355,7 +360,20 @@ struct CpuFactoredPlan {
   CpuStepArgs args;
   double lr = 0.0, clip = 1.0;
   std::vector<float> row_factor, col_factor;
+  // Adafactor: the elements [begin, end) whose RMS this rank's statistics
+  // pass fused (sorted, disjoint), and, in kRms, the fused rows' sum of
+  // the update's squares over every rank.
+  std::vector<std::pair<size_t, size_t>> fused;
+  double fused_sq = 0.0;
 };
+
+// Whether FactoredPass over the tensor's elements [begin, begin + n) would
+// read any of them in the plan's current phase: false in Adafactor's RMS
+// pass for elements whose RMS this rank's statistics pass already fused
+// (their whole rows), so that a caller whose gradients rest on a drive
+// reads back only the rest. Passing such a range anyway is harmless.
+STRATA_EXPORT bool CpuFactoredPassReads(const CpuFactoredPlan& plan,
+                                        size_t begin, size_t n);
 
 struct GradStats {
   // Sum of (g * scale)^2 over the elements, accumulated in double; inf or

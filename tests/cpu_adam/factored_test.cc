@@ -879,13 +879,15 @@ double RangedStep(const std::vector<CpuOptimizer*>& opts,
 }
 
 // The ranges of a split of [0, n): 0 one range, 1 ranges of random length
-// (one element to a row and a half) in order, 2 the same backwards.
+// (one element to a row and a half) in order, 2 the same backwards, 3 in
+// order again, of one element to five rows (whole rows inside ranges that
+// begin and end mid-row).
 std::vector<Range> Split(size_t n, size_t cols, int how, uint32_t seed) {
   std::vector<Range> out;
   if (how == 0) return {{0, n}};
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<size_t> len(1,
-                                            std::max<size_t>(1, cols * 3 / 2));
+  std::uniform_int_distribution<size_t> len(
+      1, std::max<size_t>(1, how == 3 ? cols * 5 : cols * 3 / 2));
   for (size_t b = 0; b < n;) {
     const size_t k = std::min(n - b, len(rng));
     out.push_back({b, k});
@@ -952,7 +954,7 @@ TEST(FactoredTest, RangesStepAsTheWholeTensor) {
       for (int r = 0; r < 3; ++r)
         own.push_back(Make(o, BestCpuKernelVariant(), 2));
       for (const Shape& sh : shapes) {
-        for (int how : {0, 1, 2}) {
+        for (int how : {0, 1, 2, 3}) {
           for (size_t world : {1, 3}) {
             const std::string what =
                 std::string(CpuOptimizerAlgoName(algo)) + " flavour " +
@@ -1076,6 +1078,107 @@ TEST(FactoredTest, WholeRowsFuseTheRmsAndOneRangeIsStep) {
                     std::string(CpuKernelVariantName(v)) + " whole rows");
         if (HasFailure()) return;
       }
+    }
+  }
+}
+
+// Ranges that begin and end mid-row fuse the RMS of the whole rows inside
+// them; the RMS pass then reads only what lies outside those rows, and
+// CpuFactoredPassReads says so exactly: a caller that passes it only the
+// stretches that read (here in chunks of a quarter row, cut unlike the
+// statistics' ranges) steps the tensor as one that passes every range.
+TEST(FactoredTest, MidRowRangesPassOnlyTheirEdgesAgainForTheRms) {
+  for (int flavour : {0, 1}) {
+    const CpuOptimizerOptions o = Opts(CpuOptimizerAlgo::kAdafactor, flavour);
+    for (Shape sh : {Shape{37, 300, 37 * 300}, Shape{70, 33, 70 * 33},
+                     Shape{9, 5000, 9 * 5000}}) {
+      const std::string what = std::to_string(sh.rows) + "x" +
+                               std::to_string(sh.cols) + " flavour " +
+                               std::to_string(flavour);
+      SCOPED_TRACE(what);
+      auto opt = Make(o, BestCpuKernelVariant(), 2);
+      Problem ref(sh.rows, sh.cols, sh.n, CpuDType::kFloat32,
+                  CpuDType::kFloat32, true, CpuDType::kBFloat16, 31);
+      const Problem init = ref;
+      Problem all = ref, edges = ref;
+      // Ranges of two and a half to four and a half rows, each beginning
+      // mid-row but the first, and the whole rows inside each.
+      std::vector<Range> ranges;
+      std::vector<bool> in_body(sh.n, false);
+      for (size_t b = 0, k = 0; b < sh.n; ++k) {
+        size_t n = std::min(sh.n - b, sh.cols * (5 + 2 * (k % 3)) / 2);
+        if (sh.n - b - n < 3 * sh.cols) n = sh.n - b;
+        ranges.push_back({b, n});
+        const size_t b0 = (b + sh.cols - 1) / sh.cols * sh.cols;
+        const size_t b1 = (b + n) / sh.cols * sh.cols;
+        if (b1 >= b0 + 2 * sh.cols) {
+          std::fill(in_body.begin() + b0, in_body.begin() + b1, true);
+        }
+        b += n;
+      }
+      ASSERT_GE(ranges.size(), 3u);
+      size_t chunks = 0, read = 0;
+      double carried = -1.0;
+      for (int s = 1; s <= 4; ++s) {
+        CpuStepArgs args;
+        args.step = s;
+        args.lr = 1e-2;
+        args.param_sq = carried;
+        auto r = opt->Step(ref.Tensors(), args);
+        ASSERT_TRUE(r.ok() && r->applied);
+        carried = r->param_sq;
+        args.check_overflow = false;
+        for (Problem* p : {&all, &edges}) {
+          CpuFactoredPlan plan;
+          CpuStepShape shape;
+          shape.n = sh.n;
+          shape.rows = sh.rows;
+          shape.cols = sh.cols;
+          ASSERT_TRUE(opt->FactoredBegin(shape, args, &plan).ok());
+          bool rms = false;
+          while (plan.phase != CpuFactoredPhase::kDone) {
+            if (plan.phase == CpuFactoredPhase::kRms && p == &edges) {
+              rms = true;
+              const size_t chunk = std::max<size_t>(8, sh.cols / 4);
+              for (size_t b = 0; b < sh.n; b += chunk) {
+                const size_t n = std::min(chunk, sh.n - b);
+                bool outside = false;
+                for (size_t i = b; i < b + n; ++i) outside |= !in_body[i];
+                const bool reads = CpuFactoredPassReads(plan, b, n);
+                ASSERT_EQ(reads, outside) << "chunk at " << b;
+                ++chunks;
+                if (!reads) continue;
+                ++read;
+                ASSERT_TRUE(
+                    opt->FactoredPass(RangeOf(*p, b, n), b, &plan).ok());
+              }
+            } else {
+              rms |= plan.phase == CpuFactoredPhase::kRms;
+              for (const auto& [b, n] : ranges) {
+                // The RMS pass reads a range unless all of it was fused
+                // (the last, whole rows to the tensor's end, may be).
+                bool outside = plan.phase != CpuFactoredPhase::kRms;
+                for (size_t i = b; i < b + n; ++i) outside |= !in_body[i];
+                EXPECT_EQ(CpuFactoredPassReads(plan, b, n), outside);
+                ASSERT_TRUE(
+                    opt->FactoredPass(RangeOf(*p, b, n), b, &plan).ok());
+              }
+            }
+            ASSERT_TRUE(opt->FactoredNext(p->stats.data(), &plan).ok());
+          }
+          EXPECT_TRUE(rms) << "no RMS pass, though ranges begin mid-row";
+          if (r->param_sq >= 0) {
+            EXPECT_NEAR(plan.param_sq, r->param_sq, 1e-6 * r->param_sq);
+          } else {
+            EXPECT_LT(plan.param_sq, 0);
+          }
+        }
+      }
+      ExpectClose(ref, all, init, what + " every range again");
+      ExpectClose(ref, edges, init, what + " the edges alone");
+      // The RMS pass read fewer than half the chunks.
+      EXPECT_LT(2 * read, chunks) << read << " of " << chunks;
+      if (HasFailure()) return;
     }
   }
 }
