@@ -521,10 +521,16 @@ class EngineImpl final : public Engine {
   // resting on NVMe, read back a piece at a time (FactoredSpilledPass).
   Status FactoredBeforeUpdate(const CpuStepArgs& args);
   // The due plans' pass over every piece of the spilled gradients that
-  // holds a part of one of `due`, the next piece's read in flight while a
-  // piece passes, a matrix's pieces joined into whole rows (Note [Whole
-  // rows from pieces] in factored.cc).
+  // holds a part of one of `due` the pass reads, the next piece's read in
+  // flight while a piece passes, a matrix's pieces joined into whole rows
+  // (Note [Whole rows from pieces] in factored.cc).
   Status FactoredSpilledPass(const std::vector<TensorId>& due);
+  // Whether tensor `id` is due (is_due[id]) and its plan's pass reads some
+  // of its part in the full-unit elements [first, end) of its unit's shard
+  // (CpuFactoredPassReads); that part in *lo, *hi (full-unit elements).
+  bool PassReads(TensorId id, uint64_t first, uint64_t end,
+                 const std::vector<uint8_t>& is_due, uint64_t* lo = nullptr,
+                 uint64_t* hi = nullptr) const;
   // The update of the tensors in `t`'s piece: elements [begin, begin + t.n)
   // of unit u's shard.
   Status FactoredUpdate(uint32_t u, uint64_t begin,

@@ -29,11 +29,12 @@
 //     gradients on the host give a rank's whole part as one range. A
 //     tensor within one piece steps to the same bits either way; one cut
 //     by pieces within the last bits of its sums' order, as over ranks. A
-//     step reads each gradient from the drive once per pass: twice on one
-//     rank (statistics with the fused RMS, then the update), three times
-//     for rows wider than kCpuAdafactorFusedRowCols or a rank's part that
-//     begins or ends mid-row (an RMS pass). SM3 has no pass before the
-//     update and reads each gradient once.
+//     step reads each gradient from the drive once per pass: twice
+//     (statistics with the fused RMS, then the update), three times for
+//     rows wider than kCpuAdafactorFusedRowCols (an RMS pass); a rank's
+//     part that begins or ends mid-row reads again only the pieces that
+//     hold its first and last rows. SM3 has no pass before the update and
+//     reads each gradient once.
 //   - scale_parameter's sum of the weights' squares is carried from step to
 //     step (FactoredTensor::param_sq): 0 at Start (the master is zeros), the
 //     values' at SetInitialValues, the checkpoint's at LoadState. So the
@@ -75,31 +76,35 @@ bool Take(const std::string& in, size_t& at, T* v) {
 constexpr uint32_t kBlobMagic = 0x53464331;  // "SFC1"
 
 // Note [Whole rows from pieces]
-// Adafactor's statistics pass sums the RMS with the statistics only when
-// every range of a matrix is two or more whole rows (Note [Whole rows in a
-// range] in cpu_adam.cc); otherwise the plan takes an RMS pass of its own,
-// which with the gradients on NVMe reads each of them from the drive once
-// more. Pieces cut rows anywhere, so the pass over spilled gradients joins
-// them: RowJoiner takes a tensor's part a piece at a time and passes it on
-// as ranges of at least two whole rows, in order, straight from the piece
-// where they lie in one; the rows a piece leaves unfinished wait in a carry
-// of the tensor, completed from the next piece's head and passed from
-// there. The last range of a part is never one row alone: a cut leaves at
-// least two rows to the carry. A carry holds at most six rows (and a row
-// at most kCpuAdafactorFusedRowCols elements). A part that does not begin
-// and end at a row, or holds one row, is passed piece by piece, as it
-// could not fuse anyway.
+// Adafactor's statistics pass sums the RMS with the statistics over the
+// whole rows of each range (two or more of them), and what a range holds
+// outside its whole rows takes an RMS pass of its own (Note [Whole rows in
+// a range] in cpu_adam.cc), which with the gradients on NVMe reads it from
+// the drive once more. Pieces cut rows anywhere, so the pass over spilled
+// gradients joins them: RowJoiner takes a tensor's part a piece at a time
+// and passes the whole rows within it on as ranges of at least two whole
+// rows, in order, straight from the piece where they lie in one; the rows
+// a piece leaves unfinished wait in a carry of the tensor, completed from
+// the next piece's head and passed from there. The last range is never
+// one row alone: a cut leaves at least two rows to the carry. A carry
+// holds at most six rows (and a row at most kCpuAdafactorFusedRowCols
+// elements). Where a rank's part begins or ends mid-row (stage 2 over
+// ranks), the stretch before its first whole row and after its last pass
+// on their own: only they take the RMS pass, and only the pieces that hold
+// them are read for it (CpuFactoredPassReads). A part with fewer than two
+// whole rows is passed piece by piece, as it could not fuse anyway.
 class RowJoiner {
  public:
   using PassFn =
       std::function<Status(TensorId, const float*, uint64_t n, uint64_t begin)>;
   explicit RowJoiner(PassFn pass) : pass_(std::move(pass)) {}
 
-  // Tensor `id`'s part ends at element `end` and holds whole rows of
-  // `cols` elements: join its pieces.
-  void Join(TensorId id, uint64_t cols, uint64_t end) {
+  // Tensor `id`'s part holds whole rows of `cols` elements at [begin, end):
+  // join its pieces there.
+  void Join(TensorId id, uint64_t cols, uint64_t begin, uint64_t end) {
     Carry& c = carries_[id];
     c.cols = cols;
+    c.rows_begin = begin;
     c.end = end;
   }
 
@@ -108,6 +113,36 @@ class RowJoiner {
     auto it = carries_.find(id);
     if (it == carries_.end()) return pass_(id, g, n, begin);
     Carry& c = it->second;
+    // Before the whole rows, then the rows, then after them.
+    const uint64_t end = begin + n;
+    const uint64_t r0 = std::clamp(c.rows_begin, begin, end);
+    const uint64_t r1 = std::clamp(c.end, begin, end);
+    if (begin < r0) STRATA_RETURN_IF_ERROR(pass_(id, g, r0 - begin, begin));
+    if (r0 < r1) {
+      STRATA_RETURN_IF_ERROR(AddRows(c, id, g + (r0 - begin), r0, r1 - r0));
+    }
+    if (r1 < end) return pass_(id, g + (r1 - begin), end - r1, r1);
+    return Status::Ok();
+  }
+
+  // Every part passed whole: no carry is left.
+  bool Done() const {
+    for (const auto& [id, c] : carries_) {
+      if (!c.buf.empty()) return false;
+    }
+    return true;
+  }
+
+ private:
+  struct Carry {
+    uint64_t cols = 0, rows_begin = 0, end = 0;  // the whole rows
+    uint64_t begin = 0;      // the tensor element of buf[0], at a row
+    std::vector<float> buf;  // elements [begin, begin + buf.size())
+  };
+
+  // Elements [begin, begin + n) of the part's whole rows, the next.
+  Status AddRows(Carry& c, TensorId id, const float* g, uint64_t begin,
+                 uint64_t n) {
     const uint64_t cols = c.cols, end = c.end;
     uint64_t a = begin;
     const uint64_t b = begin + n;
@@ -143,20 +178,6 @@ class RowJoiner {
     return Status::Ok();
   }
 
-  // Every part passed whole: no carry is left.
-  bool Done() const {
-    for (const auto& [id, c] : carries_) {
-      if (!c.buf.empty()) return false;
-    }
-    return true;
-  }
-
- private:
-  struct Carry {
-    uint64_t cols = 0, end = 0;
-    uint64_t begin = 0;      // the tensor element of buf[0], at a row
-    std::vector<float> buf;  // elements [begin, begin + buf.size())
-  };
   PassFn pass_;
   std::unordered_map<TensorId, Carry> carries_;
 };
@@ -257,8 +278,7 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
       const uint64_t end =
           s.shard_begin + std::min(s.elems, (p + 1) * piece_elems_);
       for (uint32_t id : layout_->unit(u).tensors) {
-        uint64_t lo = 0, hi = 0;
-        if (is_due[id] && PartIn(layout_->tensor(id), first, end, &lo, &hi)) {
+        if (PassReads(id, first, end, is_due)) {
           order.emplace_back(u, p);
           break;
         }
@@ -279,11 +299,10 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
         f.cols > kCpuAdafactorFusedRowCols || !ShardPart(place, &lo, &hi)) {
       continue;
     }
-    lo -= place.offset;
-    hi -= place.offset;
-    if (lo % f.cols == 0 && hi % f.cols == 0 && hi - lo >= 2 * f.cols) {
-      rows.Join(id, f.cols, hi);
-    }
+    // The part's whole rows.
+    const uint64_t r0 = (lo - place.offset + f.cols - 1) / f.cols * f.cols;
+    const uint64_t r1 = (hi - place.offset) / f.cols * f.cols;
+    if (r1 >= r0 + 2 * f.cols) rows.Join(id, f.cols, r0, r1);
   }
   // Two buffers of the spill's pool, which holds none between Flush and
   // EndStep: a piece passes while the next one is read.
@@ -337,9 +356,7 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
     for (uint32_t id : layout_->unit(cur.unit).tensors) {
       const TensorPlace& place = layout_->tensor(id);
       uint64_t lo = 0, hi = 0;  // the piece lies in this rank's shard
-      if (!is_due[id] || !PartIn(place, first, first + cur.n, &lo, &hi)) {
-        continue;
-      }
+      if (!PassReads(id, first, first + cur.n, is_due, &lo, &hi)) continue;
       st = rows.Add(id, g + (lo - first), lo - place.offset, hi - lo);
       if (!st.ok()) break;
     }
@@ -353,6 +370,17 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
         "engine: a row of a gradient read back was never passed whole");
   }
   return st;
+}
+
+bool EngineImpl::PassReads(TensorId id, uint64_t first, uint64_t end,
+                           const std::vector<uint8_t>& is_due, uint64_t* lo,
+                           uint64_t* hi) const {
+  uint64_t a = 0, b = 0;
+  const TensorPlace& place = layout_->tensor(id);
+  if (!is_due[id] || !PartIn(place, first, end, &a, &b)) return false;
+  if (lo != nullptr) *lo = a;
+  if (hi != nullptr) *hi = b;
+  return CpuFactoredPassReads(factored_[id].plan, a - place.offset, b - a);
 }
 
 Status EngineImpl::FactoredGradPass(TensorId id, const float* grad,
