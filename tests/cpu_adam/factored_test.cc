@@ -162,6 +162,23 @@ struct Shape {
   size_t rows, cols, n;
 };
 
+// Step s at lr 1e-2, the weights' sum of squares carried (negative: none).
+CpuStepArgs ArgsAt(int s, double param_sq) {
+  CpuStepArgs args;
+  args.step = s;
+  args.lr = 1e-2;
+  args.param_sq = param_sq;
+  return args;
+}
+
+CpuStepShape StepShapeOf(const Shape& sh) {
+  CpuStepShape shape;
+  shape.n = sh.n;
+  shape.rows = sh.rows;
+  shape.cols = sh.cols;
+  return shape;
+}
+
 std::vector<Shape> TailShapes() {
   std::vector<Shape> out;
   for (size_t n = 0; n <= 40; ++n) out.push_back({0, 0, n});  // vectors
@@ -1043,21 +1060,14 @@ TEST(FactoredTest, WholeRowsFuseTheRmsAndOneRangeIsStep) {
         }
         double carried = -1.0;
         for (int s = 1; s <= 4; ++s) {
-          CpuStepArgs args;
-          args.step = s;
-          args.lr = 1e-2;
-          args.param_sq = carried;
+          CpuStepArgs args = ArgsAt(s, carried);
           auto r = opt->Step(ref.Tensors(), args);
           ASSERT_TRUE(r.ok() && r->applied);
           args.check_overflow = false;
           // Each pass over `rs`: statistics, then the update, no RMS pass.
           auto ranged = [&](Problem& p, const std::vector<Range>& rs) {
             CpuFactoredPlan plan;
-            CpuStepShape shape;
-            shape.n = sh.n;
-            shape.rows = sh.rows;
-            shape.cols = sh.cols;
-            ASSERT_TRUE(opt->FactoredBegin(shape, args, &plan).ok());
+            ASSERT_TRUE(opt->FactoredBegin(StepShapeOf(sh), args, &plan).ok());
             for (CpuFactoredPhase want :
                  {CpuFactoredPhase::kStatistics, CpuFactoredPhase::kUpdate}) {
               ASSERT_EQ(plan.phase, want);
@@ -1120,21 +1130,14 @@ TEST(FactoredTest, MidRowRangesPassOnlyTheirEdgesAgainForTheRms) {
       size_t chunks = 0, read = 0;
       double carried = -1.0;
       for (int s = 1; s <= 4; ++s) {
-        CpuStepArgs args;
-        args.step = s;
-        args.lr = 1e-2;
-        args.param_sq = carried;
+        CpuStepArgs args = ArgsAt(s, carried);
         auto r = opt->Step(ref.Tensors(), args);
         ASSERT_TRUE(r.ok() && r->applied);
         carried = r->param_sq;
         args.check_overflow = false;
         for (Problem* p : {&all, &edges}) {
           CpuFactoredPlan plan;
-          CpuStepShape shape;
-          shape.n = sh.n;
-          shape.rows = sh.rows;
-          shape.cols = sh.cols;
-          ASSERT_TRUE(opt->FactoredBegin(shape, args, &plan).ok());
+          ASSERT_TRUE(opt->FactoredBegin(StepShapeOf(sh), args, &plan).ok());
           bool rms = false;
           while (plan.phase != CpuFactoredPhase::kDone) {
             if (plan.phase == CpuFactoredPhase::kRms && p == &edges) {
