@@ -468,7 +468,7 @@ class CpuOptimizerImpl final : public CpuOptimizer {
         });
         return;
       }
-      const auto [b0, b1] = FusedBody(plan_ref, begin, end);
+      const auto [b0, b1] = CpuFactoredFusedRows(plan_ref, begin, t.n);
       if (b0 == b1) {
         SegmentPass(t, begin, begin, end, plan_ref);
         return;
@@ -531,21 +531,8 @@ class CpuOptimizerImpl final : public CpuOptimizer {
   // shard. One rank's range of a whole tensor is its whole rows: over the
   // same grid and in the same order as Step, so that range gives Step's
   // statistics and update bit for bit (its weights' sum of squares, summed
-  // over other tiles in the update, may differ in the last bits).
-  //
-  // The whole rows of [begin, end) that fuse their RMS in the statistics
-  // pass, as elements [b0, b1); b0 == b1 when none do.
-  static std::pair<size_t, size_t> FusedBody(const CpuFactoredPlan& plan,
-                                             size_t begin, size_t end) {
-    const size_t cols = plan.cols;
-    if (plan.phase != CpuFactoredPhase::kStatistics || plan.rows < 2 ||
-        !cpu_adam::AdafactorFusesRms(plan.rows, cols)) {
-      return {begin, begin};
-    }
-    const size_t b0 = (begin + cols - 1) / cols * cols, b1 = end / cols * cols;
-    if (b1 < b0 + 2 * cols) return {begin, begin};
-    return {b0, b1};
-  }
+  // over other tiles in the update, may differ in the last bits). Which
+  // rows fuse is CpuFactoredFusedRows' rule, which callers share.
 
   // Where a matrix's plan keeps, after its lines and the two squares' sums,
   // the columns' fused RMS partials, then the count of the passes that did
@@ -1424,6 +1411,19 @@ CpuKernelVariant BestCpuKernelVariant() {
     if (CpuKernelVariantSupported(v)) return v;
   }
   return CpuKernelVariant::kScalar;
+}
+
+std::pair<size_t, size_t> CpuFactoredFusedRows(const CpuFactoredPlan& plan,
+                                               size_t begin, size_t n) {
+  const size_t cols = plan.cols;
+  if (plan.phase != CpuFactoredPhase::kStatistics || plan.rows < 2 ||
+      !cpu_adam::AdafactorFusesRms(plan.rows, cols)) {
+    return {begin, begin};
+  }
+  const size_t b0 = (begin + cols - 1) / cols * cols;
+  const size_t b1 = (begin + n) / cols * cols;
+  if (b1 < b0 + 2 * cols) return {begin, begin};
+  return {b0, b1};
 }
 
 bool CpuFactoredPassReads(const CpuFactoredPlan& plan, size_t begin, size_t n) {

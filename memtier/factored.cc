@@ -82,17 +82,18 @@ constexpr uint32_t kBlobMagic = 0x53464331;  // "SFC1"
 // a range] in cpu_adam.cc), which with the gradients on NVMe reads it from
 // the drive once more. Pieces cut rows anywhere, so the pass over spilled
 // gradients joins them: RowJoiner takes a tensor's part a piece at a time
-// and passes the whole rows within it on as ranges of at least two whole
-// rows, in order, straight from the piece where they lie in one; the rows
-// a piece leaves unfinished wait in a carry of the tensor, completed from
-// the next piece's head and passed from there. The last range is never
-// one row alone: a cut leaves at least two rows to the carry. A carry
-// holds at most six rows (and a row at most kCpuAdafactorFusedRowCols
-// elements). Where a rank's part begins or ends mid-row (stage 2 over
-// ranks), the stretch before its first whole row and after its last pass
-// on their own: only they take the RMS pass, and only the pieces that hold
-// them are read for it (CpuFactoredPassReads). A part with fewer than two
-// whole rows is passed piece by piece, as it could not fuse anyway.
+// and passes the whole rows within it (CpuFactoredFusedRows, the rows the
+// plan fuses) on as ranges of at least two whole rows, in order, straight from
+// the piece where they lie in one; the rows a piece leaves unfinished wait in a
+// carry of the tensor, completed from the next piece's head and passed from
+// there. The last range is never one row alone: a cut leaves at least two rows
+// to the carry. A carry holds at most six rows (and a row at most
+// kCpuAdafactorFusedRowCols elements). Where a rank's part begins or ends
+// mid-row (stage 2 over ranks), the stretch before its first whole row and
+// after its last pass on their own: only they take the RMS pass, and only the
+// pieces that hold them are read for it (CpuFactoredPassReads). A part with
+// fewer than two whole rows is passed piece by piece, as it could not fuse
+// anyway.
 class RowJoiner {
  public:
   using PassFn =
@@ -295,14 +296,10 @@ Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {
     const FactoredTensor& f = factored_[id];
     const TensorPlace& place = layout_->tensor(id);
     uint64_t lo = 0, hi = 0;
-    if (f.plan.phase != CpuFactoredPhase::kStatistics || f.rows < 2 ||
-        f.cols > kCpuAdafactorFusedRowCols || !ShardPart(place, &lo, &hi)) {
-      continue;
-    }
-    // The part's whole rows.
-    const uint64_t r0 = (lo - place.offset + f.cols - 1) / f.cols * f.cols;
-    const uint64_t r1 = (hi - place.offset) / f.cols * f.cols;
-    if (r1 >= r0 + 2 * f.cols) rows.Join(id, f.cols, r0, r1);
+    if (!ShardPart(place, &lo, &hi)) continue;
+    const auto [r0, r1] =
+        CpuFactoredFusedRows(f.plan, lo - place.offset, hi - lo);
+    if (r0 < r1) rows.Join(id, f.cols, r0, r1);
   }
   // Two buffers of the spill's pool, which holds none between Flush and
   // EndStep: a piece passes while the next one is read.

@@ -367,6 +367,15 @@ struct CpuFactoredPlan {
   double fused_sq = 0.0;
 };
 
+// The whole rows of the tensor's elements [begin, begin + n) whose RMS a
+// FactoredPass over them fuses in Adafactor's statistics phase, as elements
+// [b0, b1): two or more whole rows of at most kCpuAdafactorFusedRowCols
+// columns; b0 == b1 when none do (another phase, a vector, wide rows, fewer
+// than two whole rows). A caller that cuts a rank's part into pieces joins
+// them into these rows, so that they fuse wherever the pieces cut them.
+STRATA_EXPORT std::pair<size_t, size_t> CpuFactoredFusedRows(
+    const CpuFactoredPlan& plan, size_t begin, size_t n);
+
 // Whether FactoredPass over the tensor's elements [begin, begin + n) would
 // read any of them in the plan's current phase: false in Adafactor's RMS
 // pass for elements whose RMS this rank's statistics pass already fused
