@@ -442,14 +442,15 @@ Status ReportCopy(const Config& cfg, CopyPrepared& p,
         {"iterations", r.iterations}, {"seconds", r.seconds},
         {"latency_p50_us", r.p50_us}, {"latency_p99_us", r.p99_us}};
     if (!emulated) {
+      const double ratio = r.gbps / r.baseline_gbps;
       row.push_back(Fixed(r.baseline_gbps, 2));
-      row.push_back(Fixed(r.gbps / r.baseline_gbps, 3));
+      row.push_back(Fixed(ratio, 3));
       j["baseline_cuda_memcpy_async_gbps"] = r.baseline_gbps;
-      j["ratio_to_baseline"] = r.gbps / r.baseline_gbps;
+      j["ratio_to_baseline"] = ratio;
       figures.push_back({std::string(r.pinned ? "pinned " : "pageable ") +
                              r.direction + " " + FormatBytes(r.bytes) +
                              " ratio",
-                         r.gbps / r.baseline_gbps});
+                         ratio});
     }
     table.AddRow(std::move(row));
     jr.push_back(std::move(j));

@@ -704,12 +704,13 @@ Status ReportIo(const IoConfig& cfg, IoPrepared& p, const IoOutcome& out) {
   std::vector<RatioFigure> figures;
   for (const IoResult& r : out.results) {
     const bool have_fio = r.fio_gbps > 0;
+    const double ratio = have_fio ? r.gbps() / r.fio_gbps : 0;
     if (have_fio) {
       figures.push_back({r.engine + " " + OpName(r.op) +
                              (r.random ? " rand " : " seq ") +
                              FormatBytes(r.block_size) + " qd" +
                              std::to_string(r.queue_depth) + " ratio",
-                         r.gbps() / r.fio_gbps});
+                         ratio});
     }
     table.AddRow({r.engine, OpName(r.op), r.random ? "rand" : "seq",
                   FormatBytes(r.block_size), std::to_string(r.queue_depth),
@@ -717,7 +718,7 @@ Status ReportIo(const IoConfig& cfg, IoPrepared& p, const IoOutcome& out) {
                   Fixed(r.p99_us, 0), kib(r.device_request_kib),
                   have_fio ? Fixed(r.fio_gbps, 3) : "-",
                   have_fio ? kib(r.fio_device_request_kib) : "-",
-                  have_fio ? Fixed(r.gbps() / r.fio_gbps, 3) : "-"});
+                  have_fio ? Fixed(ratio, 3) : "-"});
     nlohmann::json j = {{"engine", r.engine},
                         {"op", OpName(r.op)},
                         {"pattern", r.random ? "rand" : "seq"},
@@ -735,7 +736,7 @@ Status ReportIo(const IoConfig& cfg, IoPrepared& p, const IoOutcome& out) {
     }
     if (have_fio) {
       j["fio_gbps"] = r.fio_gbps;
-      j["ratio_to_fio"] = r.gbps() / r.fio_gbps;
+      j["ratio_to_fio"] = ratio;
       if (r.fio_device_request_kib > 0) {
         j["fio_device_request_kib"] = r.fio_device_request_kib;
       }
