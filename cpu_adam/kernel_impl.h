@@ -716,10 +716,34 @@ template <class V>
 struct Block8Acc {
   typename V::F m1;  // s_m * beta1
   typename V::F m2;  // Adam: s_r * s_r * beta2; Lion: s_m * beta2
-  typename V::F g1;  // Lion: gscale * (1 - beta1)
-  typename V::F g2;  // Lion: gscale * (1 - beta2)
+  typename V::F g1;  // gscale * (1 - beta1)
+  typename V::F g2;  // Adam: (1 - b2) gscale^2; Lion: gscale * (1 - beta2)
   typename V::H amax_m, amax_r;
+  // Adam(W): the gradient's scale is in g1 and g2 (Note [The gradient's
+  // scale in the 8-bit update]).
+  bool folded;
 };
+
+// Note [The gradient's scale in the 8-bit update]: Adam(W) with 8-bit
+// states takes the gradient's scale into its two coefficients, g1 =
+// gscale (1 - b1) and g2 = (1 - b2) gscale^2, instead of multiplying each
+// gradient by it: one multiply fewer per register, as Lion's update
+// already had. At gscale 1 the coefficients are 1 - b1 and 1 - b2, and the
+// bits are those of the unfolded form. The scale stays on the gradient
+// where the fold does not hold or would lose bits: Adam with an L2 term
+// (added to the scaled gradient), and a g1 or g2 that is not 0 and not a
+// normal float (gscale^2 under- or overflowing, for a scale below about
+// 1e-17 or above 1e17 at b2 = 0.999). In cache on one Zen 3 core (AVX2,
+// 8192 parameters, bf16 working copy, best of 7 x 8000 steps, six
+// alternating pairs at each scale): 1.244 -> 1.270 G params/s at gscale
+// 1 and 1.244 -> 1.262 at 0.6, faster in 11 of the 12 pairs.
+inline bool Block8Folds(const StepParams& p, double g1, double g2) {
+  auto normal_or_zero = [](double x) {
+    return x == 0.0 || (std::fabs(x) >= FLT_MIN && std::fabs(x) <= FLT_MAX);
+  };
+  return !(p.algo == CpuOptimizerAlgo::kAdam && p.use_l2) &&
+         normal_or_zero(g1) && normal_or_zero(g2);
+}
 
 template <class V, CpuOptimizerAlgo A>
 Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
@@ -730,12 +754,17 @@ Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
   // becomes inf, as an fp32 product would.
   const double sq = static_cast<double>(sr) * sr * p.beta2;
   const float m2 = sq > FLT_MAX ? INFINITY : static_cast<float>(sq);
+  const double gs = p.gscale;
+  const double g1 = gs * p.omb1;
+  const double g2 = lion ? gs * p.omb2 : p.omb2 * gs * gs;
+  const bool folded = !lion && Block8Folds(p, g1, g2);
   return {V::Set(sm * p.beta1),
           V::Set(lion ? sm * p.beta2 : m2),
-          V::Set(p.gscale * p.omb1),
-          V::Set(p.gscale * p.omb2),
+          V::Set(static_cast<float>(g1)),
+          V::Set(lion || folded ? static_cast<float>(g2) : 0.0f),
           V::HSet(0),
-          V::HSet(0)};
+          V::HSet(0),
+          folded};
 }
 
 // The V::kN elements at i of a block, with their decoded old codes dm and
@@ -744,8 +773,9 @@ Block8Acc<V> MakeBlock8Acc(const StepParams& p, float sm, float sr) {
 // applies. The 8-bit states have no torch counterpart to mirror, so the
 // scales and betas are folded into one multiplier and products fused where
 // that saves an instruction:
-//   Adam(W): m = fma(g, 1 - b1, dm * (s_m b1));
-//            v = fma(dr, dr * (s_r^2 b2), ((1 - b2) * g) * g);
+//   Adam(W): m = fma(g, gscale (1 - b1), dm * (s_m b1));
+//            v = fma(dr, dr * (s_r^2 b2), (((1 - b2) gscale^2) * g) * g)
+//            (g unscaled; Note [The gradient's scale in the 8-bit update]);
 //            r = sqrt(v);  d = fma(r, 1 / bc2_sqrt, eps);  q = (-step * m) / d
 //            p = fma(p, 1 - lr wd, q) (AdamW with decay) or p + q
 //   Lion:    u = sign(fma(g, gscale (1 - b1), dm * (s_m b1)));
@@ -758,12 +788,20 @@ STRATA_CPU_ADAM_INLINE typename V::F Moments8At(
     const Block8Acc<V>& acc) {
   using F = typename V::F;
   if constexpr (A == CpuOptimizerAlgo::kAdam || A == CpuOptimizerAlgo::kAdamW) {
-    F g = V::Mul(V::Load(grad + i), c.gscale);
-    if constexpr (A == CpuOptimizerAlgo::kAdam) {
-      if (c.use_l2) g = V::Fma(V::Load(a.master + i), c.l2, g);
+    F g = V::Load(grad + i);
+    F vg;  // (1 - b2) g^2 of the scaled gradient
+    if (acc.folded) {
+      mm = V::Fma(g, acc.g1, V::Mul(dm, acc.m1));
+      vg = V::Mul(V::Mul(acc.g2, g), g);
+    } else {
+      g = V::Mul(g, c.gscale);
+      if constexpr (A == CpuOptimizerAlgo::kAdam) {
+        if (c.use_l2) g = V::Fma(V::Load(a.master + i), c.l2, g);
+      }
+      mm = V::Fma(g, c.omb1, V::Mul(dm, acc.m1));
+      vg = V::Mul(V::Mul(c.omb2, g), g);
     }
-    mm = V::Fma(g, c.omb1, V::Mul(dm, acc.m1));
-    const F vv = V::Fma(dr, V::Mul(dr, acc.m2), V::Mul(V::Mul(c.omb2, g), g));
+    const F vv = V::Fma(dr, V::Mul(dr, acc.m2), vg);
     rr = V::Sqrt(vv);
     return V::Div(V::Mul(c.neg_step, mm), V::Fma(rr, c.inv_bc2_sqrt, c.eps));
   } else {

@@ -176,12 +176,15 @@ void ExpectSame(const Problem8& a, const Problem8& b, const char* what) {
   ASSERT_EQ(a.working, b.working) << what << " working copy";
 }
 
+// The second step clips: a gradient scale other than 1 (Note [The
+// gradient's scale in the 8-bit update] in cpu_adam/kernel_impl.h).
 void TwoSteps(CpuOptimizer& opt, Problem8& p) {
   CpuStepArgs args;
   args.lr = 1e-2;
   args.check_overflow = false;
   for (int s = 1; s <= 2; ++s) {
     args.step = s;
+    args.clip_coef = s == 1 ? 1.0 : 0.6;
     auto r = opt.Step(p.Tensors(), args);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE(r->applied);
@@ -252,6 +255,41 @@ TEST(Block8Test, SpecialValuesMatchScalar) {
                    (std::string(CpuKernelVariantName(v)) + ", " +
                     std::to_string(sweeps) + " sweeps")
                        .c_str());
+      }
+    }
+  }
+}
+
+// A gradient stored 2^k times larger with a loss scale of 2^k steps as the
+// unscaled gradient, bit for bit: Adam(W) takes the scale into its
+// coefficients (exact for a power of two) while they stay normal floats,
+// and on the gradient itself past that (2^-70: (1 - b2) 2^-140 would be
+// 0 in fp32; 2^70: inf) and for Adam's L2 term. **It can fail:** folding
+// at every scale loses the second moment's gradient term at 2^70.
+TEST(Block8Test, PowerOfTwoLossScalesStepAsTheUnscaledGradient) {
+  const size_t n = 2 * kBlock + 77;
+  for (CpuOptimizerAlgo algo : kAlgos8) {
+    for (CpuKernelVariant v : cpu_adam_test::SupportedVariants()) {
+      auto opt = MakeOpt(algo, v);
+      const Problem8 base(n, CpuDType::kFloat32, true, 31);
+      Problem8 want = base;
+      CpuStepArgs args;
+      args.lr = 1e-2;
+      args.check_overflow = false;
+      ASSERT_TRUE(opt->Step(want.Tensors(), args).ok());
+      for (int k : {-70, -12, 12, 70}) {
+        SCOPED_TRACE("algo " + std::to_string(static_cast<int>(algo)) + " " +
+                     std::string(CpuKernelVariantName(v)) + " 2^" +
+                     std::to_string(k));
+        Problem8 got = base;
+        for (size_t i = 0; i < n; ++i) {
+          got.SetGrad(i, std::ldexp(cpu_adam_test::FromBits(base.grad[i]), k));
+        }
+        CpuStepArgs scaled = args;
+        scaled.inv_loss_scale = std::ldexp(1.0, -k);
+        auto r = opt->Step(got.Tensors(), scaled);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        ExpectSame(want, got, "scaled");
       }
     }
   }
