@@ -735,7 +735,7 @@ struct Block8Acc {
 // normal float (gscale^2 under- or overflowing, for a scale below about
 // 1e-17 or above 1e17 at b2 = 0.999). In cache on one Zen 3 core (AVX2,
 // 8192 parameters, bf16 working copy, best of 7 x 8000 steps, six
-// alternating pairs at each scale): 1.244 -> 1.270 G params/s at gscale
+// alternating pairs at each scale): 1.240 -> 1.270 G params/s at gscale
 // 1 and 1.244 -> 1.262 at 0.6, faster in 11 of the 12 pairs.
 inline bool Block8Folds(const StepParams& p, double g1, double g2) {
   auto normal_or_zero = [](double x) {
