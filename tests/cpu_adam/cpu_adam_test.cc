@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -223,9 +224,12 @@ std::string Label(CpuKernelVariant v, CpuOptimizerAlgo algo, CpuDType g,
          std::to_string(work);
 }
 
-// Every variant, optimizer and dtype combination, every length 0..63, at
-// shifting offsets (so the non-temporal head peel and the tails are all
-// hit), two steps: identical to the scalar reference bit for bit.
+// Every variant, optimizer and dtype combination, every length 0..63 and
+// three longer ones, at shifting offsets (so the non-temporal head peel,
+// the plain stores of a short segment off its alignment and the tails are
+// all hit: Note [Partial lines of the working copy] in
+// cpu_adam/kernel_impl.h), two steps: identical to the scalar reference bit
+// for bit.
 TEST(CpuAdamTest, VariantsMatchScalarOnEveryTail) {
   for (CpuKernelVariant variant : cpu_adam_test::SupportedVariants()) {
     if (variant == CpuKernelVariant::kScalar) continue;
@@ -239,7 +243,11 @@ TEST(CpuAdamTest, VariantsMatchScalarOnEveryTail) {
             SCOPED_TRACE(Label(variant, algo, g, mom, work));
             const CpuDType wd =
                 work == 1 ? CpuDType::kFloat16 : CpuDType::kBFloat16;
-            for (size_t n = 0; n < 64; ++n) {
+            std::vector<size_t> lengths(64);
+            std::iota(lengths.begin(), lengths.end(), size_t{0});
+            // Offsets 1, 4 and 10: below and above kStreamHeadMinElems.
+            for (size_t n : {2047, 2085, 12293}) lengths.push_back(n);
+            for (size_t n : lengths) {
               const size_t off = (n * 5) % 17;
               Problem a(n, off, g, mom, work != 0, wd, 100 + n);
               Problem b = a;
