@@ -711,8 +711,17 @@ TEST_F(DeviceArenaTest, SettleFreesWaitsForEveryPendingFree) {
   }
   a.Reset();
   EXPECT_EQ(arena->stats().pending_free_bytes, kU);
+  // The gate opens once SettleFrees has begun to wait (reuse_waits counts
+  // it before the wait), not after a delay the test's own thread may sleep
+  // through; the deadline opens it anyway, so a SettleFrees that never
+  // waits fails the count below rather than hanging.
   std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arena->stats().reuse_waits == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     gate.Open();
   });
   ASSERT_TRUE(arena->SettleFrees().ok());
