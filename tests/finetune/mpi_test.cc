@@ -247,7 +247,7 @@ TEST_F(FinetuneMpiTest, AnErrorOnOneRankStopsEveryRankWithItsStatus) {
   std::ofstream(nvme_.path() + "/rank-1") << "not a directory";
   std::vector<std::string> args = Tiny(2);
   args.insert(args.end(), {"--nvme", nvme_.path(), "--json", "run.json",
-                           "--comm-timeout", "30"});
+                           "--comm-timeout", "120"});
   const auto t0 = std::chrono::steady_clock::now();
   const Outcome o = Mpirun(2, args);
   const double s =
@@ -258,7 +258,9 @@ TEST_F(FinetuneMpiTest, AnErrorOnOneRankStopsEveryRankWithItsStatus) {
   EXPECT_EQ(Lines(o.out, "strata-finetune: rank 0: ", "another rank refused"),
             1)
       << o.out;
-  EXPECT_LT(s, 20) << o.out;  // not the communicator's timeout
+  // Not the communicator's timeout: the bound leaves mpirun's start and
+  // the model's setup on a loaded machine half the timeout.
+  EXPECT_LT(s, 60) << o.out;
   EXPECT_TRUE(Entries(cwd_.path()).empty());
   EXPECT_EQ(Entries(nvme_.path()), (std::set<std::string>{"rank-1"}));
 }
