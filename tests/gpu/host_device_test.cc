@@ -54,19 +54,24 @@ class ThrottledLinkTest : public ::testing::Test {
     }
   }
 
+  // Enqueues a copy of kind `k` on stream i, between its own device and
+  // host buffers.
+  Status Copy(int i, CopyKind k) {
+    Stream& s = *streams_[i];
+    DeviceMemory& d = i == 0 ? d1_ : d2_;
+    HostBuffer& h = i == 0 ? h1_ : h2_;
+    return k == CopyKind::kHostToDevice
+               ? device_->CopyAsync(s, d.data(), h.data(), kBytes, k)
+               : device_->CopyAsync(s, h.data(), d.data(), kBytes, k);
+  }
+
   // Seconds for the copies, each enqueued on its own stream.
   double Time(std::initializer_list<CopyKind> kinds) {
     const auto start = Clock::now();
     int i = 0;
     for (CopyKind k : kinds) {
-      Stream& s = *streams_[i];
-      DeviceMemory& d = i == 0 ? d1_ : d2_;
-      HostBuffer& h = i == 0 ? h1_ : h2_;
-      Status st = k == CopyKind::kHostToDevice
-                      ? device_->CopyAsync(s, d.data(), h.data(), kBytes, k)
-                      : device_->CopyAsync(s, h.data(), d.data(), kBytes, k);
+      const Status st = Copy(i++, k);
       EXPECT_TRUE(st.ok()) << st.ToString();
-      ++i;
     }
     for (auto& s : streams_) EXPECT_TRUE(device_->SynchronizeStream(*s).ok());
     return std::chrono::duration<double>(Clock::now() - start).count();
@@ -111,11 +116,8 @@ TEST_F(ThrottledLinkTest, OppositeDirectionsOverlap) {
     Stream& s = *streams_[i];
     EXPECT_TRUE(
         device_->LaunchHostFunc(s, [&at, i] { at[i][0] = Clock::now(); }).ok());
-    const Status st = i == 0
-                          ? device_->CopyAsync(s, d1_.data(), h1_.data(),
-                                               kBytes, CopyKind::kHostToDevice)
-                          : device_->CopyAsync(s, h2_.data(), d2_.data(),
-                                               kBytes, CopyKind::kDeviceToHost);
+    const Status st =
+        Copy(i, i == 0 ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost);
     EXPECT_TRUE(st.ok()) << st.ToString();
     EXPECT_TRUE(
         device_->LaunchHostFunc(s, [&at, i] { at[i][1] = Clock::now(); }).ok());
