@@ -402,8 +402,20 @@ StatusOr<std::unique_ptr<DeviceArena>> DeviceArena::Create(
                                        std::to_string(planner.capacity()) +
                                        " bytes of device memory");
   }
-  return std::unique_ptr<DeviceArena>(
+  std::unique_ptr<DeviceArena> arena(
       new DeviceArena(device, std::move(*memory), std::move(planner), options));
+  MutexLock lock(&arena->events_mu_);
+  arena->spare_events_.reserve(options.reserve_events);
+  for (uint64_t i = 0; i < options.reserve_events; ++i) {
+    StatusOr<std::unique_ptr<Event>> e = device->NewEvent();
+    if (!e.ok()) {
+      return e.status().WithContext(
+          options.name + ": making event " + std::to_string(i + 1) + " of " +
+          std::to_string(options.reserve_events) + " (reserve_events)");
+    }
+    arena->spare_events_.push_back(std::move(e).value());
+  }
+  return arena;
 }
 
 DeviceArena::~DeviceArena() {
@@ -670,6 +682,20 @@ void DeviceArena::Free(uint64_t id) noexcept {
   pending_.push_back(std::move(pending));
 }
 
+// Note [The arena's events]: frees and compactions take their events from a
+// pool and give them back when the last holder lets go, so the device makes
+// one only when every event is in use. How many are in use depends on how far
+// the streams lag the host: a pending free holds one event per stream that
+// used its block until the next Allocate finds them complete. So a pool that
+// only grows can grow on any step, whenever the streams fall further behind
+// than before. A caller that must make nothing after its first step (the
+// engine) reserves the most that can be in use at once:
+//   - a pending free holds one event per stream that used the block;
+//   - a block, live or pending, holds at most one compaction's event (ready);
+//   - the last compaction's event, the event of the compaction being planned,
+//     and one of its waits are held apart from any block.
+// Pending frees hold their ranges, so live and pending blocks together are at
+// most the blocks that fit in the capacity: EventsFor(blocks, streams).
 StatusOr<std::shared_ptr<Event>> DeviceArena::TakeEvent() {
   std::unique_ptr<Event> e;
   {

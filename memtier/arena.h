@@ -253,6 +253,10 @@ struct DeviceArenaOptions {
   uint64_t alignment = ArenaPlanner::kDefaultAlignment;
   // Names the arena in messages. Default "device arena".
   std::string name = "device arena";
+  // Events made at creation for frees and compactions to take (Note [The
+  // arena's events]); one more is made only when every one is in use.
+  // Default 0: all are made as needed.
+  uint64_t reserve_events = 0;
 };
 
 // Device memory for the device tier, compacted on demand.
@@ -307,6 +311,13 @@ class DeviceArena {
 
   DeviceArenaStats stats() const STRATA_EXCLUDES(mu_);
   const std::string& name() const { return options_.name; }
+
+  // The events an arena can hold at once when at most `blocks` blocks, live
+  // or pending free, fit in it and at most `streams` streams use each
+  // (Note [The arena's events]): reserve_events for a caller that knows both.
+  static uint64_t EventsFor(uint64_t blocks, uint64_t streams) {
+    return blocks * (streams + 1) + 3;
+  }
   uint64_t capacity() const { return capacity_; }
 
  private:

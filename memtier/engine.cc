@@ -44,6 +44,10 @@ std::string Bytes(uint64_t b) { return std::to_string(b) + " bytes"; }
 // communicator, which moves only agreements through it.
 constexpr uint64_t kGatherCollBytes = 64 << 10;
 
+// The most arena blocks whose events the engine makes up front (Note [The
+// arena's events]): at most 12291 events.
+constexpr uint64_t kArenaEventBlocks = 4096;
+
 }  // namespace
 
 // ---- EngineImpl: set-up -----------------------------------------------------
@@ -529,6 +533,23 @@ Status EngineImpl::Start() {
   DeviceArenaOptions ao;
   ao.capacity_bytes = device_budget_;
   ao.name = "engine device arena";
+  {
+    // Note [The arena's events]: the copy and release streams use the
+    // blocks, and at most the budget over the smallest unit's block fit at
+    // once. Past kArenaEventBlocks the pool grows as needed instead, and
+    // hot_path_allocations counts what a step made. Parameters resting on
+    // the device are never freed before the end: no event then.
+    uint64_t smallest = 0;
+    for (const UnitState& s : units_) {
+      const uint64_t b = RoundUp(s.param_bytes, ao.alignment);
+      if (b > 0 && (smallest == 0 || b < smallest)) smallest = b;
+    }
+    const uint64_t blocks =
+        smallest == 0 || options_.params == Residence::kDevice
+            ? 0
+            : std::min(device_budget_ / smallest, kArenaEventBlocks);
+    ao.reserve_events = DeviceArena::EventsFor(blocks, /*streams=*/2);
+  }
   STRATA_ASSIGN_OR_RETURN(arena_,
                           DeviceArena::Create(device_, *copy_stream_, ao));
   if (options_.params == Residence::kDevice) {

@@ -156,8 +156,11 @@ struct EngineStats {
   // included, which can make it exceed step_seconds. step_seconds well
   // above it means the step waited on moving states, not on the update.
   double update_seconds = 0;
-  // Memory obtained from the system (host or device) after the first step:
-  // the hot path should never allocate.
+  // Memory, streams and events obtained from the system (host or device)
+  // after the first step: the hot path should never allocate. The device
+  // arena makes at start the events its frees and compactions can hold at
+  // once (for up to 4096 blocks of the smallest unit), so how far the
+  // streams lag does not change this count.
   uint64_t hot_path_allocations = 0;
   // Device arena: free bytes split in pieces; 1 - largest free / free.
   double fragmentation = 0;

@@ -756,6 +756,94 @@ TEST_F(DeviceArenaTest, AllocateWithoutCompactionRefusesInsteadOfMoving) {
   EXPECT_EQ(arena->stats().planner.compactions, 1u);
 }
 
+// Counts the events the arena makes.
+class EventCountingDevice : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    ++events;
+    return DeviceWrapper::NewEvent();
+  }
+  std::atomic<uint64_t> events{0};
+};
+
+// Rounds during which both streams are held, so that frees stay pending and
+// compactions unfinished, as when the streams lag far behind the host.
+// Every fourth round fills the arena with its 16 smallest blocks (and is
+// refused a 17th), has both streams use each, and frees them all; the rounds
+// between allocate 1 to 4 units, free and pin at random, on either stream,
+// and compact where the last round's frees left holes. Returns the
+// events the arena made after its creation.
+uint64_t EventsMadeUnderLaggingStreams(Device& device, Stream& a, Stream& b,
+                                       uint64_t reserve) {
+  EventCountingDevice counting(&device);
+  DeviceArenaOptions o;
+  o.capacity_bytes = 16 * kU;
+  o.name = "test arena";
+  o.reserve_events = reserve;
+  auto arena = DeviceArena::Create(&counting, a, o);
+  EXPECT_TRUE(arena.ok()) << arena.status().ToString();
+  if (!arena.ok()) return 0;
+  const uint64_t at_creation = counting.events.load();
+  EXPECT_EQ(at_creation, reserve);
+  std::mt19937 rng(7);
+  std::vector<ArenaBlock> blocks;
+  for (int round = 0; round < 40; ++round) {
+    Gate gate;
+    EXPECT_TRUE(gate.Hold(device, a).ok());
+    EXPECT_TRUE(gate.Hold(device, b).ok());
+    const bool fill = round % 4 == 0;
+    for (int i = 0; i < (fill ? 17 : 8); ++i) {
+      Stream& s = rng() % 2 ? a : b;
+      const uint32_t op = rng() % 3;
+      if (fill || op == 0 || blocks.empty()) {
+        auto blk = (*arena)->Allocate((fill ? 1 : 1 + rng() % 4) * kU, s, true,
+                                      /*wait_for_frees=*/false);
+        if (blk.ok()) blocks.push_back(std::move(*blk));
+      } else if (op == 1) {
+        blocks.erase(blocks.begin() + rng() % blocks.size());
+      } else {  // both streams use it
+        const ArenaBlock& blk = blocks[rng() % blocks.size()];
+        EXPECT_TRUE(blk.Pin(a).ok());
+        EXPECT_TRUE(blk.Pin(b).ok());
+      }
+    }
+    if (fill) {
+      EXPECT_EQ(blocks.size(), 16u);
+      for (const ArenaBlock& blk : blocks) {
+        EXPECT_TRUE(blk.Pin(a).ok());
+        EXPECT_TRUE(blk.Pin(b).ok());
+      }
+      blocks.clear();
+    } else if (round % 4 == 3) {
+      blocks.clear();  // the next round fills the whole arena
+    }
+    gate.Open();
+    EXPECT_TRUE(device.SynchronizeStream(a).ok());
+    EXPECT_TRUE(device.SynchronizeStream(b).ok());
+  }
+  const DeviceArenaStats st = (*arena)->stats();
+  EXPECT_GT(st.planner.compactions, 0u);
+  EXPECT_GT(st.out_of_memory, 0u);  // the arena was full of pending frees
+  return counting.events.load() - at_creation;
+}
+
+// Note [The arena's events]: the most events in use at once (what a pool
+// that starts empty makes) stays within EventsFor, and an arena that
+// reserves that many makes none after its creation.
+TEST_F(DeviceArenaTest, ReservedEventsServeEveryFreeAndCompaction) {
+  const uint64_t bound = DeviceArena::EventsFor(16, 2);
+  const uint64_t peak =
+      EventsMadeUnderLaggingStreams(*device_, *stream_, *other_, 0);
+  EXPECT_LE(peak, bound);
+  EXPECT_GE(peak, 2 * 16u);  // a filling round's frees, two events a block
+  std::printf("events in use at most %llu, bound %llu\n",
+              static_cast<unsigned long long>(peak),
+              static_cast<unsigned long long>(bound));
+  EXPECT_EQ(EventsMadeUnderLaggingStreams(*device_, *stream_, *other_, bound),
+            0u);
+}
+
 // Threads allocate, write, verify and free on their own streams while others
 // compact: every block keeps its bytes (TSan and ASan run this too).
 TEST_F(DeviceArenaTest, ThreadsAllocateAndFreeConcurrently) {
