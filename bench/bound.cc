@@ -21,10 +21,14 @@ void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end);
 void BoundAvx512Fused(const BoundArrays& a, size_t begin, size_t end,
                       size_t ahead, size_t chunk);
 void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end);
-// `shape`: the index of a's shape in kBoundStepShapes, or -1.
-void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end, int shape);
-void BoundAvx2Step(const BoundArrays& a, size_t begin, size_t end, int shape);
-void BoundAvx512Step(const BoundArrays& a, size_t begin, size_t end, int shape);
+// `shape`: the index of a's shape in kBoundStepShapes, or -1; `lines`:
+// fused_lines, else fused_step.
+void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end, int shape,
+                     bool lines);
+void BoundAvx2Step(const BoundArrays& a, size_t begin, size_t end, int shape,
+                   bool lines);
+void BoundAvx512Step(const BoundArrays& a, size_t begin, size_t end, int shape,
+                     bool lines);
 
 double BoundArrays::BytesPerElem() const {
   double bytes = 0;
@@ -60,6 +64,8 @@ std::string_view BoundKernelName(BoundKernel k) {
       return "fused_prefetch_32";
     case BoundKernel::kFusedStep:
       return "fused_step";
+    case BoundKernel::kFusedLines:
+      return "fused_lines";
     case BoundKernel::kStream:
       break;
   }
@@ -117,17 +123,18 @@ BoundIsa BestBoundIsa() {
 
 void RunBoundRange(BoundIsa isa, BoundKernel kernel, const BoundArrays& a,
                    size_t begin, size_t end) {
-  if (kernel == BoundKernel::kFusedStep) {
+  if (kernel == BoundKernel::kFusedStep || kernel == BoundKernel::kFusedLines) {
     const int shape = BoundStepShapeIndex(a);
+    const bool lines = kernel == BoundKernel::kFusedLines;
     switch (isa) {
       case BoundIsa::kAvx512:
-        return BoundAvx512Step(a, begin, end, shape);
+        return BoundAvx512Step(a, begin, end, shape, lines);
       case BoundIsa::kAvx2:
-        return BoundAvx2Step(a, begin, end, shape);
+        return BoundAvx2Step(a, begin, end, shape, lines);
       case BoundIsa::kScalar:
         break;
     }
-    return BoundScalarStep(a, begin, end, shape);
+    return BoundScalarStep(a, begin, end, shape, lines);
   }
   const bool fused = kernel != BoundKernel::kStream;
   const size_t ahead = kernel == BoundKernel::kFusedPrefetch ||

@@ -72,8 +72,10 @@ void BoundAvx2Fused(const BoundArrays& a, size_t begin, size_t end,
 void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end) {
   avx2::Stream<avx2::Avx2>(a, begin, end);
 }
-void BoundAvx2Step(const BoundArrays& a, size_t begin, size_t end, int shape) {
-  avx2::Step<avx2::Avx2>(a, begin, end, shape);
+void BoundAvx2Step(const BoundArrays& a, size_t begin, size_t end, int shape,
+                   bool lines) {
+  if (lines) return avx2::Step<avx2::Avx2, true>(a, begin, end, shape);
+  avx2::Step<avx2::Avx2, false>(a, begin, end, shape);
 }
 
 }  // namespace strata::bench

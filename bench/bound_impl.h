@@ -248,7 +248,8 @@ void FusedChunk(const BoundArrays& a, size_t begin, size_t end, size_t ahead,
 // stores are allowed from the range's start.
 struct Sorted {
   char* p[3][3][kMaxBoundStreams];
-  bool nt[3][kMaxBoundStreams];  // stream writes, by size
+  bool nt[3][kMaxBoundStreams];        // stream writes, by size
+  bool nt_lines[3][kMaxBoundStreams];  // the same, for whole lines
   int n[3][3];
 };
 
@@ -264,6 +265,7 @@ Sorted SortStreams(const BoundArrays& a, size_t begin) {
     out.p[x][z][k] = Bytes(st);
     if (st.access == BoundAccess::kStreamWrite) {
       out.nt[z][k] = NtAllowed(st, begin, V::kVec >> z);
+      out.nt_lines[z][k] = NtAllowed(st, begin, 64);
     }
   }
   return out;
@@ -307,8 +309,8 @@ inline void StepLoads(const Sorted& s, size_t i,
 }
 
 // The updates of size kZ at element i store back r; the stream writes
-// store zeros.
-template <class V, BoundStepShape kS, int kZ>
+// store zeros, unless kLines (LineStores stores them).
+template <class V, BoundStepShape kS, int kZ, bool kLines>
 inline void StepStores(const Sorted& s, size_t i,
                        const typename V::R (&r)[kMaxBoundStreams]) {
   constexpr size_t kBytes = V::kVec >> kZ;
@@ -321,6 +323,7 @@ inline void StepStores(const Sorted& s, size_t i,
     if (k >= nu) break;
     V::template StorePart<kBytes>(s.p[kU][kZ][k] + i * kElemBytes, r[k]);
   }
+  if constexpr (kLines) return;
   const int nw = KindCount<kS, kW, kZ>(s);
 #pragma GCC unroll 10
   for (int k = 0; k < kMaxBoundStreams; ++k) {
@@ -334,28 +337,69 @@ inline void StepStores(const Sorted& s, size_t i,
   }
 }
 
+// fused_lines' elements an iteration: two of the optimizers' 16-lane
+// vectors, whose 2-byte working copy is one whole 64-byte line.
+inline constexpr size_t kLineStepElems = 32;
+
+// fused_lines' stream writes of size kZ for the kLineStepElems elements at
+// i: zeros, in whole registers (a 1-byte stream's 32 bytes in part of one
+// on AVX-512), back to back.
+template <class V, BoundStepShape kS, int kZ>
+inline void LineStores(const Sorted& s, size_t i) {
+  constexpr size_t kElemBytes = size_t{4} >> kZ;
+  constexpr size_t kBytes = kLineStepElems * kElemBytes;
+  constexpr size_t kPart = kBytes < V::kVec ? kBytes : V::kVec;
+  constexpr int kW = static_cast<int>(BoundAccess::kStreamWrite);
+  const int nw = KindCount<kS, kW, kZ>(s);
+#pragma GCC unroll 10
+  for (int k = 0; k < kMaxBoundStreams; ++k) {
+    if (k >= nw) break;
+    char* p = s.p[kW][kZ][k] + i * kElemBytes;
+#pragma GCC unroll 16
+    for (size_t b = 0; b < kBytes; b += kPart) {
+      if (s.nt_lines[kZ][k]) {
+        V::template StreamStorePart<kPart>(p + b, V::Zero());
+      } else {
+        V::template StorePart<kPart>(p + b, V::Zero());
+      }
+    }
+  }
+}
+
 // fused_step's whole steps of [i, stop) for a pass of shape kS: V::kVec / 4
 // elements a step, every stream's part one whole (part of a) register. The
 // loads come in the optimizer's order, gradient (read) first, and the
-// stores after them (Note [Loads before stores]). Returns where the steps
-// ended.
-template <class V, BoundStepShape kS>
+// stores after them (Note [Loads before stores]). With kLines
+// (fused_lines), kLineStepElems elements an iteration, and the stream
+// writes' whole lines stored after the iteration's steps. Returns where the
+// steps ended.
+template <class V, BoundStepShape kS, bool kLines>
 size_t StepChunks(const Sorted& s, size_t i, size_t stop) {
   constexpr size_t kStep = V::kVec / 4;
+  constexpr size_t kIter = kLines ? kLineStepElems : kStep;
+  static_assert(kIter % kStep == 0);
   constexpr int kR = static_cast<int>(BoundAccess::kRead);
   constexpr int kU = static_cast<int>(BoundAccess::kUpdate);
-  for (; i + kStep <= stop; i += kStep) {
-    typename V::R r[3][kMaxBoundStreams] = {};
-    typename V::R u[3][kMaxBoundStreams] = {};
-    StepLoads<V, kS, kR, 0>(s, i, r[0]);
-    StepLoads<V, kS, kR, 1>(s, i, r[1]);
-    StepLoads<V, kS, kR, 2>(s, i, r[2]);
-    StepLoads<V, kS, kU, 0>(s, i, u[0]);
-    StepLoads<V, kS, kU, 1>(s, i, u[1]);
-    StepLoads<V, kS, kU, 2>(s, i, u[2]);
-    StepStores<V, kS, 0>(s, i, u[0]);
-    StepStores<V, kS, 1>(s, i, u[1]);
-    StepStores<V, kS, 2>(s, i, u[2]);
+  for (; i + kIter <= stop; i += kIter) {
+#pragma GCC unroll 16
+    for (size_t j = i; j < i + kIter; j += kStep) {
+      typename V::R r[3][kMaxBoundStreams] = {};
+      typename V::R u[3][kMaxBoundStreams] = {};
+      StepLoads<V, kS, kR, 0>(s, j, r[0]);
+      StepLoads<V, kS, kR, 1>(s, j, r[1]);
+      StepLoads<V, kS, kR, 2>(s, j, r[2]);
+      StepLoads<V, kS, kU, 0>(s, j, u[0]);
+      StepLoads<V, kS, kU, 1>(s, j, u[1]);
+      StepLoads<V, kS, kU, 2>(s, j, u[2]);
+      StepStores<V, kS, 0, kLines>(s, j, u[0]);
+      StepStores<V, kS, 1, kLines>(s, j, u[1]);
+      StepStores<V, kS, 2, kLines>(s, j, u[2]);
+    }
+    if constexpr (kLines) {
+      LineStores<V, kS, 0>(s, i);
+      LineStores<V, kS, 1>(s, i);
+      LineStores<V, kS, 2>(s, i);
+    }
   }
   return i;
 }
@@ -366,19 +410,23 @@ inline constexpr BoundStepShape kAnyShape = {
 using StepFn = size_t (*)(const Sorted&, size_t, size_t);
 
 // StepChunks for every shape of kBoundStepShapes, in its order.
-template <class V, class Seq>
+template <class V, bool kLines, class Seq>
 struct StepTable;
-template <class V, size_t... kI>
-struct StepTable<V, std::index_sequence<kI...>> {
-  static constexpr StepFn kFns[] = {&StepChunks<V, kBoundStepShapes[kI]>...};
+template <class V, bool kLines, size_t... kI>
+struct StepTable<V, kLines, std::index_sequence<kI...>> {
+  static constexpr StepFn kFns[] = {
+      &StepChunks<V, kBoundStepShapes[kI], kLines>...};
 };
 
 // `shape`: the index of a's shape in kBoundStepShapes, or -1 for the kernel
-// that reads the counts at run time.
-template <class V>
+// that reads the counts at run time. fused_lines with kLines, else
+// fused_step.
+template <class V, bool kLines>
 void Step(const BoundArrays& a, size_t begin, size_t end, int shape) {
-  using Table = StepTable<V, std::make_index_sequence<kBoundStepShapeCount>>;
-  const StepFn fn = shape >= 0 ? Table::kFns[shape] : &StepChunks<V, kAnyShape>;
+  using Table =
+      StepTable<V, kLines, std::make_index_sequence<kBoundStepShapeCount>>;
+  const StepFn fn =
+      shape >= 0 ? Table::kFns[shape] : &StepChunks<V, kAnyShape, kLines>;
   const Sorted s = SortStreams<V>(a, begin);
   Segments(a, begin, end,
            [&](size_t i, size_t stop) { return fn(s, i, stop); });

@@ -48,9 +48,10 @@ void BoundScalarFused(const BoundArrays& a, size_t begin, size_t end,
 void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end) {
   scalar::Stream<scalar::Scalar>(a, begin, end);
 }
-void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end,
-                     int shape) {
-  scalar::Step<scalar::Scalar>(a, begin, end, shape);
+void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end, int shape,
+                     bool lines) {
+  if (lines) return scalar::Step<scalar::Scalar, true>(a, begin, end, shape);
+  scalar::Step<scalar::Scalar, false>(a, begin, end, shape);
 }
 
 }  // namespace strata::bench

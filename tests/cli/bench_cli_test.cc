@@ -1090,9 +1090,10 @@ void CheckBoundRows(uint64_t n, uint64_t cols, size_t af_passes) {
     const double fp = row["bound_fused_prefetch_gbps"].get<double>();
     const double fp32 = row["bound_fused_prefetch_32_gbps"].get<double>();
     const double fs = row["bound_fused_step_gbps"].get<double>();
+    const double fl = row["bound_fused_lines_gbps"].get<double>();
     const double st = row["bound_stream_gbps"].get<double>();
-    const double best = std::max({f, fp, fp32, fs, st});
-    EXPECT_GT(std::min({f, fp, fp32, fs, st}), 0.0);
+    const double best = std::max({f, fp, fp32, fs, fl, st});
+    EXPECT_GT(std::min({f, fp, fp32, fs, fl, st}), 0.0);
     const double bound = row["bound_gbps"].get<double>();
     EXPECT_GE(bound, best * (1 - 1e-9));
     const auto& bytes = row["bound_pass_bytes_per_param"];
@@ -1117,7 +1118,7 @@ void CheckBoundRows(uint64_t n, uint64_t cols, size_t af_passes) {
       const std::string k = kernels[p].get<std::string>();
       EXPECT_TRUE(k == "fused" || k == "fused_prefetch" ||
                   k == "fused_prefetch_32" || k == "fused_step" ||
-                  k == "stream")
+                  k == "fused_lines" || k == "stream")
           << k;
       // Every optimizer's pass has a fused_step compiled for its shape.
       EXPECT_TRUE(compiled[p].get<bool>()) << p;
@@ -1181,6 +1182,7 @@ void CheckBoundRows(uint64_t n, uint64_t cols, size_t af_passes) {
                         : best == fp   ? "fused_prefetch"
                         : best == fp32 ? "fused_prefetch_32"
                         : best == fs   ? "fused_step"
+                        : best == fl   ? "fused_lines"
                                        : "stream");
     }
   }

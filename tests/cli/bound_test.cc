@@ -166,61 +166,70 @@ TEST(BoundTest, BytesPerElementCountUpdatesTwiceAndItemsPerBlock) {
 }
 
 }  // namespace
-// fused_step over a shape it has no compiled kernel for (a 1-byte read, a
-// 4-byte and a 1-byte stream write, three 2-byte updates): the kernel that
-// reads the counts at run time moves the same bytes.
+// fused_step and fused_lines over a shape they have no compiled kernel for
+// (a 1-byte read, a 4-byte and a 1-byte stream write, three 2-byte
+// updates): the kernel that reads the counts at run time moves the same
+// bytes.
 TEST(BoundTest, StepOverAnUncompiledShapeLeavesAndWritesTheSameBytes) {
   const size_t n = 1000;
   for (BoundIsa isa : SupportedIsas()) {
-    for (auto [begin, end] : {std::pair<size_t, size_t>{0, 0},
-                              {0, 1},
-                              {0, 7},
-                              {0, 8},
-                              {0, 15},
-                              {0, 16},
-                              {0, 17},
-                              {64, 999},
-                              {0, n}}) {
-      SCOPED_TRACE(std::string(BoundIsaName(isa)) + " [" +
-                   std::to_string(begin) + ", " + std::to_string(end) + ")");
-      std::mt19937 rng(static_cast<uint32_t>(begin + end));
-      std::vector<uint8_t> r1(n);
-      std::vector<uint16_t> u2[3];
-      for (uint8_t& x : r1) x = static_cast<uint8_t>(rng());
-      for (auto& u : u2) {
-        u.resize(n);
-        for (uint16_t& x : u) x = static_cast<uint16_t>(rng());
-      }
-      // 64-byte aligned starts inside larger buffers, so that non-temporal
-      // stores are allowed; a sentinel around.
-      std::vector<float> w4buf(n + 32, 7.0f);
-      std::vector<uint8_t> w1buf(n + 128, 0x5a);
-      float* w4 =
-          w4buf.data() +
-          (64 - reinterpret_cast<uintptr_t>(w4buf.data()) % 64) % 64 / 4;
-      uint8_t* w1 = w1buf.data() +
-                    (64 - reinterpret_cast<uintptr_t>(w1buf.data()) % 64) % 64;
-      BoundArrays a;
-      a.Add(r1.data(), 1, BoundAccess::kRead);
-      for (auto& u : u2) a.Add(u.data(), 2, BoundAccess::kUpdate);
-      a.Add(w4, 4, BoundAccess::kStreamWrite);
-      a.Add(w1, 1, BoundAccess::kStreamWrite);
-      ASSERT_EQ(BoundStepShapeIndex(a), -1);
-      const std::vector<uint8_t> r1_before = r1;
-      const std::vector<uint16_t> u0_before = u2[0], u2_before = u2[2];
-      RunBoundRange(isa, BoundKernel::kFusedStep, a, begin, end);
-      EXPECT_TRUE(r1 == r1_before);
-      EXPECT_TRUE(u2[0] == u0_before);
-      EXPECT_TRUE(u2[2] == u2_before);
-      const size_t off4 = static_cast<size_t>(w4 - w4buf.data());
-      for (size_t k = 0; k < w4buf.size(); ++k) {
-        const bool in = k >= off4 + begin && k < off4 + end;
-        ASSERT_EQ(w4buf[k], in ? 0.0f : 7.0f) << "4-byte write slot " << k;
-      }
-      const size_t off1 = static_cast<size_t>(w1 - w1buf.data());
-      for (size_t k = 0; k < w1buf.size(); ++k) {
-        const bool in = k >= off1 + begin && k < off1 + end;
-        ASSERT_EQ(w1buf[k], in ? 0 : 0x5a) << "1-byte write slot " << k;
+    for (BoundKernel kernel :
+         {BoundKernel::kFusedStep, BoundKernel::kFusedLines}) {
+      for (auto [begin, end] : {std::pair<size_t, size_t>{0, 0},
+                                {0, 1},
+                                {0, 7},
+                                {0, 8},
+                                {0, 15},
+                                {0, 16},
+                                {0, 17},
+                                {0, 31},
+                                {0, 32},
+                                {0, 33},
+                                {64, 999},
+                                {0, n}}) {
+        SCOPED_TRACE(std::string(BoundIsaName(isa)) + " " +
+                     std::string(BoundKernelName(kernel)) + " [" +
+                     std::to_string(begin) + ", " + std::to_string(end) + ")");
+        std::mt19937 rng(static_cast<uint32_t>(begin + end));
+        std::vector<uint8_t> r1(n);
+        std::vector<uint16_t> u2[3];
+        for (uint8_t& x : r1) x = static_cast<uint8_t>(rng());
+        for (auto& u : u2) {
+          u.resize(n);
+          for (uint16_t& x : u) x = static_cast<uint16_t>(rng());
+        }
+        // 64-byte aligned starts inside larger buffers, so that non-temporal
+        // stores are allowed; a sentinel around.
+        std::vector<float> w4buf(n + 32, 7.0f);
+        std::vector<uint8_t> w1buf(n + 128, 0x5a);
+        float* w4 =
+            w4buf.data() +
+            (64 - reinterpret_cast<uintptr_t>(w4buf.data()) % 64) % 64 / 4;
+        uint8_t* w1 =
+            w1buf.data() +
+            (64 - reinterpret_cast<uintptr_t>(w1buf.data()) % 64) % 64;
+        BoundArrays a;
+        a.Add(r1.data(), 1, BoundAccess::kRead);
+        for (auto& u : u2) a.Add(u.data(), 2, BoundAccess::kUpdate);
+        a.Add(w4, 4, BoundAccess::kStreamWrite);
+        a.Add(w1, 1, BoundAccess::kStreamWrite);
+        ASSERT_EQ(BoundStepShapeIndex(a), -1);
+        const std::vector<uint8_t> r1_before = r1;
+        const std::vector<uint16_t> u0_before = u2[0], u2_before = u2[2];
+        RunBoundRange(isa, kernel, a, begin, end);
+        EXPECT_TRUE(r1 == r1_before);
+        EXPECT_TRUE(u2[0] == u0_before);
+        EXPECT_TRUE(u2[2] == u2_before);
+        const size_t off4 = static_cast<size_t>(w4 - w4buf.data());
+        for (size_t k = 0; k < w4buf.size(); ++k) {
+          const bool in = k >= off4 + begin && k < off4 + end;
+          ASSERT_EQ(w4buf[k], in ? 0.0f : 7.0f) << "4-byte write slot " << k;
+        }
+        const size_t off1 = static_cast<size_t>(w1 - w1buf.data());
+        for (size_t k = 0; k < w1buf.size(); ++k) {
+          const bool in = k >= off1 + begin && k < off1 + end;
+          ASSERT_EQ(w1buf[k], in ? 0 : 0x5a) << "1-byte write slot " << k;
+        }
       }
     }
   }
@@ -287,6 +296,7 @@ TEST(BoundTest, PrefetchDistanceIsAbout16KiBOfThePass) {
   EXPECT_EQ("fused_prefetch_32",
             BoundKernelName(BoundKernel::kFusedPrefetch32));
   EXPECT_EQ("fused_step", BoundKernelName(BoundKernel::kFusedStep));
+  EXPECT_EQ("fused_lines", BoundKernelName(BoundKernel::kFusedLines));
 }
 
 }  // namespace strata::bench
