@@ -485,7 +485,29 @@ STRATA_CPU_ADAM_INLINE void PrefetchStep(const float* master, const G* grad,
 // 1.404 G params/s without one), and plain stores instead of streamed ones
 // about 0.11 ns a parameter (SM3, 512 columns on lines, 1.33 against 1.55):
 // the head pays from about 2200 elements.
+//
+// That threshold is the Zen 3 core's; a trait may set its own
+// (kStreamHeadMinElems). On one core of an Intel Xeon with AVX-512 BF16
+// (2 MiB of L2, a shared VM), 128M parameters as 131072 x 1000 from memory,
+// two alternating runs each, G params/s with the head on every row (a
+// threshold of 0) against 2048: avx512bf16 SM3 with fp32 momentum
+// 1.162-1.175 against 0.928-0.931 (0.89-0.90 of its bound against 0.72),
+// Adafactor 1.008-1.009 against 0.947-0.948 (its update pass 0.81 against
+// 0.74); avx2 on the same core SM3 1.115-1.116 against 1.008-1.012. A row's
+// 64-byte vectors that start off a line each load two lines there, which
+// costs more than the head's few scalar elements. The AVX-512 trait takes
+// the head on every row; AVX2 keeps 2048, as measured on Zen 3. Rows on
+// lines (columns a multiple of 16) have no head and are not affected.
 constexpr size_t kStreamHeadMinElems = 2048;
+
+template <class V>
+constexpr size_t StreamHeadMinElems() {
+  if constexpr (requires { V::kStreamHeadMinElems; }) {
+    return V::kStreamHeadMinElems;
+  } else {
+    return kStreamHeadMinElems;
+  }
+}
 
 // Runs op over [j, end) of the row at `base`, j and end on line boundaries
 // of the working copy (Note [Whole lines of the working copy]): two vectors
@@ -518,7 +540,7 @@ STRATA_CPU_ADAM_INLINE void ForSegment(W* w, size_t row, size_t c0, size_t c1,
   size_t j = c0;
   if constexpr (!std::is_same_v<W, NoWork> && V::kN > 1) {
     const size_t head = StreamHead<V>(w + (row + j));
-    if (head == 0 || (head != SIZE_MAX && c1 - c0 >= kStreamHeadMinElems)) {
+    if (head == 0 || (head != SIZE_MAX && c1 - c0 >= StreamHeadMinElems<V>())) {
       for (const size_t stop = std::min(c1, j + head); j < stop; ++j) {
         op.template At<Scalar, false>(j);
       }
@@ -864,10 +886,14 @@ STRATA_CPU_ADAM_INLINE typename V::F Apply8(const Consts<V>& c, typename V::F x,
 // (5 of 5), 8-bit AdamW without a working copy 0.99 -> 1.11 on the means
 // (3 of 5). llvm-mca's Zen 3 model, which has no such window limit, gives
 // the first sweep 30.5 cycles per 16 elements against 41.4 for the single
-// one. Not measured on an AVX-512 host, so AVX-512 keeps one sweep by
-// default. Either form runs on every variant (StepParams::split8, from
-// CpuOptimizerOptions::block8_sweeps), so that a host can time both: the
-// trait only sets what the table offers as the variant's own.
+// one. AVX-512 keeps one sweep: on one core of an Intel Xeon with AVX-512
+// BF16 (2 MiB of L2, a shared VM), 64M parameters from memory, two
+// alternating runs each, 8-bit AdamW ran at 1.462-1.481 G params/s with one
+// sweep against 1.349-1.350 with two (2.867-2.881 against 2.613-2.621 on two
+// cores), and 8-bit Lion 1.619-1.631 against 1.587-1.608. Either form runs on
+// every variant (StepParams::split8, from CpuOptimizerOptions::block8_sweeps),
+// so that a host can time both: the trait only sets what the table offers as
+// the variant's own.
 template <class V>
 constexpr bool SplitsUpdate8() {
   if constexpr (requires { V::kSplitUpdate8; }) {

@@ -95,6 +95,9 @@ struct Avx512 {
   };
   using Bad = __mmask16;
   static constexpr size_t kN = 16;
+  // Note [Partial lines of the working copy] (kernel_impl.h): every row
+  // that does not start on a line takes its scalar head.
+  static constexpr size_t kStreamHeadMinElems = 0;
 
   static __m256i ToBf16(F x) {
     if constexpr (kHwBf16) {
