@@ -1401,16 +1401,16 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // in float and in row order, in the band's float accumulators (group_part), and
 // when the group's last row has been added they go into the band's double
 // partials (col_part: plus eps1 once for each of the group's rows;
-// rms_part), in the same loop over the next row. A group is as many rows
-// as fit in kAfGroupBytes of gradient, at most kAfGroupRows (the float
-// sums of at most that many terms, the order of the bits the tests pin);
-// groups restart at each tile's first row, and the tile's last row takes a
-// pass of its own from cache.
+// rms_part), in the same loop over the next row. A group is kAfGroupRows
+// rows (the float sums of at most that many terms, the order of the bits
+// the tests pin; AfGroupRows); groups restart at each tile's first row,
+// and the tile's last row takes a pass of its own from cache.
 //
-// fp32 gradients keep the groups (AfStatsGroupedT): a group's rows, read
-// once from memory for their sums, are read again from L2 together, a
-// column vector of each at a time, after the group's last row, into the
-// same partials in the same order. Measured before the lagged loop (one Zen 5
+// fp32 gradients keep the groups (AfStatsGroupedT): a group's rows (as
+// many as fit in kAfGroupBytes, at most kAfGroupRows), read once from
+// memory for their sums, are read again from L2 together, a column vector
+// of each at a time, after the group's last row, into the same partials in
+// the same order. Measured before the lagged loop (one Zen 5
 // core, 16384 x 4096, the statistics kernel alone, best of 9): groups of 4 rows
 // 33-35 ms, of 8 28-30, of 16 23-25, against 30-32 for unfused statistics and
 // RMS passes. No line streamed in while a group was read again, and the
@@ -1424,12 +1424,12 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // Note [The next group's first rows]: what does fill part of that wait is
 // a prefetch of the next group's first lines only, kAfNextGroupLines for
 // each column vector read back: with 16 lanes the next group's first two
-// rows of an fp32 gradient (a group holds up to 16; AVX2's 8 lanes make it
-// four), so the row pass starts on lines already on their way and memory
-// is not idle all through the read-back. One and two cores
-// of an Intel Xeon with AVX-512 BF16 and 2 MiB of L2 a core (a shared VM),
-// 128M parameters as 32768 x 4096 from memory, best of 5, alternating
-// runs; the statistics pass against its bound, and the step:
+// rows of an fp32 gradient (a group of 4096 columns holds 16; AVX2's 8
+// lanes make it four), so the row pass starts on lines already on their way and
+// memory is not idle all through the read-back. One and two cores of an Intel
+// Xeon with AVX-512 BF16 and 2 MiB of L2 a core (a shared VM), 128M parameters
+// as 32768 x 4096 from memory, best of 5, alternating runs; the statistics pass
+// against its bound, and the step:
 //   avx512bf16, 1 thread: 0.741-0.750 against 0.711-0.713; 1.228-1.230
 //     G params/s against 1.197-1.214;
 //   avx2, 1 thread: 0.679-0.693 against 0.652-0.656; 1.227-1.235 against
@@ -1440,8 +1440,34 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // four lost (0.703), and eight lost more (0.626); the same two lines with
 // prefetcht1 ran as prefetcht0, and with the non-temporal hint lost (0.60).
 // Not measured on an AMD core, where the whole group's prefetch lost.
+//
+// Note [Groups of 32 rows]: the row that starts a group (kFlushPut) adds
+// the last group's float sums into the band's double partials, two
+// read-modify-writes of doubles for each column vector besides the row's
+// own work, so with 2-byte gradients it cost about four rows that do not:
+// one Intel Xeon core (AVX-512 BF16, 2 MiB of L2; a shared VM), the bf16
+// statistics kernel alone over 32768 x 4096, that row made a plain one
+// (its sums wrong, for the timing only): 21.9-22.7 ms against 25.9-27.2.
+// Groups of 32 rows halve those rows, and the lagged pass takes 32 at any
+// width (it was as many as fit kAfGroupBytes: 8 at 16384 columns). The
+// same kernel over 128M parameters, best of 5, the two forms in one
+// process, three alternating runs, ms:
+//   bf16, 4096 columns: 23.7-24.0 against 25.8-26.1 (0.67-0.70 of a plain
+//     read of the gradient in the same process, against 0.62-0.64);
+//   bf16, 1024 columns: 23.1-23.5 against 23.7-24.3;
+//   bf16, 8192 columns: 29.1-29.4 against 29.7-30.1;
+//   bf16, 16384 columns (32 rows against 8): 30.9-31.1 against 32.6-33.0.
+// fp32 gradients over 2048 columns or fewer take groups of 32 too (their
+// rows, read back from L2, still fit kAfGroupBytes): 1024 columns
+// 41.7-43.4 against 42.6-43.5, but 2048 columns 43.4-44.2 against
+// 42.4-43.1, 2-3% slower, kept so that the tests can hold both forms to
+// the same bits (below); at 4096 columns they keep 16. The float sums of 32
+// terms lose at most about 32 units in the last place of a float, still
+// far below what the moving averages need. The lagged and the grouped
+// pass give the same bits wherever they take the same groups: the tests
+// check both up to 2048 columns.
 constexpr size_t kAfGroupBytes = size_t{256} << 10;
-constexpr size_t kAfGroupRows = 16;
+constexpr size_t kAfGroupRows = 32;
 constexpr size_t kAfNextGroupLines = 2;
 
 // How far ahead the fused statistics pass prefetches its gradient, in
@@ -1453,8 +1479,12 @@ constexpr size_t kAfNextGroupLines = 2;
 // the other shapes within 4% either way.
 constexpr size_t kAfFusedPrefetchBytes = 4096;
 
+// The rows of a group: the lagged pass keeps none of them in cache beyond
+// the row before, so it takes kAfGroupRows whatever the width (Note
+// [Groups of 32 rows]); the grouped pass as many as fit kAfGroupBytes.
 template <class G>
 size_t AfGroupRows(size_t cols) {
+  if constexpr (AdafactorLagsRows(sizeof(G))) return kAfGroupRows;
   return std::clamp<size_t>(kAfGroupBytes / (cols * sizeof(G)), 1,
                             kAfGroupRows);
 }
@@ -1667,8 +1697,7 @@ AfTileSums AfStatsLaggedT(const FactoredParams& params,
   float* acc = a.group_part + t.band * AfGroupStride(cols);
   // Groups of at least 2 rows: a row that ends its group is never its
   // first (the row kinds below).
-  static_assert(AdafactorLagsRows(sizeof(G)) &&
-                kAfGroupBytes / (kCpuAdafactorFusedRowCols * sizeof(G)) >= 2);
+  static_assert(AdafactorLagsRows(sizeof(G)) && kAfGroupRows >= 2);
   const size_t group = AfGroupRows<G>(cols);
   AfTileSums sums;
   AfFusedRowArgs r{};
