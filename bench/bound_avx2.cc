@@ -74,8 +74,7 @@ void BoundAvx2Stream(const BoundArrays& a, size_t begin, size_t end) {
 }
 void BoundAvx2Step(const BoundArrays& a, size_t begin, size_t end, int shape,
                    bool lines) {
-  if (lines) return avx2::Step<avx2::Avx2, true>(a, begin, end, shape);
-  avx2::Step<avx2::Avx2, false>(a, begin, end, shape);
+  avx2::Step<avx2::Avx2>(a, begin, end, shape, lines);
 }
 
 }  // namespace strata::bench

@@ -78,8 +78,7 @@ void BoundAvx512Stream(const BoundArrays& a, size_t begin, size_t end) {
 }
 void BoundAvx512Step(const BoundArrays& a, size_t begin, size_t end, int shape,
                      bool lines) {
-  if (lines) return avx512::Step<avx512::Avx512, true>(a, begin, end, shape);
-  avx512::Step<avx512::Avx512, false>(a, begin, end, shape);
+  avx512::Step<avx512::Avx512>(a, begin, end, shape, lines);
 }
 
 }  // namespace strata::bench

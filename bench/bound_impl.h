@@ -418,15 +418,20 @@ struct StepTable<V, kLines, std::index_sequence<kI...>> {
       &StepChunks<V, kBoundStepShapes[kI], kLines>...};
 };
 
-// `shape`: the index of a's shape in kBoundStepShapes, or -1 for the kernel
-// that reads the counts at run time. fused_lines with kLines, else
-// fused_step.
+// The step kernel of `shape`: the index of a's shape in kBoundStepShapes,
+// or -1 for the kernel that reads the counts at run time.
 template <class V, bool kLines>
-void Step(const BoundArrays& a, size_t begin, size_t end, int shape) {
+StepFn StepFor(int shape) {
   using Table =
       StepTable<V, kLines, std::make_index_sequence<kBoundStepShapeCount>>;
-  const StepFn fn =
-      shape >= 0 ? Table::kFns[shape] : &StepChunks<V, kAnyShape, kLines>;
+  return shape >= 0 ? Table::kFns[shape] : &StepChunks<V, kAnyShape, kLines>;
+}
+
+// fused_lines with `lines`, else fused_step.
+template <class V>
+void Step(const BoundArrays& a, size_t begin, size_t end, int shape,
+          bool lines) {
+  const StepFn fn = lines ? StepFor<V, true>(shape) : StepFor<V, false>(shape);
   const Sorted s = SortStreams<V>(a, begin);
   Segments(a, begin, end,
            [&](size_t i, size_t stop) { return fn(s, i, stop); });

@@ -50,8 +50,7 @@ void BoundScalarStream(const BoundArrays& a, size_t begin, size_t end) {
 }
 void BoundScalarStep(const BoundArrays& a, size_t begin, size_t end, int shape,
                      bool lines) {
-  if (lines) return scalar::Step<scalar::Scalar, true>(a, begin, end, shape);
-  scalar::Step<scalar::Scalar, false>(a, begin, end, shape);
+  scalar::Step<scalar::Scalar>(a, begin, end, shape, lines);
 }
 
 }  // namespace strata::bench
