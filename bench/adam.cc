@@ -25,6 +25,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -692,10 +693,15 @@ double AddSpeedups(AdamOutcome& out, size_t first) {
 // the best of kCacheSampleRounds. That rate times the row's threads is the
 // row's arithmetic ceiling (`cache Gp/s`): a row whose memory-resident
 // rate comes near it is bound by its arithmetic as much as by memory, and
-// only fewer instructions per element move it. The sample steps its
-// elements' weights and states, and an 8-bit sample keeps its scales where
-// a tensor of its size does, over codes of the whole row's tensor (any byte
-// is a code); it runs after the row's timed steps.
+// only fewer instructions per element move it. The sample runs after the
+// row's timed steps, over arrays of its own (SampleArrays): a copy of the
+// first weights, the first gradients read in place, and zeroed states laid
+// out for its own element count. A view of the row's states would not do:
+// an 8-bit tensor keeps its scales after its codes, so a shorter tensor's
+// scales fall on the row's codes, and in one run those bytes read as
+// scales near 3.4e38 turned the sample's weights into NaN, which the next
+// optimizer over the same weights (Adafactor) refused. The row's own arrays
+// are left as its timed steps left them.
 //
 // Adafactor and SM3 have none: each of their steps also works over the
 // matrix's rows and columns (Adafactor adds up to 64 bands of column
@@ -722,6 +728,34 @@ uint64_t CacheSampleElems(uint64_t n, double bytes_per_param, CpuDType mom) {
   return std::min(n, std::max<uint64_t>(1, fits / unit) * unit);
 }
 
+// The in-cache sample's own arrays (Note [The in-cache rate]).
+struct SampleArrays {
+  HostBuffer master, exp_avg, exp_avg_sq, working;
+};
+
+// The first `n` elements of `full` as a tensor of their own, over `a`.
+StatusOr<CpuOptimizerTensors> SampleOf(const CpuOptimizerTensors& full,
+                                       uint64_t n, SampleArrays& a) {
+  CpuOptimizerTensors t = full;
+  t.n = n;
+  STRATA_ASSIGN_OR_RETURN(a.master, Alloc(n * sizeof(float)));
+  std::memcpy(a.master.data(), full.master, n * sizeof(float));
+  t.master = reinterpret_cast<float*>(a.master.data());
+  const size_t state = CpuStateBytes(full.moment_dtype, n);
+  for (auto [buf, arr] : {std::pair{&a.exp_avg, &t.exp_avg},
+                          std::pair{&a.exp_avg_sq, &t.exp_avg_sq}}) {
+    if (*arr == nullptr) continue;
+    STRATA_ASSIGN_OR_RETURN(*buf, Alloc(state));
+    std::memset(buf->data(), 0, state);
+    *arr = buf->data();
+  }
+  if (full.working != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(a.working, Alloc(n * 2));
+    t.working = a.working.data();
+  }
+  return t;
+}
+
 // Note [The in-cache rate]: one thread of the row's optimizer (its variant
 // and options) over the first elements of `full`.
 StatusOr<CacheRate> MeasureCacheRate(const CpuOptimizerOptions& row_options,
@@ -731,8 +765,12 @@ StatusOr<CacheRate> MeasureCacheRate(const CpuOptimizerOptions& row_options,
   CpuOptimizerOptions o = row_options;
   o.threads = 1;
   STRATA_ASSIGN_OR_RETURN(auto opt, NewCpuOptimizer(o));
-  CpuOptimizerTensors t = full;
-  t.n = CacheSampleElems(full.n, bytes_per_param, full.moment_dtype);
+  SampleArrays arrays;
+  STRATA_ASSIGN_OR_RETURN(
+      CpuOptimizerTensors t,
+      SampleOf(full,
+               CacheSampleElems(full.n, bytes_per_param, full.moment_dtype),
+               arrays));
   CpuStepArgs args;
   args.lr = 1e-5;
   args.check_overflow = false;  // as the row's timed steps

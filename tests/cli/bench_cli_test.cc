@@ -1245,6 +1245,23 @@ TEST(BenchCliTest, AdamRowsCarryTheirInCacheRate) {
   EXPECT_EQ(threads, (std::set<int>{1, 2}));
 }
 
+// The in-cache sample steps arrays of its own (Note [The in-cache rate]).
+// Over a view of the row's 8-bit states its scales fell on the row's codes;
+// after twelve steps of the run's constant gradient those bytes read as
+// scales near 3.4e38, the sample's weights became NaN, and Adafactor, next
+// over the same weights, refused its step for their NaN sum of squares.
+TEST(BenchCliTest, AdamInCacheSampleLeavesTheRowsArraysAlone) {
+  ScratchDir d;
+  const Outcome o =
+      RunBench({"adam", "--params", "64K", "--threads", "1", "--torch", "off",
+                "--reps", "11", "--variants", "scalar", "--moments", "int8",
+                "--optimizer", "adamw,adafactor", "--cols", "256"},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_FALSE(Has(o.err, "param_sq")) << o.err;
+  EXPECT_TRUE(Has(o.out, "adafactor")) << o.out;
+}
+
 // --block8-sweeps: the int8 rows say which form of the update each variant
 // ran (auto: the variant's own, two on avx2, one elsewhere), the other rows
 // null, and the config records the option as given. Every variant the CPU
