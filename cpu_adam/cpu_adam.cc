@@ -1118,8 +1118,9 @@ class CpuOptimizerImpl final : public CpuOptimizer {
     row_part_.assign(rows * grid.strips, 0.0);
     col_part_.resize(rows > 1 ? grid.bands * cols : 0);
     rms_part_.resize(p.fuse_rms ? grid.bands * cols : 0);
-    group_part_.resize(p.fuse_rms && cpu_adam::AdafactorLagsRows(
-                                         cpu_adam::DTypeSize(p.grad_dtype))
+    group_part_.resize(p.fuse_rms &&
+                               cpu_adam::AdafactorLagsRows(
+                                   cpu_adam::DTypeSize(p.grad_dtype), cols)
                            ? grid.bands * cpu_adam::AfGroupStride(cols)
                            : 0);
     tile_sums_.assign(grid.tiles(), cpu_adam::AfTileSums{});

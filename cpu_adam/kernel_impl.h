@@ -1395,7 +1395,8 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 
 // Note [Adafactor's fused RMS] (kernels.h): each row's sum is known once
 // the row has been read, and with it the row's factor w_i = 1 / R_i. With
-// 2-byte gradients (AdafactorLagsRows) the statistics pass reads row i
+// 2-byte gradients, and fp32 rows of up to kAfLagRowBytes
+// (AdafactorLagsRows), the statistics pass reads row i
 // from memory for its sums and, in the same loop, the row before it (still in
 // L1 or L2) for g^2 w_{i-1}: a group's column sums of g^2 and of g^2 w_i add,
 // in float and in row order, in the band's float accumulators (group_part), and
@@ -1406,7 +1407,7 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // the tests pin; AfGroupRows); groups restart at each tile's first row,
 // and the tile's last row takes a pass of its own from cache.
 //
-// fp32 gradients keep the groups (AfStatsGroupedT): a group's rows (as
+// Wider fp32 rows keep the groups (AfStatsGroupedT): a group's rows (as
 // many as fit in kAfGroupBytes, at most kAfGroupRows), read once from
 // memory for their sums, are read again from L2 together, a column vector
 // of each at a time, after the group's last row, into the same partials in
@@ -1449,7 +1450,8 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // statistics kernel alone over 32768 x 4096, that row made a plain one
 // (its sums wrong, for the timing only): 21.9-22.7 ms against 25.9-27.2.
 // Groups of 32 rows halve those rows, and the lagged pass takes 32 at any
-// width (it was as many as fit kAfGroupBytes: 8 at 16384 columns). The
+// width (it was as many as fit kAfGroupBytes: 8 at 16384 columns; then
+// only 2-byte gradients lagged). The
 // same kernel over 128M parameters, best of 5, the two forms in one
 // process, three alternating runs, ms:
 //   bf16, 4096 columns: 23.7-24.0 against 25.8-26.1 (0.67-0.70 of a plain
@@ -1461,11 +1463,13 @@ STRATA_CPU_ADAM_INLINE typename V::F AfStatsAt(
 // rows, read back from L2, still fit kAfGroupBytes): 1024 columns
 // 41.7-43.4 against 42.6-43.5, but 2048 columns 43.4-44.2 against
 // 42.4-43.1, 2-3% slower, kept so that the tests can hold both forms to
-// the same bits (below); at 4096 columns they keep 16. The float sums of 32
-// terms lose at most about 32 units in the last place of a float, still
-// far below what the moving averages need. The lagged and the grouped
-// pass give the same bits wherever they take the same groups: the tests
-// check both up to 2048 columns.
+// the same bits (below); at 4096 columns they keep 16. (fp32 rows of up to
+// 1024 columns now take the lagged pass: AdafactorLagsRows.) The float
+// sums of 32 terms lose at most about 32 units in the last place of a
+// float, still far below what the moving averages need. The lagged and
+// the grouped pass give the same bits wherever they take the same groups:
+// the tests check both between 1025 and 2048 columns, where fp32 takes the
+// grouped pass and both take 32 rows.
 constexpr size_t kAfGroupBytes = size_t{256} << 10;
 constexpr size_t kAfGroupRows = 32;
 constexpr size_t kAfNextGroupLines = 2;
@@ -1484,7 +1488,7 @@ constexpr size_t kAfFusedPrefetchBytes = 4096;
 // [Groups of 32 rows]); the grouped pass as many as fit kAfGroupBytes.
 template <class G>
 size_t AfGroupRows(size_t cols) {
-  if constexpr (AdafactorLagsRows(sizeof(G))) return kAfGroupRows;
+  if (AdafactorLagsRows(sizeof(G), cols)) return kAfGroupRows;
   return std::clamp<size_t>(kAfGroupBytes / (cols * sizeof(G)), 1,
                             kAfGroupRows);
 }
@@ -1697,7 +1701,7 @@ AfTileSums AfStatsLaggedT(const FactoredParams& params,
   float* acc = a.group_part + t.band * AfGroupStride(cols);
   // Groups of at least 2 rows: a row that ends its group is never its
   // first (the row kinds below).
-  static_assert(AdafactorLagsRows(sizeof(G)) && kAfGroupRows >= 2);
+  static_assert(kAfGroupRows >= 2);
   const size_t group = AfGroupRows<G>(cols);
   AfTileSums sums;
   AfFusedRowArgs r{};
@@ -1743,10 +1747,11 @@ AfTileSums AfStatsLaggedT(const FactoredParams& params,
   return sums;
 }
 
-// The fused statistics pass with fp32 gradients (AdafactorLagsRows): the
-// rows of a group, each read once from memory for its sums, read again
-// from L2 together after the group's last row, a column vector of each at
-// a time, into the band's double partials (Note [Adafactor's fused RMS]).
+// The fused statistics pass over fp32 rows too wide to lag
+// (AdafactorLagsRows): the rows of a group, each read once from memory for its
+// sums, read again from L2 together after the group's last row, a column vector
+// of each at a time, into the band's double partials (Note [Adafactor's fused
+// RMS]).
 template <class V, bool kUnit, class G>
 STRATA_CPU_ADAM_INLINE void AfGroupAt(const FConsts<V>& c, const G* grad,
                                       size_t row0, size_t rows, size_t cols,
@@ -1915,13 +1920,12 @@ AfTileSums AfStatsU(const FactoredParams& p, const FactoredArrays& a,
                      : AfStatsT<V, G, true, false, kUnit>(p, a, t);
   }
   if (p.fuse_rms) {
-    if constexpr (AdafactorLagsRows(sizeof(G))) {
+    if (AdafactorLagsRows(sizeof(G), a.cols)) {
       return p.scale_p ? AfStatsLaggedT<V, G, true, kUnit>(p, a, t)
                        : AfStatsLaggedT<V, G, false, kUnit>(p, a, t);
-    } else {
-      return p.scale_p ? AfStatsGroupedT<V, G, true, kUnit>(p, a, t)
-                       : AfStatsGroupedT<V, G, false, kUnit>(p, a, t);
     }
+    return p.scale_p ? AfStatsGroupedT<V, G, true, kUnit>(p, a, t)
+                     : AfStatsGroupedT<V, G, false, kUnit>(p, a, t);
   }
   return p.scale_p ? AfStatsT<V, G, false, true, kUnit>(p, a, t)
                    : AfStatsT<V, G, false, false, kUnit>(p, a, t);

@@ -133,8 +133,9 @@ struct AfTileSums {
 //
 // and R_i is known once row i has been read. So the statistics pass, given
 // each row whole in one tile, reads its rows again from cache right after
-// their sums (an fp32 gradient's a group of rows at a time, a 2-byte
-// gradient's each with the next row: AdafactorLagsRows) and adds
+// their sums (each with the next row: a 2-byte gradient's, and an fp32
+// gradient's of up to 1024 columns; wider fp32 rows a group of rows at a
+// time: AdafactorLagsRows) and adds
 // g_ij^2 / R_i into the band's rms_part (kernel_impl.h has the groups and
 // what they cost); the driver
 // then needs no pass of its own over the gradient for the RMS: two passes
@@ -156,14 +157,33 @@ inline bool AdafactorFusesRms(size_t rows, size_t cols) {
 
 // Whether the fused statistics pass reads each row again with the next one
 // (into FactoredArrays::group_part) rather than a group of rows at a time:
-// with gradients of 2 bytes an element (the kernels decide on sizeof of
-// their gradient type, the driver on DTypeSize, by this one rule). The
-// kernel alone, one Zen 5 core, 16384 x 4096,
-// alternating runs: bf16 7.7-9.5 ms against 13.2-22.0 (the grouped pass's
-// slow mode on that host; 7.9-8.2 against 8.2-8.5 in its fast one); fp32
-// 16-18 against 12.9-13.8, where a row, the row before it and the float
-// sums (64 KiB) no longer fit L1.
-constexpr bool AdafactorLagsRows(size_t grad_bytes) { return grad_bytes == 2; }
+// with gradients of 2 bytes an element at any width, and with rows of at
+// most kAfLagRowBytes (1024 fp32 columns), where a row, the row before it
+// and the float sums take 16 KiB, half the smallest L1 of the cores
+// measured (the kernels decide on sizeof of their gradient type, the
+// driver on DTypeSize, by this one rule). The kernel alone, one Zen 5
+// core, 16384 x 4096, alternating runs: bf16 7.7-9.5 ms against 13.2-22.0
+// (the grouped pass's slow mode on that host; 7.9-8.2 against 8.2-8.5 in
+// its fast one); fp32 16-18 against 12.9-13.8, where those take 64 KiB
+// and no longer fit L1. One Intel Xeon core with 48 KiB of L1 (AVX-512
+// BF16), fp32, 128M parameters, the two forms in one process, best of 5,
+// three or four alternating runs, ms, lagged against grouped:
+//   avx512bf16, 512 columns 41.3-42.3 against 45.0-45.3; 1024 42.2-42.8
+//     against 47.2-47.7; 2048 42.6-43.5 against 45.9-46.2; 4096 49.3-53.8
+//     against 47.0-47.7 (slower, as on Zen 5);
+//   avx2, 1024 columns 44.2-45.2 against 52.0-52.9; 2048 43.9-46.1
+//     against 52.4-53.1;
+//   avx512bf16 with the weights read (scale_parameter without the carried
+//     sum), 1024 columns 92.8-94.5 against 115.6-118.6.
+// 2048 columns gained on that core too, but their 32 KiB would fill a
+// 32 KiB L1 (Zen 4, older Xeons), where nothing was measured; and up to
+// 2048 columns both forms take groups of 32 rows, so the tests hold them
+// to the same bits between 1025 and 2048 (Note [Groups of 32 rows]).
+inline constexpr size_t kAfLagRowBytes = 4096;
+
+constexpr bool AdafactorLagsRows(size_t grad_bytes, size_t cols) {
+  return grad_bytes == 2 || cols * grad_bytes <= kAfLagRowBytes;
+}
 
 // Floats of FactoredArrays::group_part a band: two for each column, in
 // blocks of 16 columns (the last one whole).

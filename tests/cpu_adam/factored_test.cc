@@ -310,16 +310,24 @@ TEST(FactoredTest, SpecialValuesMatchScalar) {
 }
 
 // Adafactor's fused statistics pass reads a 2-byte gradient's rows with
-// the row before them (the group sums built row by row) and an fp32
-// gradient's by groups read again after their last row: the same sums in
-// the same order, so an fp32 gradient holding the bf16 one's values gives
-// the same bits, on every variant, where both take groups of the same
-// rows (32, up to 2048 columns; 70 rows make two whole groups and a part).
+// the row before them (the group sums built row by row), and an fp32
+// gradient's too up to 1024 columns; wider fp32 rows by groups read again
+// after their last row: the same sums in the same order, so an fp32
+// gradient holding the bf16 one's values gives the same bits, on every
+// variant, where both take groups of the same rows (32, up to 2048
+// columns; 70 rows make two whole groups and a part). From 1025 to 2048
+// columns that holds the grouped pass to the lagged one; up to 1024 both
+// gradients lag, and the fp32 lagged pass is held to the bf16 one.
 TEST(FactoredTest, LaggedRowsMatchGroupsReadAgain) {
-  const std::vector<Shape> shapes = {
-      {2, 9, 18},           {5, 33, 5 * 33},   {17, 16, 17 * 16},
-      {37, 300, 37 * 300},  {70, 33, 70 * 33}, {70, 2048, 70 * 2048},
-      {33, 1001, 33 * 1001}};
+  const std::vector<Shape> shapes = {{2, 9, 18},
+                                     {5, 33, 5 * 33},
+                                     {17, 16, 17 * 16},
+                                     {37, 300, 37 * 300},
+                                     {70, 33, 70 * 33},
+                                     {33, 1001, 33 * 1001},
+                                     {17, 1025, 17 * 1025},
+                                     {40, 1100, 40 * 1100},
+                                     {70, 2048, 70 * 2048}};
   for (int flavour : {0, 1}) {
     for (CpuKernelVariant v : SupportedVariants()) {
       for (const size_t tile : {size_t{1024}, size_t{1} << 16}) {
