@@ -746,7 +746,7 @@ StatusOr<CpuOptimizerTensors> SampleOf(const CpuOptimizerTensors& full,
                           std::pair{&a.exp_avg_sq, &t.exp_avg_sq}}) {
     if (*arr == nullptr) continue;
     STRATA_ASSIGN_OR_RETURN(*buf, Alloc(state));
-    std::memset(buf->data(), 0, state);
+    Fill(*buf, 0, 2);  // every format's states are a whole number of words
     *arr = buf->data();
   }
   if (full.working != nullptr) {
