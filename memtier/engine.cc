@@ -615,6 +615,14 @@ Status EngineImpl::Start() {
     ho.pin = false;
     STRATA_ASSIGN_OR_RETURN(
         undo_, HostBuffer::Allocate(options_.step_overlap_bytes, ho));
+  }
+  // Note [Updates during backward]: the gradient's stats, and Adafactor's
+  // statistics, during backward.
+  early_statistics_ = !nvme_grads && !MultiRank();
+  if (early_statistics_ && Factored()) {
+    early_factored_.assign(specs_.size(), 0);
+  }
+  if (!undo_.empty() || early_statistics_) {
     early_stats_.resize(units_.size());
     for (uint32_t u = 0; u < units_.size(); ++u) {
       early_stats_[u].resize((units_[u].elems + piece_elems_ - 1) /
@@ -1761,14 +1769,20 @@ void EngineImpl::EndHandOver(TensorId id, bool last, const Status& st) {
     // The unit's last gradients are all in: it may be updated now.
     if (last && early_armed_ && --last_chunks_[id] == 0) {
       ready =
-          --unit_waiting_[t.unit] == 0 && grad_error_.ok() && !undo_.empty();
+          --unit_waiting_[t.unit] == 0 && grad_error_.ok() && EarlyWorkLocked();
     }
   }
   // Posted before the hand-over counts as done, so that a Step, which waits
   // for the hand-overs and then drains the stepper, finds it queued.
   if (ready) {
     const uint32_t u = t.unit;
-    stepper_->Post(Priority::kUrgent, [this, u] { EarlyUpdate(u); });
+    stepper_->Post(Priority::kUrgent, [this, u] {
+      if (Factored() || undo_.empty()) {
+        EarlyStatistics(u);
+      } else {
+        EarlyUpdate(u);
+      }
+    });
   }
   {
     MutexLock l(&mu_);
@@ -2156,6 +2170,7 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& given) {
   if (grad_spill_) grad_spill_->EndStep();
   early_pieces_.clear();
   undo_used_ = 0;
+  std::fill(early_factored_.begin(), early_factored_.end(), 0);
   {
     MutexLock l(&mu_);
     EndEarlyLocked();
@@ -2355,7 +2370,8 @@ StatusOr<GradStats> EngineImpl::GradientStats(
       GradStats g;
       if (grad_spill_) {
         if (grad_spill_->written(u, p)) g = grad_spill_->stats(u, p);
-      } else if (early_state[u] == kEarlyUpdated) {
+      } else if (early_state[u] == kEarlyUpdated ||
+                 early_state[u] == kEarlyStatistics) {
         g = early_stats_[u][p];
       } else {
         STRATA_ASSIGN_OR_RETURN(g, HostGradStats(u, p));
@@ -2941,18 +2957,24 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 //   at the end, so BeginStep refuses max_grad_norm > 0. Gradients resting on
 //   NVMe are read by the step itself (GradSpill's open pieces belong to the
 //   accumulator), so with grads on NVMe nothing is updated early.
+//
+// A unit that is not updated early (no undo buffer, step_overlap_bytes 0,
+// or none left; Adafactor and SM3, whose updates wait for the whole
+// gradient's statistics) still has its gradient's stats taken on the
+// stepper (EarlyStatistics), kept in early_stats_ as an early update's are,
+// and its state kEarlyStatistics: Step's norm and overflow check uses them,
+// and Step reads that gradient once, for the update, where Step alone reads
+// it twice. Adafactor's statistics pass over the unit's matrices runs there
+// too (Note [Adafactor's statistics during backward] in factored.cc).
+// Nothing changes, so nothing is undone, and the stats are the same calls
+// over the same gradient: the same bits. One rank with gradients on the
+// host (early_statistics_); over ranks Step still takes them (stage 2's
+// shards are final during backward too: not built yet).
 
 Status EngineImpl::BeginStep(const StepArgs& given) {
   MutexLock l(&mu_);
   STRATA_ASSIGN_OR_RETURN(const StepArgs args,
                           ResolveStepArgs(given, "BeginStep"));
-  if (Factored()) {
-    return Status::InvalidArgument(
-        "engine: BeginStep with " +
-        std::string(CpuOptimizerAlgoName(options_.optimizer.cpu.algo)) +
-        ": its update waits for the statistics of every row and column of "
-        "the whole gradient (step with Step alone)");
-  }
   if (args.max_grad_norm > 0) {
     return Status::InvalidArgument(
         "engine: BeginStep needs max_grad_norm 0: clipping scales every "
@@ -2988,6 +3010,55 @@ void EngineImpl::EndEarlyLocked() {
   early_error_ = Status::Ok();
 }
 
+// On the stepper: a unit not updated early, its gradient's stats alone
+// (and Adafactor's statistics pass).
+void EngineImpl::EarlyStatistics(uint32_t u) {
+  CpuStepArgs sa;
+  {
+    MutexLock l(&mu_);
+    if (!early_armed_ || early_overflow_ || !early_error_.ok()) return;
+    sa = EarlyArgsLocked();
+  }
+  bool finite = true;
+  const Status st = EarlyStatisticsPass(u, sa, &finite);
+  MutexLock l(&mu_);
+  if (!st.ok()) {
+    if (early_error_.ok()) early_error_ = st;
+  } else if (!finite) {
+    early_overflow_ = true;
+  } else {
+    early_state_[u] = kEarlyStatistics;
+    ++stats_.early_statistics;
+  }
+}
+
+Status EngineImpl::EarlyStatisticsPass(uint32_t u, const CpuStepArgs& args,
+                                       bool* finite) {
+  for (size_t p = 0; p < early_stats_[u].size(); ++p) {
+    STRATA_ASSIGN_OR_RETURN(early_stats_[u][p], HostGradStats(u, p));
+    if (!early_stats_[u][p].finite) {
+      *finite = false;
+      return Status::Ok();
+    }
+  }
+  return Factored() ? EarlyFactoredPasses(u, args) : Status::Ok();
+}
+
+CpuStepArgs EngineImpl::EarlyArgsLocked() const {
+  // As Step forms them for this step: max_grad_norm is 0.
+  CpuStepArgs sa;
+  sa.step = steps_ + 1;
+  sa.lr = early_args_.lr;
+  sa.inv_loss_scale = InvGradScale(early_args_.loss_scale);
+  sa.clip_coef = 1.0;
+  sa.check_overflow = false;  // checked by the stepper, and again by Step
+  return sa;
+}
+
+bool EngineImpl::EarlyWorkLocked() const {
+  return early_statistics_ || (!Factored() && !undo_.empty());
+}
+
 void EngineImpl::DrainStepper() {
   std::promise<void> drained;
   std::future<void> f = drained.get_future();
@@ -3008,6 +3079,11 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
   for (uint64_t b = 0; b < units_[u].elems; b += piece_elems_) {
     need += UndoBytes(units_[u], std::min(piece_elems_, units_[u].elems - b));
   }
+  if (undo_used_ + need > undo_.size()) {
+    // Step updates it; its gradient's stats may be taken now.
+    if (early_statistics_) EarlyStatistics(u);
+    return;
+  }
   CpuStepArgs sa;
   {
     MutexLock l(&mu_);
@@ -3017,16 +3093,11 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
     while (early_armed_ && (s.pins > 0 || s.arriving || s.allocating)) {
       cv_.Wait(&mu_);
     }
-    if (!early_armed_ || early_overflow_ || !early_error_.ok() ||
-        undo_used_ + need > undo_.size()) {
+    if (!early_armed_ || early_overflow_ || !early_error_.ok()) {
       return;  // Step updates it
     }
     early_state_[u] = kEarlyUpdating;
-    sa.step = steps_ + 1;
-    sa.lr = early_args_.lr;
-    sa.inv_loss_scale = InvGradScale(early_args_.loss_scale);
-    sa.clip_coef = 1.0;
-    sa.check_overflow = false;  // checked below, and again by Step
+    sa = EarlyArgsLocked();
   }
   bool finite = true;
   Status st = EarlyUpdatePieces(u, sa, &finite);
@@ -3260,6 +3331,7 @@ std::string EngineStatsJson(const EngineStats& s) {
                       {"loss_scale", s.loss_scale},
                       {"early_units", s.early_units},
                       {"early_undone", s.early_undone},
+                      {"early_statistics", s.early_statistics},
                       {"step_seconds", s.step_seconds},
                       {"update_seconds", s.update_seconds},
                       {"hot_path_allocations", s.hot_path_allocations},

@@ -44,8 +44,14 @@ inline CpuDType ToCpu(ElementType t) {
 }
 
 // Where a unit stands in an update during backward (EngineImpl's
-// early_state_).
-enum : uint8_t { kEarlyNone = 0, kEarlyUpdating, kEarlyUpdated };
+// early_state_): kEarlyStatistics, its gradient's stats (and Adafactor's
+// statistics of its matrices) taken, its update left to Step.
+enum : uint8_t {
+  kEarlyNone = 0,
+  kEarlyUpdating,
+  kEarlyUpdated,
+  kEarlyStatistics
+};
 
 // Counts asynchronous operations down; the last Finish runs `done` with the
 // first error. Thread-safe.
@@ -464,6 +470,15 @@ class EngineImpl final : public Engine {
   void EarlyUpdate(uint32_t unit);
   Status EarlyUpdatePieces(uint32_t unit, const CpuStepArgs& args,
                            bool* finite);
+  // A unit left to Step: its gradient's stats, and Adafactor's statistics
+  // pass over its matrices, taken on the stepper.
+  void EarlyStatistics(uint32_t u);
+  Status EarlyStatisticsPass(uint32_t u, const CpuStepArgs& args, bool* finite);
+  // The arguments of the step BeginStep announced.
+  CpuStepArgs EarlyArgsLocked() const STRATA_REQUIRES(mu_);
+  // Whether a unit whose last gradients are all in goes to the stepper:
+  // to be updated, or (Adafactor) for its statistics.
+  bool EarlyWorkLocked() const STRATA_REQUIRES(mu_);
   // Runs the stepper's queued jobs and waits for them.
   void DrainStepper();
   // Puts back the states and working copies of the pieces updated early.
@@ -535,6 +550,14 @@ class EngineImpl final : public Engine {
   // of unit u's shard.
   Status FactoredUpdate(uint32_t u, uint64_t begin,
                         const CpuOptimizerTensors& t);
+  // Note [Adafactor's statistics during backward] (factored.cc): on the
+  // stepper, Adafactor's statistics pass over unit u's matrices.
+  Status EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args);
+  // Begins tensor `id`'s plan for the step `args`.
+  Status BeginFactored(TensorId id, const CpuStepArgs& args);
+  // Tensor `id`'s plan's pass over this rank's part of its gradient on the
+  // host.
+  Status FactoredHostPass(TensorId id);
   // Tensor `id`'s plan's pass (before the update) over its elements
   // [begin, begin + n), whose gradient is at `grad`.
   Status FactoredGradPass(TensorId id, const float* grad, uint64_t begin,
@@ -704,7 +727,8 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Stream> release_stream_;  // Note [Consumer streams]
   std::unique_ptr<CpuOptimizer> optimizer_;
   // Note [Factored optimizers in the engine]: per tensor (empty unless
-  // Factored()), touched by Step, SaveState and LoadState alone.
+  // Factored()), touched by Step, SaveState and LoadState alone, and
+  // between BeginStep and Step by the stepper (a plan, read-only stats).
   struct FactoredTensor {
     size_t rows = 0, cols = 0;  // as CpuOptimizerTensors (rows 0: a vector)
     std::vector<float> stats;   // CpuStepFootprint::exp_avg_sq_bytes
@@ -766,8 +790,14 @@ class EngineImpl final : public Engine {
   HostBuffer undo_;
   uint64_t undo_used_ = 0;
   std::vector<EarlyPiece> early_pieces_;
-  // Per unit and piece: the gradient's stats taken before an early update.
+  // Per unit and piece: the gradient's stats taken before an early update
+  // or with the early statistics.
   std::vector<std::vector<GradStats>> early_stats_;
+  // One rank with gradients on the host: BeginStep's units not updated
+  // early go to the stepper for their gradient's stats (set at Start).
+  bool early_statistics_ = false;
+  // Per tensor: its plan's statistics pass ran during backward.
+  std::vector<uint8_t> early_factored_;
 
   // LoadState's loaders: one device copy and its wait at a time on the copy
   // stream (Note [Streaming the state]).

@@ -39,9 +39,11 @@
 //     step (FactoredTensor::param_sq): 0 at Start (the master is zeros), the
 //     values' at SetInitialValues, the checkpoint's at LoadState. So the
 //     statistics pass never reads the master, which may rest on NVMe.
+//   - BeginStep: no weight moves before every statistic is in, but the
+//     gradient's stats, and Adafactor's statistics pass, run during
+//     backward (Note [Adafactor's statistics during backward]).
 //   - Refused: tensors of more than two dimensions (HF factors them per
-//     leading index but clips by the whole tensor), BeginStep (every
-//     statistic must be in before a weight moves) and int8 moments.
+//     leading index but clips by the whole tensor) and int8 moments.
 //   - Checkpoints: the statistics and the sums of squares, by tensor name,
 //     in the blob strata.engine.factored (FactoredBlob).
 #include <cmath>
@@ -224,18 +226,35 @@ Status EngineImpl::StartFactored() {
   return Status::Ok();
 }
 
+Status EngineImpl::BeginFactored(TensorId id, const CpuStepArgs& args) {
+  FactoredTensor& f = factored_[id];
+  CpuStepShape sh;
+  sh.n = numel_[id];
+  sh.rows = f.rows;
+  sh.cols = f.cols;
+  CpuStepArgs a = args;
+  a.param_sq = f.param_sq;
+  return optimizer_->FactoredBegin(sh, a, &f.plan)
+      .WithContext("engine: stepping " + specs_[id].name);
+}
+
+Status EngineImpl::FactoredHostPass(TensorId id) {
+  const TensorPlace& place = layout_->tensor(id);
+  uint64_t lo = 0, hi = 0;  // this rank's part of the tensor
+  if (!ShardPart(place, &lo, &hi)) return Status::Ok();
+  const auto* g = reinterpret_cast<const float*>(
+      HostAt(kGrad, place.unit, lo - units_[place.unit].shard_begin));
+  return FactoredGradPass(id, g, lo - place.offset, hi - lo);
+}
+
 Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
+  // Note [Adafactor's statistics during backward]: the tensors whose
+  // statistics pass ran then are begun and passed already.
+  auto early = [this](TensorId id) {
+    return !early_factored_.empty() && early_factored_[id] != 0;
+  };
   for (TensorId id = 0; id < factored_.size(); ++id) {
-    FactoredTensor& f = factored_[id];
-    CpuStepShape sh;
-    sh.n = numel_[id];
-    sh.rows = f.rows;
-    sh.cols = f.cols;
-    CpuStepArgs a = args;
-    a.param_sq = f.param_sq;
-    STRATA_RETURN_IF_ERROR(
-        optimizer_->FactoredBegin(sh, a, &f.plan)
-            .WithContext("engine: stepping " + specs_[id].name));
+    if (!early(id)) STRATA_RETURN_IF_ERROR(BeginFactored(id, args));
   }
   for (;;) {
     // The tensors whose next pass reads the gradient alone: every rank has
@@ -253,18 +272,52 @@ Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
       st = FactoredSpilledPass(due);
     } else {
       for (TensorId id : due) {
-        const TensorPlace& place = layout_->tensor(id);
-        uint64_t lo = 0, hi = 0;  // this rank's part of the tensor
-        if (!ShardPart(place, &lo, &hi)) continue;
-        const auto* g = reinterpret_cast<const float*>(
-            HostAt(kGrad, place.unit, lo - units_[place.unit].shard_begin));
-        st = FactoredGradPass(id, g, lo - place.offset, hi - lo);
+        if (early(id) &&
+            factored_[id].plan.phase == CpuFactoredPhase::kStatistics) {
+          continue;
+        }
+        st = FactoredHostPass(id);
         if (!st.ok()) break;
       }
     }
     STRATA_RETURN_IF_ERROR(AgreeNow(st));
     STRATA_RETURN_IF_ERROR(FactoredNextAll(due));
   }
+}
+
+// Note [Adafactor's statistics during backward]
+// After BeginStep, Adafactor cannot update a unit early: every weight waits
+// for the statistics of the whole gradient. Its passes before the update
+// change no state, though: the statistics pass over a matrix sums into the
+// tensor's plan (its row and column sums, the fused RMS's partials), and the
+// moving averages are formed from them only in Step (FactoredNext). So when
+// the stepper takes a unit's gradient stats during backward (Note [Updates
+// during backward] in engine.cc), it also runs each matrix's statistics
+// pass, begun with the step's arguments (Step's own: BeginStep pins lr, the
+// loss scale and max_grad_norm 0, and the step number is the next). Step
+// then begins and passes only the other tensors, so a matrix whose rows
+// fuse the RMS reads its gradient once in Step, for the update, and a wider
+// one twice (the RMS pass), where Step alone reads them three and four
+// times. The same calls over the same ranges with the same arguments: the
+// same bits as Step alone.
+// - Only matrices: a vector's statistics pass writes its statistics in
+//   place, which a skipped step would have to undo; vectors pass in Step.
+// - Nothing to undo: a non-finite gradient stops the stepper (Step skips
+//   the step, and the plans are begun again the next); an error fails the
+//   step as an early update's does.
+// - SM3 has no pass before its update: its units take the stats alone.
+Status EngineImpl::EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args) {
+  // SM3 has no pass before its update.
+  if (options_.optimizer.cpu.algo != CpuOptimizerAlgo::kAdafactor) {
+    return Status::Ok();
+  }
+  for (TensorId id : layout_->unit(u).tensors) {
+    if (factored_[id].rows < 2) continue;  // a vector: in Step
+    STRATA_RETURN_IF_ERROR(BeginFactored(id, args));
+    STRATA_RETURN_IF_ERROR(FactoredHostPass(id));
+    early_factored_[id] = 1;
+  }
+  return Status::Ok();
 }
 
 Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {

@@ -150,6 +150,11 @@ struct EngineStats {
   // Units updated while backward still ran (BeginStep), and of those the
   // ones undone because a later gradient was not finite.
   uint64_t early_units = 0, early_undone = 0;
+  // Units not updated early whose gradient's norm and overflow stats (and
+  // Adafactor's statistics pass over their matrices) were taken while
+  // backward still ran (BeginStep), so that Step read their gradient once,
+  // for the update.
+  uint64_t early_statistics = 0;
   double step_seconds = 0;  // of the last Step
   // Of the last Step, the CPU optimizer's own time: its passes over every
   // piece it updated (CpuStepResult), those updated early during backward
@@ -230,6 +235,12 @@ class STRATA_EXPORT Engine {
   // optimizer state; Step(args) updates the rest. A non-finite gradient
   // found later undoes those updates, so the result is bit-identical to a
   // Step without BeginStep (docs/memtier.md, "Updates during backward").
+  // A unit not updated early (no room in that buffer, none at all, or
+  // Adafactor and SM3, whose updates wait for the whole gradient) still has
+  // its gradient's norm and overflow stats taken then, and with Adafactor
+  // the statistics pass over its matrices: they change no state, need no
+  // buffer, and leave Step one read of that gradient, for the update, to
+  // the same bits. One rank, gradients on the host.
   // Needs args.max_grad_norm == 0 (clipping needs the norm of the whole
   // gradient first); Step must get the same args. Until Step returns, a
   // tensor whose last gradient was handed over may be neither fetched nor

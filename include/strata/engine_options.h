@@ -208,8 +208,9 @@ struct EngineOptions {
   // updated while backward still runs, after Engine::BeginStep.
   // Their values before the update are kept in a host buffer of this size,
   // allocated at start, so that a non-finite gradient found later can undo
-  // them. 0 = off (BeginStep is accepted; Step does all the work). At most
-  // 1 PiB. Default 0.
+  // them. 0 = off: no unit is updated early (BeginStep still has each
+  // unit's gradient statistics taken during backward). At most 1 PiB.
+  // Default 0.
   uint64_t step_overlap_bytes = 0;
 
   // ---- NVMe I/O ----
