@@ -271,9 +271,9 @@ Status Run::MicroBatch(int64_t index, bool last, const strata::StepArgs& args,
   }
 
   // From here on each tensor's gradient is its last of the step: the
-  // engine may update a unit while backward goes on.
-  if (last && args.max_grad_norm == 0 &&
-      UpdatesDuringBackward(o_.engine.optimizer)) {
+  // engine may update a unit while backward goes on, or (Adafactor, SM3, no
+  // room to undo) take its gradient's statistics.
+  if (last && args.max_grad_norm == 0) {
     STRATA_RETURN_IF_ERROR(engine_->BeginStep(args));
   }
   // The head: final LayerNorm, tied LM head, loss, and their backward. The

@@ -184,8 +184,9 @@ uint64_t ModelStateBytes(const GptConfig& config, strata::ElementType dtype,
                          const strata::OptimizerOptions& optimizer);
 
 // Whether `optimizer` may update units while backward goes on
-// (Engine::BeginStep): Adafactor and SM3 wait for every row and column
-// statistic of the whole gradient.
+// (Engine::BeginStep), and so use an undo buffer: Adafactor and SM3 wait
+// for every row and column statistic of the whole gradient (the engine
+// takes the gradient's statistics during backward instead).
 bool UpdatesDuringBackward(const strata::OptimizerOptions& optimizer);
 
 }  // namespace finetune

@@ -126,10 +126,10 @@ TEST_F(TrainerTest, OffloadingAndUpdatesDuringBackwardChangeNoLoss) {
 }
 
 // Adafactor and SM3 train the model from the engine, on the device and
-// from NVMe alike; without clipping the trainer does not ask the engine to
-// update during backward, which they cannot. Their model state holds no
-// second moment per element.
-TEST_F(TrainerTest, FactoredOptimizersTrainWithoutUpdatesDuringBackward) {
+// from NVMe alike; without clipping the trainer calls BeginStep, and the
+// engine takes their gradients' statistics during backward (it cannot
+// update them then). Their model state holds no second moment per element.
+TEST_F(TrainerTest, FactoredOptimizersTrainWithStatisticsDuringBackward) {
   for (strata::CpuOptimizerAlgo algo :
        {strata::CpuOptimizerAlgo::kAdafactor, strata::CpuOptimizerAlgo::kSm3}) {
     SCOPED_TRACE(std::string(strata::CpuOptimizerAlgoName(algo)));
@@ -144,6 +144,7 @@ TEST_F(TrainerTest, FactoredOptimizersTrainWithoutUpdatesDuringBackward) {
     ASSERT_EQ(base.size(), 12u);
     EXPECT_LT(base.back(), base[0] - 1.0);
     EXPECT_EQ(s.early_units, 0u);
+    EXPECT_GT(s.early_statistics, 0u);
     TrainOptions off = o;
     off.engine.params = strata::Residence::kNvme;
     off.engine.optimizer_states = strata::Residence::kNvme;
