@@ -642,6 +642,31 @@ void AddPassJson(const BoundBest& bb, const std::vector<BoundArrays>& passes,
   row["pass_paired_ratio_to_bound"] = paired_ratio;
 }
 
+// Adafactor's update pass alone against fp32 AdamW's whole step (`ref`):
+// what an engine's Step pays when the statistics pass ran during backward
+// (Engine::BeginStep, docs/memtier.md), with the same ceilings as the
+// step's (the pass's bound and bytes). The pass is timed as its sweep over
+// the threads (CpuStepResult), AdamW's step as the whole call.
+void AddUpdatePassSpeedup(const nlohmann::json& ref, nlohmann::json& row,
+                          AdamOutcome& out) {
+  const nlohmann::json& seconds = row["pass_seconds"];
+  if (seconds.size() < 2) return;
+  const double n = row["params"].get<double>();
+  const double s = seconds.back().get<double>();
+  const double bound_s = row["pass_ratio_to_bound"].back().get<double>() * s;
+  const double bytes = row["pass_gbps"].back().get<double>() * 1e9 * s / n;
+  const double speedup = n / s / ref["params_per_s"].get<double>();
+  const double by_bound = ref["bound_seconds"].get<double>() / bound_s;
+  const double by_bytes = ref["bytes_per_param"].get<double>() / bytes;
+  row["update_pass_speedup_vs_fp32_adamw"] = speedup;
+  row["update_pass_bound_speedup_vs_fp32_adamw"] = by_bound;
+  row["update_pass_bytes_speedup_vs_fp32_adamw"] = by_bytes;
+  out.speedups.AddRow({"adafactor, update pass", row["variant"],
+                       std::to_string(row["threads"].get<int>()),
+                       row["moment_dtype"], Fixed(speedup, 2) + "x",
+                       Fixed(by_bound, 2) + "x", Fixed(by_bytes, 2) + "x"});
+}
+
 // Each row of the best variant from `first` on (one thread count) against
 // that run's fp32-moment AdamW row: params/s, and the ceilings on that
 // figure, what the bounds allow (fp32 AdamW's bound seconds over the row's)
@@ -677,6 +702,7 @@ double AddSpeedups(AdamOutcome& out, size_t first) {
                          std::to_string(row["threads"].get<int>()),
                          row["moment_dtype"], Fixed(speedup, 2) + "x",
                          Fixed(by_bound, 2) + "x", Fixed(by_bytes, 2) + "x"});
+    if (row["optimizer"] == "adafactor") AddUpdatePassSpeedup(*ref, row, out);
   }
   return pps;
 }

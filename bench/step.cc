@@ -32,6 +32,16 @@
 // step also reads them back: once for the update and once more for
 // Adafactor's statistics. The I/O time then counts those reads, at the rate
 // of the same engine moving the case's own share of reads and writes.
+//
+// --begin-step on (gradients on the host) calls BeginStep before the
+// hand-overs and waits, outside the timing, until the engine has taken each
+// tensor's gradient stats, and Adafactor's statistics pass over it
+// (EngineStats::early_statistics), as a trainer's backward long enough to
+// hide them would: the timed Step reads each gradient once, for the update
+// (the case's engine has no undo buffer, so nothing is updated early). Its
+// update time is then the optimizer's update alone: the gradient-norm pass
+// and Adafactor's statistics pass (CpuStepResult's passes before the last)
+// left out.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,6 +51,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench.h"
@@ -68,6 +79,7 @@ struct StepFlags {
   std::string moments = "fp32";
   std::string optimizers = "adamw";
   std::string grads = "host";
+  std::string begin_step = "off";
   std::string dir = ".";
   SwapIoFlags io;
   std::string threads = "0";
@@ -81,6 +93,7 @@ struct StepConfig {
   std::vector<CpuDType> moments;
   std::vector<CpuOptimizerAlgo> optimizers;
   bool nvme_grads = false;
+  bool begin_step = false;
   std::string dir;
   IoBackend engine = IoBackend::kAuto;
   uint32_t queue_depth = 32;
@@ -113,6 +126,10 @@ void AddOptions(CLI::App& app, StepFlags& f) {
   app.add_option("--grads", f.grads,
                  "where the gradients rest in every case: host or nvme "
                  "(default host)");
+  app.add_option("--begin-step", f.begin_step,
+                 "on: BeginStep before the hand-overs, the gradient's stats "
+                 "(and Adafactor's statistics) taken before the timed step "
+                 "(--grads host; default off)");
   app.add_option("--dir", f.dir, "directory for the NVMe tier (default .)");
   AddSwapIoOptions(app, f.io);
   app.add_option("--threads", f.threads,
@@ -159,6 +176,16 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
       std::string grads,
       ParseChoiceOption("--grads", f.grads, {"host", "nvme"}));
   c.nvme_grads = grads == "nvme";
+  STRATA_ASSIGN_OR_RETURN(
+      std::string begin,
+      ParseChoiceOption("--begin-step", f.begin_step, {"off", "on"}));
+  c.begin_step = begin == "on";
+  if (c.begin_step && c.nvme_grads) {
+    return Status::InvalidArgument(
+        "--begin-step on with --grads nvme: the step reads gradients on "
+        "NVMe itself, so nothing is taken during backward; give --grads "
+        "host");
+  }
   c.dir = f.dir;
   STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
   c.engine = io.engine;
@@ -384,6 +411,7 @@ class UpdateSample {
     UpdateSample s;
     s.run_ = run;
     s.n_ = params;
+    s.update_only_ = c.begin_step;
     // Each piece's moments are one state array of the format.
     s.piece_state_ = CpuStateBytes(run.moments, kTensorElems);
     const uint64_t pieces = (s.n_ + kTensorElems - 1) / kTensorElems;
@@ -441,8 +469,12 @@ class UpdateSample {
     a.check_overflow = false;
     a.step = ++steps_;
     const auto t0 = Clock::now();
+    // --begin-step on: what the engine took during backward is left out:
+    // the norm pass and Adafactor's statistics pass over each matrix.
+    double early_s = 0;
     for (uint64_t b = 0; b < n_; b += kTensorElems) {
       const uint64_t k = std::min(kTensorElems, n_ - b);
+      if (update_only_) continue;
       STRATA_RETURN_IF_ERROR(
           opt_->ComputeGradStats(grad_.data() + b * 4, CpuDType::kFloat32, k)
               .status());
@@ -466,11 +498,15 @@ class UpdateSample {
       }
       STRATA_ASSIGN_OR_RETURN(CpuStepResult r, opt_->Step(t, a));
       if (CpuOptimizerIsFactored(run_.algo)) param_sq_[piece] = r.param_sq;
+      if (update_only_ && t.rows > 1) {
+        for (int p = 0; p + 1 < r.passes; ++p) early_s += r.pass_seconds[p];
+      }
     }
-    return SecondsSince(t0);
+    return SecondsSince(t0) - early_s;
   }
 
   Run run_;
+  bool update_only_ = false;
   uint64_t n_ = 0, piece_state_ = 0;
   int64_t steps_ = 0;
   HostBuffer master_, grad_, m_, v_, w_;
@@ -481,6 +517,24 @@ class UpdateSample {
 };
 
 // ---- The step -------------------------------------------------------------
+
+// --begin-step on: waits until the engine has taken the gradient stats of
+// `want` units in all (EngineStats::early_statistics), as a backward that
+// hides them would.
+Status WaitEarlyStatistics(Engine& engine, uint64_t want) {
+  const auto t0 = Clock::now();
+  while (engine.stats().early_statistics < want) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    if (SecondsSince(t0) > 600) {
+      return Status::Internal("step: the engine took the gradient stats of " +
+                              std::to_string(engine.stats().early_statistics) +
+                              " of " + std::to_string(want) +
+                              " units during backward in 600 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return Status::Ok();
+}
 
 // Note [Bracketed samples]
 // Each timed step is bounded by the faster of the rates sampled just before
@@ -588,13 +642,20 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
   // seconds; the pinned peak is taken over it.
   auto one_step = [&]() -> StatusOr<double> {
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    StepArgs a;
+    a.lr = 1e-4;
+    const uint64_t early_before = engine->stats().early_statistics;
+    if (c.begin_step) STRATA_RETURN_IF_ERROR(engine->BeginStep(a));
     for (TensorId id : ids) {
       STRATA_RETURN_IF_ERROR(
           engine->AddGrad(id, grad.data(), ElementType::kFloat32, *stream));
     }
     STRATA_RETURN_IF_ERROR(engine->WaitGrads());
-    StepArgs a;
-    a.lr = 1e-4;
+    if (c.begin_step) {
+      // Each tensor is a unit of its own.
+      STRATA_RETURN_IF_ERROR(
+          WaitEarlyStatistics(*engine, early_before + ids.size()));
+    }
     const auto t0 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(StepResult sr, engine->Step(a));
     const double s = SecondsSince(t0);
@@ -829,6 +890,7 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
                         {"moments", moment_names},
                         {"optimizers", optimizer_names},
                         {"grads", c.nvme_grads ? "nvme" : "host"},
+                        {"begin_step", c.begin_step},
                         // Adafactor as HF transformers' defaults, SM3
                         // without momentum; rows of this many columns.
                         {"sm3_momentum", 0.0},

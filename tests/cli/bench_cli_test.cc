@@ -373,6 +373,9 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
        "--moments int8 with --optimizer adafactor"},
       {{"step", "--engine", "bogus"}, "--engine"},
       {{"step", "--threads", "-1"}, "--threads"},
+      {{"step", "--begin-step", "yes"}, "--begin-step"},
+      {{"step", "--begin-step", "on", "--grads", "nvme"},
+       "--begin-step on with --grads nvme"},
       {{"checkpoint", "--params", "0"}, "--params"},
       {{"checkpoint", "--params", big}, "--params"},
       {{"checkpoint", "--reps", "0"}, "--reps"},
@@ -780,6 +783,35 @@ TEST(BenchCliTest, StepWithGradientsOnNvmeCountsTheirReads) {
         r["engine_stats"].value("nvme_read_bytes", uint64_t{0});
     EXPECT_GT(engine_read, 0u) << r.dump();
     EXPECT_EQ(engine_read % read, 0u) << r.dump();
+  }
+  EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
+}
+
+// --begin-step on: the engine takes each tensor's gradient stats (and
+// Adafactor's statistics) before each timed step, the warm-up steps' too,
+// and nothing is updated early; the JSON says so.
+TEST(BenchCliTest, StepBeginStepTakesTheStatisticsBeforeTheStep) {
+  ScratchDir d;
+  const std::string json = d.path() + "/step.json";
+  const Outcome o =
+      RunBench({"step", "--params", "4M", "--cases", "host", "--reps", "2",
+                "--threads", "1", "--optimizer", "adamw,adafactor",
+                "--begin-step", "on", "--json", json},
+               d.path());
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["config"].value("begin_step", false), true);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& r : j["results"]) {
+    // One tensor of 4 Mi elements (1024 rows of 4096): a unit a step.
+    const auto& stats = r["engine_stats"];
+    const uint64_t steps = stats.value("steps", uint64_t{0});
+    EXPECT_GE(steps, 2u) << r.dump();
+    EXPECT_EQ(stats.value("early_statistics", uint64_t{0}), steps) << r.dump();
+    EXPECT_EQ(stats.value("early_units", uint64_t{1}), 0u) << r.dump();
+    EXPECT_GT(r.value("update_params_per_s", 0.0), 0.0) << r.dump();
   }
   EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
 }
@@ -1381,8 +1413,25 @@ TEST(BenchCliTest, AdamComparesTheBestVariantWithFp32AdamW) {
       EXPECT_NEAR(by_bytes, 30.0 / row["bytes_per_param"].get<double>(), 1e-9);
       EXPECT_GT(by_bytes, 1.6);  // 30 against about 18 bytes
     }
+    if (row["optimizer"] != "adafactor") {
+      EXPECT_FALSE(row.contains("update_pass_speedup_vs_fp32_adamw"));
+      continue;
+    }
+    // Its update pass alone (what an engine's step pays once the
+    // statistics ran during backward): 14 bytes a parameter (the fp32
+    // gradient, the master read and written, the bf16 working copy).
+    const double n = row["params"].get<double>();
+    const double pass_s = row["pass_seconds"].back().get<double>();
+    const double upd = n / pass_s / (*ref)["params_per_s"].get<double>();
+    EXPECT_NEAR(row["update_pass_speedup_vs_fp32_adamw"].get<double>(), upd,
+                upd * 1e-9);
+    EXPECT_NEAR(row["update_pass_bytes_speedup_vs_fp32_adamw"].get<double>(),
+                30.0 / 14.0, 1e-9);
+    EXPECT_GT(row["update_pass_bound_speedup_vs_fp32_adamw"].get<double>(),
+              by_bound);
   }
   EXPECT_EQ(compared, 3u);  // adamw fp32 and int8, adafactor
+  EXPECT_TRUE(Has(o.out, "adafactor, update pass")) << o.out;
 
   const Outcome lion = RunBench(
       {"adam", "--params", "16K", "--threads", "1", "--torch", "off", "--reps",
