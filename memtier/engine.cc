@@ -3020,20 +3020,13 @@ void EngineImpl::EarlyStatistics(uint32_t u) {
     sa = EarlyArgsLocked();
   }
   bool finite = true;
-  const Status st = EarlyStatisticsPass(u, sa, &finite);
+  Status st = EarlyGradStats(u, &finite);
+  if (st.ok() && finite && Factored()) st = EarlyFactoredPasses(u, sa);
   MutexLock l(&mu_);
-  if (!st.ok()) {
-    if (early_error_.ok()) early_error_ = st;
-  } else if (!finite) {
-    early_overflow_ = true;
-  } else {
-    early_state_[u] = kEarlyStatistics;
-    ++stats_.early_statistics;
-  }
+  EndEarlyWorkLocked(u, st, finite, kEarlyStatistics, &stats_.early_statistics);
 }
 
-Status EngineImpl::EarlyStatisticsPass(uint32_t u, const CpuStepArgs& args,
-                                       bool* finite) {
+Status EngineImpl::EarlyGradStats(uint32_t u, bool* finite) {
   for (size_t p = 0; p < early_stats_[u].size(); ++p) {
     STRATA_ASSIGN_OR_RETURN(early_stats_[u][p], HostGradStats(u, p));
     if (!early_stats_[u][p].finite) {
@@ -3041,7 +3034,20 @@ Status EngineImpl::EarlyStatisticsPass(uint32_t u, const CpuStepArgs& args,
       return Status::Ok();
     }
   }
-  return Factored() ? EarlyFactoredPasses(u, args) : Status::Ok();
+  return Status::Ok();
+}
+
+void EngineImpl::EndEarlyWorkLocked(uint32_t u, const Status& st, bool finite,
+                                    uint8_t done, uint64_t* count) {
+  if (!st.ok()) {
+    if (early_error_.ok()) early_error_ = st;
+  } else if (!finite) {
+    early_overflow_ = true;
+    early_state_[u] = kEarlyNone;
+  } else {
+    early_state_[u] = done;
+    ++*count;
+  }
 }
 
 CpuStepArgs EngineImpl::EarlyArgsLocked() const {
@@ -3101,29 +3107,14 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
   }
   bool finite = true;
   Status st = EarlyUpdatePieces(u, sa, &finite);
-  {
-    MutexLock l(&mu_);
-    if (!st.ok()) {
-      if (early_error_.ok()) early_error_ = st;
-    } else if (!finite) {
-      early_overflow_ = true;
-      early_state_[u] = kEarlyNone;
-    } else {
-      early_state_[u] = kEarlyUpdated;
-      ++stats_.early_units;
-    }
-  }
+  MutexLock l(&mu_);
+  EndEarlyWorkLocked(u, st, finite, kEarlyUpdated, &stats_.early_units);
 }
 
 Status EngineImpl::EarlyUpdatePieces(uint32_t u, const CpuStepArgs& sa,
                                      bool* finite) {
-  for (size_t p = 0; p < early_stats_[u].size(); ++p) {
-    STRATA_ASSIGN_OR_RETURN(early_stats_[u][p], HostGradStats(u, p));
-    if (!early_stats_[u][p].finite) {
-      *finite = false;
-      return Status::Ok();
-    }
-  }
+  STRATA_RETURN_IF_ERROR(EarlyGradStats(u, finite));
+  if (!*finite) return Status::Ok();
   if (options_.params == Residence::kHost) {
     // Fetches of other units may still be copying these parameters.
     STRATA_RETURN_IF_ERROR(device_->SynchronizeStream(*copy_stream_));

@@ -473,7 +473,13 @@ class EngineImpl final : public Engine {
   // A unit left to Step: its gradient's stats, and Adafactor's statistics
   // pass over its matrices, taken on the stepper.
   void EarlyStatistics(uint32_t u);
-  Status EarlyStatisticsPass(uint32_t u, const CpuStepArgs& args, bool* finite);
+  // Unit u's pieces' gradient stats into early_stats_, in order; *finite
+  // false (the rest not taken) at the first piece that is not finite.
+  Status EarlyGradStats(uint32_t u, bool* finite);
+  // The stepper's outcome on unit u: an error or an overflow for Step, or
+  // the unit in state `done`, counted in *count.
+  void EndEarlyWorkLocked(uint32_t u, const Status& st, bool finite,
+                          uint8_t done, uint64_t* count) STRATA_REQUIRES(mu_);
   // The arguments of the step BeginStep announced.
   CpuStepArgs EarlyArgsLocked() const STRATA_REQUIRES(mu_);
   // Whether a unit whose last gradients are all in goes to the stepper:
