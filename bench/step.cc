@@ -472,9 +472,8 @@ class UpdateSample {
     // --begin-step on: what the engine took during backward is left out:
     // the norm pass and Adafactor's statistics pass over each matrix.
     double early_s = 0;
-    for (uint64_t b = 0; b < n_; b += kTensorElems) {
+    for (uint64_t b = 0; !update_only_ && b < n_; b += kTensorElems) {
       const uint64_t k = std::min(kTensorElems, n_ - b);
-      if (update_only_) continue;
       STRATA_RETURN_IF_ERROR(
           opt_->ComputeGradStats(grad_.data() + b * 4, CpuDType::kFloat32, k)
               .status());
