@@ -616,13 +616,7 @@ Status EngineImpl::Start() {
     STRATA_ASSIGN_OR_RETURN(
         undo_, HostBuffer::Allocate(options_.step_overlap_bytes, ho));
   }
-  // Note [Updates during backward]: the gradient's stats, and Adafactor's
-  // statistics, during backward.
-  early_statistics_ = !nvme_grads && !MultiRank();
-  if (early_statistics_ && Factored()) {
-    early_factored_.assign(specs_.size(), 0);
-  }
-  if (!undo_.empty() || early_statistics_) {
+  if (!undo_.empty() || EarlyStatisticsTaken()) {
     early_stats_.resize(units_.size());
     for (uint32_t u = 0; u < units_.size(); ++u) {
       early_stats_[u].resize((units_[u].elems + piece_elems_ - 1) /
@@ -2170,7 +2164,6 @@ StatusOr<StepResult> EngineImpl::Step(const StepArgs& given) {
   if (grad_spill_) grad_spill_->EndStep();
   early_pieces_.clear();
   undo_used_ = 0;
-  std::fill(early_factored_.begin(), early_factored_.end(), 0);
   {
     MutexLock l(&mu_);
     EndEarlyLocked();
@@ -2323,7 +2316,7 @@ StatusOr<StepResult> EngineImpl::StepRest(
   Status st = AfterConsumers();
   // Note [Factored optimizers in the engine]: their passes before and after
   // the update.
-  if (st.ok() && Factored()) st = FactoredBeforeUpdate(sa);
+  if (st.ok() && Factored()) st = FactoredBeforeUpdate(sa, early_state);
   if (st.ok()) st = UpdateAll(*reads, sa);
   if (st.ok() && Factored()) st = FactoredAfterUpdate();
   // Several ranks: a rank whose update failed fails the step everywhere.
@@ -2968,7 +2961,7 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 // too (Note [Adafactor's statistics during backward] in factored.cc).
 // Nothing changes, so nothing is undone, and the stats are the same calls
 // over the same gradient: the same bits. One rank with gradients on the
-// host (early_statistics_); over ranks Step still takes them (stage 2's
+// host (EarlyStatisticsTaken); over ranks Step still takes them (stage 2's
 // shards are final during backward too: not built yet).
 
 Status EngineImpl::BeginStep(const StepArgs& given) {
@@ -3062,7 +3055,7 @@ CpuStepArgs EngineImpl::EarlyArgsLocked() const {
 }
 
 bool EngineImpl::EarlyWorkLocked() const {
-  return early_statistics_ || (!Factored() && !undo_.empty());
+  return EarlyStatisticsTaken() || (!Factored() && !undo_.empty());
 }
 
 void EngineImpl::DrainStepper() {
@@ -3087,7 +3080,7 @@ void EngineImpl::EarlyUpdate(uint32_t u) {
   }
   if (undo_used_ + need > undo_.size()) {
     // Step updates it; its gradient's stats may be taken now.
-    if (early_statistics_) EarlyStatistics(u);
+    if (EarlyStatisticsTaken()) EarlyStatistics(u);
     return;
   }
   CpuStepArgs sa;

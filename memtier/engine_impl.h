@@ -480,6 +480,11 @@ class EngineImpl final : public Engine {
   // the unit in state `done`, counted in *count.
   void EndEarlyWorkLocked(uint32_t u, const Status& st, bool finite,
                           uint8_t done, uint64_t* count) STRATA_REQUIRES(mu_);
+  // One rank with gradients on the host: BeginStep's units not updated
+  // early go to the stepper for their gradient's stats.
+  bool EarlyStatisticsTaken() const {
+    return options_.grads != Residence::kNvme && !MultiRank();
+  }
   // The arguments of the step BeginStep announced.
   CpuStepArgs EarlyArgsLocked() const STRATA_REQUIRES(mu_);
   // Whether a unit whose last gradients are all in goes to the stepper:
@@ -540,7 +545,11 @@ class EngineImpl final : public Engine {
   // Begins every tensor's plan and runs the passes before the update
   // (Adafactor's statistics and RMS), over the gradients on the host or,
   // resting on NVMe, read back a piece at a time (FactoredSpilledPass).
-  Status FactoredBeforeUpdate(const CpuStepArgs& args);
+  // `early_state` is Step's copy of early_state_: the matrices of its
+  // kEarlyStatistics units passed during backward
+  // (PassesDuringBackward).
+  Status FactoredBeforeUpdate(const CpuStepArgs& args,
+                              const std::vector<uint8_t>& early_state);
   // The due plans' pass over every piece of the spilled gradients that
   // holds a part of one of `due` the pass reads, the next piece's read in
   // flight while a piece passes, a matrix's pieces joined into whole rows
@@ -557,8 +566,13 @@ class EngineImpl final : public Engine {
   Status FactoredUpdate(uint32_t u, uint64_t begin,
                         const CpuOptimizerTensors& t);
   // Note [Adafactor's statistics during backward] (factored.cc): on the
-  // stepper, Adafactor's statistics pass over unit u's matrices.
+  // stepper, Adafactor's statistics pass over unit u's matrices, those
+  // PassesDuringBackward names.
   Status EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args);
+  bool PassesDuringBackward(TensorId id) const {
+    return options_.optimizer.cpu.algo == CpuOptimizerAlgo::kAdafactor &&
+           factored_[id].rows >= 2;  // a vector's pass writes in place
+  }
   // Begins tensor `id`'s plan for the step `args`.
   Status BeginFactored(TensorId id, const CpuStepArgs& args);
   // Tensor `id`'s plan's pass over this rank's part of its gradient on the
@@ -799,11 +813,6 @@ class EngineImpl final : public Engine {
   // Per unit and piece: the gradient's stats taken before an early update
   // or with the early statistics.
   std::vector<std::vector<GradStats>> early_stats_;
-  // One rank with gradients on the host: BeginStep's units not updated
-  // early go to the stepper for their gradient's stats (set at Start).
-  bool early_statistics_ = false;
-  // Per tensor: its plan's statistics pass ran during backward.
-  std::vector<uint8_t> early_factored_;
 
   // LoadState's loaders: one device copy and its wait at a time on the copy
   // stream (Note [Streaming the state]).

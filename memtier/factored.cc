@@ -247,11 +247,13 @@ Status EngineImpl::FactoredHostPass(TensorId id) {
   return FactoredGradPass(id, g, lo - place.offset, hi - lo);
 }
 
-Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
+Status EngineImpl::FactoredBeforeUpdate(
+    const CpuStepArgs& args, const std::vector<uint8_t>& early_state) {
   // Note [Adafactor's statistics during backward]: the tensors whose
   // statistics pass ran then are begun and passed already.
-  auto early = [this](TensorId id) {
-    return !early_factored_.empty() && early_factored_[id] != 0;
+  auto early = [&](TensorId id) {
+    return early_state[layout_->tensor(id).unit] == kEarlyStatistics &&
+           PassesDuringBackward(id);
   };
   for (TensorId id = 0; id < factored_.size(); ++id) {
     if (!early(id)) STRATA_RETURN_IF_ERROR(BeginFactored(id, args));
@@ -307,15 +309,10 @@ Status EngineImpl::FactoredBeforeUpdate(const CpuStepArgs& args) {
 //   step as an early update's does.
 // - SM3 has no pass before its update: its units take the stats alone.
 Status EngineImpl::EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args) {
-  // SM3 has no pass before its update.
-  if (options_.optimizer.cpu.algo != CpuOptimizerAlgo::kAdafactor) {
-    return Status::Ok();
-  }
   for (TensorId id : layout_->unit(u).tensors) {
-    if (factored_[id].rows < 2) continue;  // a vector: in Step
+    if (!PassesDuringBackward(id)) continue;  // SM3, a vector: in Step
     STRATA_RETURN_IF_ERROR(BeginFactored(id, args));
     STRATA_RETURN_IF_ERROR(FactoredHostPass(id));
-    early_factored_[id] = 1;
   }
   return Status::Ok();
 }
