@@ -214,6 +214,20 @@ struct Plan {
   int skipped_step = -1;  // the one step expected not to be applied
 };
 
+// Three steps without clipping, which BeginStep needs off: Step alone, and
+// BeginStep before each step's last micro-batch.
+Plan StepAlone() {
+  Plan p;
+  p.clip = 0;
+  return p;
+}
+
+Plan WithBeginStep() {
+  Plan p = StepAlone();
+  p.begin_step = true;
+  return p;
+}
+
 Trained Train(EngineOptions o, const Plan& plan) {
   auto dev = HostDevice();
   auto eng = Engine::Create(o, dev.get());
@@ -378,13 +392,10 @@ TEST(EngineTest, UpdatesDuringBackwardChangeNothing) {
     SCOPED_TRACE(TiersName(params, states));
     ScratchDir dir;
     EngineOptions o = OverlapOptions(params, states, dir.path());
-    Plan plain;
-    plain.clip = 0;
-    const Trained base = Train(o, plain);
+    const Trained base = Train(o, StepAlone());
     ASSERT_FALSE(base.masters.empty());
     EXPECT_EQ(base.stats.early_units, 0u);
-    Plan overlap = plain;
-    overlap.begin_step = true;
+    const Plan overlap = WithBeginStep();
     const Trained t = Train(o, overlap);
     ExpectBitIdentical(base, t);
     // Every layer, every step; the packed unit of small tensors gets no
@@ -418,12 +429,9 @@ TEST(EngineTest, UpdatesDuringBackwardChangeNothing) {
 // must end bit-identical, and only early updates are undone.
 void ExpectANonFiniteGradientSkipsTheStep(const EngineOptions& o,
                                           uint64_t EngineStats::*early) {
-  Plan plain;
-  plain.clip = 0;
-  const Trained base = Train(o, plain);
-  Plan p = plain;
+  const Trained base = Train(o, StepAlone());
+  Plan p = WithBeginStep();
   p.steps = 4;
-  p.begin_step = true;
   p.skipped_step = 1;
   p.before_step = [early](int step, Engine& eng, LinearNet& net) {
     if (step != 1) return;
@@ -1041,11 +1049,8 @@ TEST(EngineTest, NarrowMomentsUpdateDuringBackwardAsInStep) {
       ScratchDir dir;
       EngineOptions o = OverlapOptions(params, states, dir.path());
       o.optimizer.moment_dtype = md;
-      Plan plain;
-      plain.clip = 0;
-      const Trained base = Train(o, plain);
-      Plan overlap = plain;
-      overlap.begin_step = true;
+      const Trained base = Train(o, StepAlone());
+      const Plan overlap = WithBeginStep();
       const Trained t = Train(o, overlap);
       ExpectBitIdentical(base, t);
       EXPECT_EQ(t.stats.early_units, 3u * kLayers);
@@ -1132,15 +1137,11 @@ TEST(EngineTest, FactoredStatisticsDuringBackwardChangeNothing) {
       o.optimizer.cpu.adafactor.beta1 = first_moment ? 0.9 : 0.0;
       if (algo == CpuOptimizerAlgo::kSm3) o.optimizer.cpu.beta1 = 0.0;
       if (k > 0) o.step_overlap_bytes = 0;  // needs no undo buffer
-      Plan plain;
-      plain.clip = 0;
-      const Trained base = Train(o, plain);
+      const Trained base = Train(o, StepAlone());
       ASSERT_EQ(base.losses.size(), 6u);
       EXPECT_LT(base.losses[4], base.losses[0]);  // it trains
       EXPECT_EQ(base.stats.early_statistics, 0u);
-      Plan overlap = plain;
-      overlap.begin_step = true;
-      const Trained t = Train(o, overlap);
+      const Trained t = Train(o, WithBeginStep());
       ExpectBitIdentical(base, t);
       // Every layer, every step: the packed small tensors get no gradient.
       EXPECT_EQ(t.stats.early_statistics, 3u * kLayers);
@@ -1169,17 +1170,13 @@ TEST(EngineTest, AdafactorStatisticsWaitForStepWithGradientsOnNvme) {
   ScratchDir dir;
   EngineOptions o = BaseOptions();
   o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
-  Plan plain;
-  plain.clip = 0;
-  const Trained base = Train(o, plain);
+  const Trained base = Train(o, StepAlone());
   o.grads = Residence::kNvme;
   o.params = Residence::kHost;
   o.device_budget_bytes = 3 * kUnitBytes;
   o.nvme_paths = {dir.path()};
   o.io.backend = IoBackend::kMemory;
-  Plan overlap = plain;
-  overlap.begin_step = true;
-  const Trained t = Train(o, overlap);
+  const Trained t = Train(o, WithBeginStep());
   ExpectBitIdentical(base, t);
   EXPECT_EQ(t.stats.early_statistics, 0u);
 }
