@@ -1209,8 +1209,12 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
     for (;;) {
       while (s.allocating) cv_.Wait(&mu_);
       // Being updated, or updated, during backward (Note [Updates during
-      // backward]): Fetch refused the unit's tensors already.
-      if (early_state_[u] != 0) {
+      // backward]): Fetch refused the unit's tensors already. A unit whose
+      // statistics alone were taken is unchanged: whether it may be
+      // prefetched must not depend on the stepper's pace (stage 3's ranks
+      // gather the same units).
+      if (early_state_[u] == kEarlyUpdating ||
+          early_state_[u] == kEarlyUpdated) {
         return prefetch ? Status::Ok()
                         : Status::FailedPrecondition(
                               "engine: unit " + std::to_string(u) +
@@ -1839,6 +1843,16 @@ void EngineImpl::WaitGradsQuiet() {
 //   stepper updates it as with one rank; it issues no collective (the
 //   gather waits for Step), and Step's agreed overflow verdict undoes every
 //   rank's early updates together.
+// - The gradient's statistics during backward (zero_stage 2 and 3): for the
+//   same reason the stepper takes each rank's stats of its shard of a unit
+//   left to Step (and Adafactor's statistics pass over the rank's part of
+//   its matrices), with no collective: Step adds the pieces' stats in the
+//   same order before the norm's agreement, and reduces Adafactor's sums
+//   over the ranks as it would have. A rank whose stepper met a non-finite
+//   gradient stops there, and the agreed verdict skips the step on every
+//   rank; the others' statistics are dropped with it, as nothing changed.
+//   Stage 3 prefetches such a unit as any other, so that no rank's gathers
+//   depend on its stepper's pace.
 // - ReadMaster gathers a tensor's master from the shards: a collective.
 // - Step agrees on its outcome at three points (before the reduction, before
 //   the norm, after the update: AgreeNow), so that a rank whose hand-overs,
@@ -1850,8 +1864,9 @@ void EngineImpl::WaitGradsQuiet() {
 //   spill's pieces of the shard (Note [Gradients on NVMe]).
 // - Gradients with zero_stage 3 are reduced as with zero_stage 2.
 // - Not with several ranks (refused by CheckOptions): grads on NVMe and
-//   updates during backward with zero_stage 1 (which reduces at the step),
-//   updates during backward with zero_stage 3, zero_stage 0.
+//   updates during backward with zero_stage 1 (which reduces at the step;
+//   nor are its statistics taken during backward), updates during backward
+//   with zero_stage 3, zero_stage 0.
 
 Status EngineImpl::ReduceUnitGrad(uint32_t u, const float* full) {
   // zero_stage 1: every unit once per step, straight into its shard.
@@ -2960,9 +2975,9 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 // it twice. Adafactor's statistics pass over the unit's matrices runs there
 // too (Note [Adafactor's statistics during backward] in factored.cc).
 // Nothing changes, so nothing is undone, and the stats are the same calls
-// over the same gradient: the same bits. One rank with gradients on the
-// host (EarlyStatisticsTaken); over ranks Step still takes them (stage 2's
-// shards are final during backward too: not built yet).
+// over the same gradient: the same bits. Gradients on the host
+// (EarlyStatisticsTaken); over ranks with zero_stage 2 and 3, each rank
+// takes its shard's (Note [Data-parallel ranks]).
 
 Status EngineImpl::BeginStep(const StepArgs& given) {
   MutexLock l(&mu_);

@@ -480,10 +480,13 @@ class EngineImpl final : public Engine {
   // the unit in state `done`, counted in *count.
   void EndEarlyWorkLocked(uint32_t u, const Status& st, bool finite,
                           uint8_t done, uint64_t* count) STRATA_REQUIRES(mu_);
-  // One rank with gradients on the host: BeginStep's units not updated
-  // early go to the stepper for their gradient's stats.
+  // Gradients on the host, on one rank or with zero_stage 2 or 3 over
+  // several (a unit's shard is final once its last hand-overs are reduced;
+  // stage 1 reduces at the step): BeginStep's units not updated early go to
+  // the stepper for their gradient's stats.
   bool EarlyStatisticsTaken() const {
-    return options_.grads != Residence::kNvme && !MultiRank();
+    return options_.grads != Residence::kNvme &&
+           (!MultiRank() || options_.zero_stage >= 2);
   }
   // The arguments of the step BeginStep announced.
   CpuStepArgs EarlyArgsLocked() const STRATA_REQUIRES(mu_);

@@ -240,7 +240,7 @@ class STRATA_EXPORT Engine {
   // its gradient's norm and overflow stats taken then, and with Adafactor
   // the statistics pass over its matrices: they change no state, need no
   // buffer, and leave Step one read of that gradient, for the update, to
-  // the same bits. One rank, gradients on the host.
+  // the same bits. Gradients on the host; over ranks, zero_stage 2 or 3.
   // Needs args.max_grad_norm == 0 (clipping needs the norm of the whole
   // gradient first); Step must get the same args. Until Step returns, a
   // tensor whose last gradient was handed over may be neither fetched nor

@@ -51,6 +51,18 @@ TEST_P(EngineRanksTest, TrainsAsOneRankOnTheWholeBatch) {
   std::printf("%s(%d ranks, %.1f s)\n", r.out.c_str(), ranks, r.seconds);
 }
 
+// BeginStep over ranks (zero_stage 2 and 3): each rank's stepper takes its
+// shard's gradient statistics during backward, to Step alone's bits.
+TEST_P(EngineRanksTest, StatisticsDuringBackwardChangeNothing) {
+  const int ranks = GetParam();
+  const MpiRun r = Mpirun(ranks, {"statistics"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+  for (int i = 0; i < ranks; ++i)
+    EXPECT_EQ(Count(r.out, i, ": ok"), 7) << r.out;
+  std::printf("%s(%d ranks, %.1f s)\n", r.out.c_str(), ranks, r.seconds);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, EngineRanksTest, ::testing::Values(2, 3));
 
 TEST(EngineRanksErrorsTest, RefusedCombinationsSayWhy) {

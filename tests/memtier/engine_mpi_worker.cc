@@ -10,6 +10,11 @@
 //       rank; a gradient overflow on one rank skips the step on all; each
 //       rank's optimizer state is 1/N of the single engine's, and with
 //       stage 3 its host memory too.
+//   engine_mpi_worker <plugin> statistics
+//       zero_stage 2 and 3 with BeginStep, AdamW, Adafactor and SM3: the
+//       gradient statistics each rank's stepper takes of its shard during
+//       backward leave the masters, norms and skipped steps of Step alone,
+//       bit for bit.
 //   engine_mpi_worker <plugin> errors
 //       the option combinations refused with several ranks.
 //   engine_mpi_worker <plugin> ckpt-save DIR
@@ -119,6 +124,10 @@ struct Phases {
   bool stop_after_save = false;
   ElementType grad_dtype = ElementType::kFloat32;  // of the hand-overs
   std::vector<TensorSpec> specs = Specs();         // the model
+  // BeginStep before each step's last micro-batch, clipping off (called
+  // anyway with step_overlap_bytes above 0, which needs it).
+  bool begin_step = false;
+  bool clip = true;  // max_grad_norm kClip, unless BeginStep is called
   // Every hand-over accumulated before a step's reads are counted: the
   // read-backs of the micro-batches' pieces (Note [Gradients on NVMe])
   // then fall before the count, not in it as the accumulator's pace has it.
@@ -268,11 +277,12 @@ Trained Train(EngineOptions o, const std::vector<int>& data, int world,
         s >= kSteps && !ph.after.empty() ? ph.after : data;
     const float share = 1.0f / static_cast<float>(d.size());
     // Updates during backward need clipping off.
+    const bool begin = o.step_overlap_bytes > 0 || ph.begin_step;
     StepArgs a;
     a.lr = 1e-2;
-    a.max_grad_norm = o.step_overlap_bytes > 0 ? 0.0 : kClip;
+    a.max_grad_norm = begin || !ph.clip ? 0.0 : kClip;
     for (int m = 0; m < kMicro; ++m) {
-      if (o.step_overlap_bytes > 0 && m == kMicro - 1) {
+      if (begin && m == kMicro - 1) {
         CHECK_OK(eng->BeginStep(a));
       }
       for (size_t i = 0; i < specs.size(); ++i) {
@@ -700,6 +710,97 @@ int TrainCases(const std::shared_ptr<Communicator>& comm) {
     }
   }
   rc |= CutRowsReadTheirEdgesAgain(comm, all);
+  return rc;
+}
+
+// Stages 2 and 3 with BeginStep: each rank's stepper takes the stats of its
+// shard of the units not updated early (and Adafactor's statistics pass)
+// during backward. The masters, the norms and the skipped step (the last
+// rank's overflow, met by its stepper alone) are those of Step alone, bit
+// for bit.
+int StatisticsDuringBackward(const std::shared_ptr<Communicator>& comm) {
+  const int rank = comm->rank(), world = comm->size();
+  int rc = 0;
+  struct Case {
+    std::string name;
+    int stage;
+    CpuOptimizerAlgo algo;
+    uint64_t step_overlap = 0;  // some units updated early, the rest not
+    CommMemory comm_memory = CommMemory::kHost;
+  };
+  for (const Case& c :
+       {Case{"adamw, stage 2", 2, CpuOptimizerAlgo::kAdamW},
+        Case{"adamw, stage 2, some units updated early", 2,
+             CpuOptimizerAlgo::kAdamW, 96 << 10},
+        Case{"adamw, stage 2, collectives on device", 2,
+             CpuOptimizerAlgo::kAdamW, 0, CommMemory::kDevice},
+        Case{"adamw, stage 3, tight device budget", 3,
+             CpuOptimizerAlgo::kAdamW},
+        Case{"adafactor, stage 2", 2, CpuOptimizerAlgo::kAdafactor},
+        Case{"adafactor, stage 3, tight device budget", 3,
+             CpuOptimizerAlgo::kAdafactor},
+        Case{"sm3, stage 2", 2, CpuOptimizerAlgo::kSm3}}) {
+    const std::string name = "statistics during backward, " + c.name;
+    EngineOptions o = Base();
+    o.optimizer.cpu.algo = c.algo;
+    o.zero_stage = c.stage;
+    o.step_overlap_bytes = c.step_overlap;
+    o.comm_memory = c.comm_memory;
+    if (c.stage == 3) {
+      o.params = Residence::kHost;
+      o.device_budget_bytes = 160 << 10;  // below the model: evictions
+    }
+    o.rank = rank;
+    o.world_size = world;
+    o.comm = comm;
+    Phases alone;
+    alone.clip = false;
+    Phases begun;
+    begun.begin_step = true;
+    const Trained b = Train(o, {rank}, world, begun);
+    o.step_overlap_bytes = 0;  // which would call BeginStep
+    const Trained a = Train(o, {rank}, world, alone);
+    if (!a.error.empty() || !b.error.empty()) {
+      rc |= Fail(rank, name, a.error + " / " + b.error);
+      continue;
+    }
+    std::string why;
+    if (!Same(a.masters, b.masters)) {
+      why += " masters differ by " +
+             std::to_string(MaxDiff(a.masters, b.masters)) + ";";
+    }
+    if (a.norms != b.norms) why += " norms differ;";
+    if (a.applied != b.applied || b.applied.size() != kSteps ||
+        b.applied[kOverflowStep]) {
+      why += " the overflow step was not the one skipped;";
+    }
+    if (!b.working_is_master) {
+      why += " the working copy is not the master's rounding;";
+    }
+    if (a.stats.early_statistics != 0 || b.stats.early_statistics == 0) {
+      why += " units with statistics during backward: " +
+             std::to_string(b.stats.early_statistics) + " (without BeginStep " +
+             std::to_string(a.stats.early_statistics) + ");";
+    }
+    if ((c.step_overlap > 0) != (b.stats.early_units > 0)) {
+      why +=
+          " units updated early: " + std::to_string(b.stats.early_units) + ";";
+    }
+    if (c.stage == 3 && (b.stats.evictions == 0 || b.stats.prefetches == 0)) {
+      why += " no eviction or no prefetch under the tight budget;";
+    }
+    if (!why.empty()) {
+      rc |= Fail(rank, name, why);
+      continue;
+    }
+    std::printf(
+        "rank %d: %s: ok (Step alone's masters and norms bit for bit; %llu "
+        "units' statistics and %llu units' updates during backward)\n",
+        rank, name.c_str(),
+        static_cast<unsigned long long>(b.stats.early_statistics),
+        static_cast<unsigned long long>(b.stats.early_units));
+    std::fflush(stdout);
+  }
   return rc;
 }
 
@@ -1378,6 +1479,7 @@ int main(int argc, char** argv) {
   auto shared = std::make_shared<strata::Communicator>(std::move(comm).value());
   if (mode == "train") return strata::TrainCases(shared);
   if (mode == "errors") return strata::ErrorCases(shared);
+  if (mode == "statistics") return strata::StatisticsDuringBackward(shared);
   if (mode == "step-fault") return strata::StepFault(shared);
   if (mode == "gather-fault") return strata::GatherFault(shared);
   if (mode == "ckpt-save" && argc == 4) {
