@@ -222,4 +222,44 @@ std::string CpuAdafactorParamsJson(const CpuAdafactorOptions& a) {
   return j.dump();
 }
 
+std::string CpuOptimizerConfigJson(const CpuOptimizerConfig& c) {
+  const CpuOptimizerOptions& o = c.options;
+  Json params;
+  switch (o.algo) {
+    case CpuOptimizerAlgo::kAdam:
+    case CpuOptimizerAlgo::kAdamW:
+      params = {{"lr", c.lr},
+                {"betas", {o.beta1, o.beta2}},
+                {"eps", o.eps},
+                {"weight_decay", o.weight_decay},
+                {"bias_correction", o.bias_correction}};
+      // "adam" alone reads as AdamW (DeepSpeed's rule).
+      if (o.algo == CpuOptimizerAlgo::kAdam) params["adam_w_mode"] = false;
+      break;
+    case CpuOptimizerAlgo::kLion:
+      params = {{"lr", c.lr},
+                {"betas", {o.beta1, o.beta2}},
+                {"weight_decay", o.weight_decay}};
+      break;
+    case CpuOptimizerAlgo::kAdagrad:
+      params = {{"lr", c.lr}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
+      break;
+    case CpuOptimizerAlgo::kAdafactor:
+      params = Json::parse(CpuAdafactorParamsJson(o.adafactor));
+      // A fixed lr and relative_step exclude each other.
+      params["lr"] = o.adafactor.relative_step ? Json(nullptr) : Json(c.lr);
+      params["weight_decay"] = o.weight_decay;
+      break;
+    case CpuOptimizerAlgo::kSm3:
+      params = {{"lr", c.lr},
+                {"momentum", o.beta1},
+                {"eps", o.eps},
+                {"weight_decay", o.weight_decay}};
+      break;
+  }
+  const Json j = {{"type", std::string(CpuOptimizerAlgoName(o.algo))},
+                  {"params", params}};
+  return j.dump();
+}
+
 }  // namespace strata

@@ -487,6 +487,13 @@ STRATA_EXPORT StatusOr<CpuOptimizerConfig> ParseCpuOptimizerConfig(
 // (eps as [eps1, eps2]; beta1 0 for none), for records of a run.
 STRATA_EXPORT std::string CpuAdafactorParamsJson(const CpuAdafactorOptions& a);
 
+// The optimizer section of `c` as ParseCpuOptimizerConfig reads it: its type
+// and every params key of that type (Adam with adam_w_mode false; Adafactor's
+// lr null with relative_step), so that a run's record names its whole
+// optimizer and parsing it back gives the same algorithm, hyper-parameters
+// and lr. The kernel variant, threads and tiles are not part of it.
+STRATA_EXPORT std::string CpuOptimizerConfigJson(const CpuOptimizerConfig& c);
+
 }  // namespace strata
 
 #endif  // STRATA_CPU_ADAM_H_

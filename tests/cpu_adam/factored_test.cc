@@ -837,6 +837,80 @@ TEST(FactoredTest, NamesAndConfig) {
   }
 }
 
+// Every optimizer's section, written with values off every default, reads
+// back as it was: the type, each hyper-parameter of it and the lr (none
+// with Adafactor's relative step, whose lr is null).
+TEST(FactoredTest, WrittenConfigReadsBack) {
+  for (CpuOptimizerAlgo algo :
+       {CpuOptimizerAlgo::kAdam, CpuOptimizerAlgo::kAdamW,
+        CpuOptimizerAlgo::kAdagrad, CpuOptimizerAlgo::kLion,
+        CpuOptimizerAlgo::kAdafactor, CpuOptimizerAlgo::kSm3}) {
+    for (bool relative : {false, true}) {
+      if (relative && algo != CpuOptimizerAlgo::kAdafactor) continue;
+      SCOPED_TRACE(std::string(CpuOptimizerAlgoName(algo)) +
+                   (relative ? ", relative step" : ""));
+      CpuOptimizerConfig c;
+      c.lr = 3.7e-4;
+      CpuOptimizerOptions& o = c.options;
+      o.algo = algo;
+      o.beta1 = algo == CpuOptimizerAlgo::kSm3 ? 0.45 : 0.85;
+      o.beta2 = 0.975;
+      o.eps = 3e-7;
+      o.weight_decay = 0.125;
+      o.bias_correction = false;
+      o.adafactor.eps1 = 1e-29;
+      o.adafactor.eps2 = 2e-3;
+      o.adafactor.clip_threshold = 0.5;
+      o.adafactor.decay_rate = -0.7;
+      o.adafactor.beta1 = 0.9;
+      o.adafactor.relative_step = relative;
+      o.adafactor.scale_parameter = false;
+      o.adafactor.warmup_init = relative;
+      const std::string json = CpuOptimizerConfigJson(c);
+      auto back = ParseCpuOptimizerConfig(json);
+      ASSERT_TRUE(back.ok()) << json << ": " << back.status().ToString();
+      const CpuOptimizerOptions& b = back->options;
+      EXPECT_EQ(b.algo, algo) << json;
+      EXPECT_EQ(b.weight_decay, o.weight_decay) << json;
+      if (!relative) {
+        EXPECT_EQ(back->lr, c.lr) << json;
+      }
+      switch (algo) {
+        case CpuOptimizerAlgo::kAdam:
+        case CpuOptimizerAlgo::kAdamW:
+          EXPECT_EQ(b.bias_correction, o.bias_correction) << json;
+          [[fallthrough]];
+        case CpuOptimizerAlgo::kLion:
+          EXPECT_EQ(b.beta1, o.beta1) << json;
+          EXPECT_EQ(b.beta2, o.beta2) << json;
+          if (algo != CpuOptimizerAlgo::kLion) {
+            EXPECT_EQ(b.eps, o.eps) << json;
+          }
+          break;
+        case CpuOptimizerAlgo::kAdagrad:
+          EXPECT_EQ(b.eps, o.eps) << json;
+          break;
+        case CpuOptimizerAlgo::kSm3:
+          EXPECT_EQ(b.beta1, o.beta1) << json;
+          EXPECT_EQ(b.eps, o.eps) << json;
+          break;
+        case CpuOptimizerAlgo::kAdafactor: {
+          const CpuAdafactorOptions& a = b.adafactor;
+          EXPECT_EQ(a.eps1, o.adafactor.eps1) << json;
+          EXPECT_EQ(a.eps2, o.adafactor.eps2) << json;
+          EXPECT_EQ(a.clip_threshold, o.adafactor.clip_threshold) << json;
+          EXPECT_EQ(a.decay_rate, o.adafactor.decay_rate) << json;
+          EXPECT_EQ(a.beta1, o.adafactor.beta1) << json;
+          EXPECT_EQ(a.relative_step, relative) << json;
+          EXPECT_EQ(a.scale_parameter, o.adafactor.scale_parameter) << json;
+          EXPECT_EQ(a.warmup_init, o.adafactor.warmup_init) << json;
+          break;
+        }
+      }
+    }
+  }
+}
+
 // ---- Steps in ranges (CpuFactoredPlan)
 // ------------------------------------------------
 
