@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,7 @@
 #include "examples/finetune/report.h"
 #include "examples/finetune/trainer.h"
 #include "strata/comm.h"
+#include "strata/cpu_adam.h"
 #include "strata/engine_config.h"
 #include "strata/version.h"
 
@@ -51,6 +53,7 @@ struct Flags {
   int64_t steps = 0;
   int64_t batch = 8, seq_len = 128, micro_batches = 1;
   double lr = 3e-3, max_grad_norm = 1.0, min_lr_ratio = 0.1;
+  bool lr_given = false;  // --lr on the command line
   int64_t warmup = 10;
   std::string dtype = "bf16";
   std::string recompute = "auto";
@@ -314,19 +317,32 @@ Status ParseData(const Flags& f, Setup* s) {
   return Status::Ok();
 }
 
-// Fills the engine options: from --config, else the defaults (parameters
-// and optimizer states in host RAM, or on NVMe with --nvme), with a device
-// budget from --device-budget or a twelfth of the model state.
-// Whether a config names the ZeRO stage (zero_optimization.stage or
-// strata.zero_stage) rather than leaving strata's default.
-bool ConfigNamesStage(const std::string& path) {
+// Whether the JSON config at `path` names the nested key `keys` (each a
+// member of the object before), rather than leaving strata's default.
+bool ConfigHas(const std::string& path,
+               std::initializer_list<const char*> keys) {
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  auto has = [&j](const char* section, const char* key) {
-    return j.is_object() && j.contains(section) && j[section].is_object() &&
-           j[section].contains(key);
-  };
-  return has("zero_optimization", "stage") || has("strata", "zero_stage");
+  const nlohmann::json* at = &j;
+  for (const char* k : keys) {
+    if (!at->is_object() || !at->contains(k)) return false;
+    at = &(*at)[k];
+  }
+  return true;
+}
+
+// Whether a config names the ZeRO stage (zero_optimization.stage or
+// strata.zero_stage).
+bool ConfigNamesStage(const std::string& path) {
+  return ConfigHas(path, {"zero_optimization", "stage"}) ||
+         ConfigHas(path, {"strata", "zero_stage"});
+}
+
+// Whether a config names the optimizer's `key` (lr, weight_decay): in the
+// DeepSpeed section's params or in strata's optimizer.
+bool ConfigNamesOptimizer(const std::string& path, const char* key) {
+  return ConfigHas(path, {"optimizer", "params", key}) ||
+         ConfigHas(path, {"strata", "optimizer", key});
 }
 
 // With several ranks: the ranks, the ZeRO stage (the config's, else 2),
@@ -357,8 +373,14 @@ Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
   return Status::Ok();
 }
 
+// Fills the engine options: from --config, else the defaults (parameters
+// and optimizer states in host RAM, or on NVMe with --nvme), with a device
+// budget from --device-budget or a twelfth of the model state. The
+// optimizer's lr a config names is the schedule's peak unless --lr is
+// given, and its weight decay replaces the example's 0.01.
 Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
   TrainOptions& o = s->options;
+  bool own_decay = true;
   if (!f.config.empty()) {
     auto c = strata::ParseEngineConfigFile(f.config);
     if (!c.ok()) {
@@ -368,6 +390,20 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
     o.engine = c->options;
     o.engine_origin = "--config " + f.config;
     for (const std::string& w : c->warnings) s->notes.push_back(w);
+    const double lr = o.engine.optimizer.lr;
+    if (ConfigNamesOptimizer(f.config, "lr")) {
+      if (f.lr_given && lr != o.lr) {
+        s->notes.push_back("the optimizer's lr " + General(lr) +
+                           " gives way to --lr " + General(o.lr));
+      } else if (!f.lr_given && !(lr > 0)) {
+        return Status::InvalidArgument(
+            "--config: the optimizer's lr is " + General(lr) +
+            "; the schedule's peak must be > 0 (or pass --lr)");
+      } else if (!f.lr_given) {
+        o.lr = lr;
+      }
+    }
+    own_decay = !ConfigNamesOptimizer(f.config, "weight_decay");
   } else {
     o.engine.params = strata::Residence::kHost;
     o.engine.optimizer_states = strata::Residence::kHost;
@@ -419,7 +455,7 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
         static_cast<uint64_t>(ParameterCount(o.model)) * 12;
   }
   o.engine.optimizer.cpu.threads = static_cast<int>(f.threads);
-  o.engine.optimizer.cpu.weight_decay = 0.01;
+  if (own_decay) o.engine.optimizer.cpu.weight_decay = 0.01;
   return Status::Ok();
 }
 
@@ -632,7 +668,12 @@ StatusOr<Setup> ParseFlags(const Flags& f, const Ranks& ranks) {
       {"nvme_paths", o.engine.nvme_paths},
       {"device_budget_bytes", o.engine.device_budget_bytes},
       {"partition_bytes", o.engine.partition_bytes},
-      {"step_overlap_bytes", o.engine.step_overlap_bytes}};
+      {"step_overlap_bytes", o.engine.step_overlap_bytes},
+      // The optimizer as a DeepSpeed section (its lr the schedule's peak).
+      {"optimizer", nlohmann::json::parse(strata::CpuOptimizerConfigJson(
+                        {o.engine.optimizer.cpu, o.lr}))},
+      {"moments",
+       std::string(strata::MomentDTypeName(o.engine.optimizer.moment_dtype))}};
   return s;
 }
 
@@ -747,7 +788,9 @@ int Main(int argc, char** argv) {
   app.add_option("--seq-len", f.seq_len, "Tokens per sequence (128)");
   app.add_option("--micro-batches", f.micro_batches,
                  "Micro-batches per step (1)");
-  app.add_option("--lr", f.lr, "Peak learning rate (3e-3)");
+  app.add_option("--lr", f.lr,
+                 "Peak learning rate (the --config optimizer's lr, else "
+                 "3e-3)");
   app.add_option("--warmup", f.warmup, "Warm-up steps (10)");
   app.add_option("--min-lr-ratio", f.min_lr_ratio,
                  "Final learning rate over the peak (0.1)");
@@ -808,6 +851,7 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;
   }
+  f.lr_given = app.count("--lr") > 0;
   StatusOr<Ranks> ranks = MakeRanks(f);
   if (!ranks.ok()) {
     std::fprintf(stderr, "strata-finetune: %s\n",

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "strata/cpu_adam.h"
 #include "strata/engine.h"
 
 namespace finetune {
@@ -44,6 +45,12 @@ std::string Rate(double tokens_per_s) {
 }
 
 }  // namespace
+
+std::string General(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 
 std::string HumanBytes(uint64_t b) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -111,6 +118,16 @@ std::string Summary(const TrainOptions& o, const TrainReport& r) {
                                     "); the figures below are rank 0's");
   }
   line("achieved TFLOPS", Fixed(r.tflops, 4) + " (model FLOPs, no recompute)");
+  const strata::CpuOptimizerOptions& opt = o.engine.optimizer.cpu;
+  const bool relative = opt.algo == strata::CpuOptimizerAlgo::kAdafactor &&
+                        opt.adafactor.relative_step;
+  line("optimizer", std::string(strata::CpuOptimizerAlgoName(opt.algo)) + ", " +
+                        (relative ? std::string("relative step size")
+                                  : "peak lr " + General(o.lr)) +
+                        ", weight decay " + General(opt.weight_decay) + ", " +
+                        std::string(strata::MomentDTypeName(
+                            o.engine.optimizer.moment_dtype)) +
+                        " moments");
   line("parameters", std::to_string(r.params));
   const double ratio =
       r.device_budget_bytes > 0

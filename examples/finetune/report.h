@@ -35,6 +35,9 @@ class Progress {
 // "1.50 GiB", "512 KiB", "12 B".
 std::string HumanBytes(uint64_t bytes);
 
+// A number in printf's %g: "0.003", "1e-05".
+std::string General(double v);
+
 // The end-of-run summary (several lines).
 std::string Summary(const TrainOptions& options, const TrainReport& report);
 

@@ -137,10 +137,60 @@ TEST_F(FinetuneCliTest, SavesStopsResumesAndExports) {
   EXPECT_EQ(j["config"]["checkpoint"]["resume"], true);
 }
 
+// The optimizer a config names is the run's: its lr is the schedule's peak
+// unless --lr is given (a note then says which wins), and its weight decay
+// replaces the example's 0.01. The JSON records the optimizer as a
+// DeepSpeed section.
+TEST_F(FinetuneCliTest, TheConfigsOptimizerIsTheRunsAndTheJsonSaysSo) {
+  const std::string config = logs_.path() + "/lion.json";
+  std::ofstream(config) << R"({"zero_optimization": {"stage": 3,
+        "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "cpu"}},
+      "strata": {"partition_bytes": 65536},
+      "optimizer": {"type": "Lion", "params":
+        {"lr": 2e-4, "betas": [0.9, 0.98], "weight_decay": 0.05}}})";
+  struct Case {
+    std::vector<std::string> extra;
+    std::string type;
+    double lr, weight_decay;
+    bool note;  // "gives way to --lr"
+  };
+  for (const Case& c :
+       {Case{{}, "adamw", 3e-3, 0.01, false},
+        Case{{"--config", config}, "lion", 2e-4, 0.05, false},
+        Case{{"--config", config, "--lr", "1e-3"}, "lion", 1e-3, 0.05, true}}) {
+    SCOPED_TRACE(c.extra.empty() ? "no config" : c.extra.back());
+    std::vector<std::string> args = Tiny();
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    args.insert(args.end(), {"--json", "run.json"});
+    const Outcome o = RunFinetune(args, cwd_.path(), logs_.path());
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_EQ(o.err.find("gives way to --lr") != std::string::npos, c.note)
+        << o.err;
+    std::ifstream in(cwd_.path() + "/run.json");
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_DOUBLE_EQ(j["config"]["lr"].get<double>(), c.lr);
+    const auto& opt = j["config"]["engine"]["optimizer"];
+    EXPECT_EQ(opt["type"], c.type);
+    EXPECT_DOUBLE_EQ(opt["params"]["lr"].get<double>(), c.lr);
+    EXPECT_DOUBLE_EQ(opt["params"]["weight_decay"].get<double>(),
+                     c.weight_decay);
+    if (c.type == "lion") {
+      EXPECT_DOUBLE_EQ(opt["params"]["betas"][1].get<double>(), 0.98);
+    }
+    EXPECT_EQ(j["config"]["engine"]["moments"], "fp32");
+    fs::remove(cwd_.path() + "/run.json");
+  }
+}
+
 TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
   const std::string bad_config = logs_.path() + "/bad.json";
   std::ofstream(bad_config) << R"({"zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_pth": "/x"}}})";
+  const std::string zero_lr = logs_.path() + "/zero-lr.json";
+  std::ofstream(zero_lr) << R"({"optimizer": {"type": "AdamW",
+      "params": {"lr": 0}}})";
   struct Case {
     std::vector<std::string> extra;
     std::string says;
@@ -158,6 +208,7 @@ TEST_F(FinetuneCliTest, BadFlagsFilesAndConfigsExit2NamingThem) {
       {{"--config", "/nonexistent.json"}, "--config"},
       {{"--seq-len", "64"}, "--seq-len"},
       {{"--lr", "-1"}, "--lr"},
+      {{"--config", zero_lr}, "--config: the optimizer's lr is 0"},
       {{"--vocab", "v.json"}, "--merges"},
       {{"--weights", "/nonexistent.safetensors"}, "--weights"},
       {{"--resume"}, "--checkpoint-dir"},
