@@ -240,6 +240,32 @@ TEST_F(FinetuneMpiTest, TwoRanksOfZeroStage3OnNvmeTrainAsOneRank) {
   EXPECT_TRUE(Entries(nvme_.path()).empty());
 }
 
+// Clipping off, so the trainer calls BeginStep: with stages 2 and 3 each
+// rank's engine takes its shard's gradient statistics during backward, and
+// Adafactor's statistics pass over its part of each matrix, and the two
+// ranks still train as one.
+TEST_F(FinetuneMpiTest, TwoRanksTakeTheirStatisticsDuringBackward) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string config = logs_.path() + "/adafactor.json";
+    std::ofstream(config) << R"({"zero_optimization": {"stage": )" << stage
+                          << (stage == 3
+                                  ? R"(, "offload_param": {"device": "cpu"})"
+                                  : "")
+                          << R"(, "offload_optimizer": {"device": "cpu"}},
+            "optimizer": {"type": "Adafactor",
+              "params": {"lr": 3e-3, "scale_parameter": false,
+                "relative_step": false}},
+            "strata": {"partition_bytes": 65536}})";
+    ExpectSameCurve({"--config", config, "--max-grad-norm", "0"}, stage);
+    const auto j = ReadJson(cwd_.path() + "/two.json");
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["config"]["engine"]["optimizer"]["type"], "adafactor");
+    EXPECT_GT(j["engine"]["early_statistics"].get<uint64_t>(), 0u);
+    EXPECT_EQ(j["engine"]["early_units"].get<uint64_t>(), 0u);
+  }
+}
+
 // An error on one rank only (its swap directory cannot be made) stops
 // both ranks with the same status, the other saying so, without waiting
 // for the communicator's timeout.
