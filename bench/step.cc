@@ -219,6 +219,9 @@ std::vector<Run> Runs(const StepConfig& c) {
   return out;
 }
 
+// The lr of every step (Adafactor's relative step, its default, ignores it).
+constexpr double kStepLr = 1e-4;
+
 // The optimizer of a run: the library's defaults (Adafactor's are HF
 // transformers'), SM3 without momentum.
 CpuOptimizerOptions OptimizerOf(const StepConfig& c, CpuOptimizerAlgo a) {
@@ -642,7 +645,7 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
   auto one_step = [&]() -> StatusOr<double> {
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
     StepArgs a;
-    a.lr = 1e-4;
+    a.lr = kStepLr;
     const uint64_t early_before = engine->stats().early_statistics;
     if (c.begin_step) STRATA_RETURN_IF_ERROR(engine->BeginStep(a));
     for (TensorId id : ids) {
@@ -835,6 +838,9 @@ Status ReportStep(const StepConfig& c, const StepOutcome& out,
     results.push_back(
         {{"case", r.name},
          {"optimizer", optimizer},
+         // Its hyper-parameters, as a DeepSpeed optimizer section.
+         {"optimizer_config", nlohmann::json::parse(CpuOptimizerConfigJson(
+                                  {OptimizerOf(c, r.run.algo), kStepLr}))},
          {"moments", moments},
          {"state_bytes_per_param", per_param},
          {"params", c.params},

@@ -812,6 +812,17 @@ TEST(BenchCliTest, StepBeginStepTakesTheStatisticsBeforeTheStep) {
     EXPECT_EQ(stats.value("early_statistics", uint64_t{0}), steps) << r.dump();
     EXPECT_EQ(stats.value("early_units", uint64_t{1}), 0u) << r.dump();
     EXPECT_GT(r.value("update_params_per_s", 0.0), 0.0) << r.dump();
+    // The whole optimizer, as the section the engine config reads: AdamW's
+    // lr and betas, Adafactor's relative step (its lr then null).
+    const auto& opt = r["optimizer_config"];
+    EXPECT_EQ(opt["type"], r["optimizer"]) << r.dump();
+    if (r["optimizer"] == "adamw") {
+      EXPECT_EQ(opt["params"]["lr"], 1e-4) << r.dump();
+      EXPECT_EQ(opt["params"]["betas"], nlohmann::json::array({0.9, 0.999}));
+    } else {
+      EXPECT_TRUE(opt["params"]["lr"].is_null()) << r.dump();
+      EXPECT_EQ(opt["params"]["relative_step"], true) << r.dump();
+    }
   }
   EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
 }
