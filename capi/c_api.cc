@@ -918,6 +918,20 @@ strata_code_t strata_engine_wait_grads(strata_engine_t* engine, char** errptr) {
   });
 }
 
+strata_code_t strata_engine_begin_step(strata_engine_t* engine, double lr,
+                                       double loss_scale, double max_grad_norm,
+                                       char** errptr) {
+  return Guard(errptr, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        Require(engine, "strata_engine_begin_step", "engine"));
+    strata::StepArgs args;
+    args.lr = lr;
+    args.loss_scale = loss_scale;
+    args.max_grad_norm = max_grad_norm;
+    return engine->engine->BeginStep(args);
+  });
+}
+
 strata_code_t strata_engine_step(strata_engine_t* engine, double lr,
                                  double loss_scale, double max_grad_norm,
                                  int* applied, double* grad_norm, int64_t* step,

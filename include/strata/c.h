@@ -354,6 +354,21 @@ STRATA_EXPORT strata_code_t strata_engine_add_grad_owned(
 /* Blocks until every gradient handed over has been accumulated. */
 STRATA_EXPORT strata_code_t strata_engine_wait_grads(strata_engine_t* engine,
                                                      char** errptr);
+/* Optional, before the backward of the step's last micro-batch, with the
+ * arguments strata_engine_step will get (max_grad_norm 0: clipping needs
+ * the whole gradient's norm first): the next gradient handed over for each
+ * tensor is its last before the step, and the engine may update a unit,
+ * or take its gradient's statistics, as soon as the last gradients of all
+ * its tensors are in, while backward still runs; the step then does the
+ * rest, to the same results (docs/memtier.md, "Updates during backward").
+ * Until the step returns, a tensor whose last gradient was handed over can
+ * be neither fetched nor given another (STRATA_FAILED_PRECONDITION): a
+ * tensor used twice in one backward sums its gradients first. */
+STRATA_EXPORT strata_code_t strata_engine_begin_step(strata_engine_t* engine,
+                                                     double lr,
+                                                     double loss_scale,
+                                                     double max_grad_norm,
+                                                     char** errptr);
 /* One optimizer step over every tensor: the gradients are divided by
  * `loss_scale` (0: the engine's own, strata_engine_loss_scale; with the
  * config's loss scale static or dynamic any other value must equal it),
