@@ -497,6 +497,15 @@ class PyEngine {
     NoGil([&] { return c->engine->WaitGrads(); });
   }
 
+  void BeginStep(double lr, double loss_scale, double max_grad_norm) {
+    std::shared_ptr<Core> c = Open("begin_step");
+    StepArgs a;
+    a.lr = lr;
+    a.loss_scale = loss_scale;
+    a.max_grad_norm = max_grad_norm;
+    NoGil([&] { return c->engine->BeginStep(a); });
+  }
+
   PyStepResult Step(double lr, double loss_scale, double max_grad_norm) {
     std::shared_ptr<Core> c = Open("step");
     StepArgs a;
@@ -815,6 +824,16 @@ integers register() returns. Calls after close() raise strata.Error.
            "default stream). The array may be freed when the call returns.")
       .def("wait_grads", &PyEngine::WaitGrads,
            "Blocks until every gradient handed over is accumulated.")
+      .def("begin_step", &PyEngine::BeginStep, py::kw_only(), py::arg("lr"),
+           py::arg("loss_scale") = 0.0, py::arg("max_grad_norm") = 0.0,
+           "Optional, before the backward of the step's last micro-batch, "
+           "with the arguments step() will get (max_grad_norm 0): each "
+           "tensor's next gradient is its last before step(), and the "
+           "engine updates a unit, or takes its gradient's statistics, as "
+           "soon as all of its tensors' last gradients are in, while "
+           "backward still runs; step() does the rest, to the same results. "
+           "Until step() returns, a tensor whose last gradient was handed "
+           "over can be neither fetched nor given another.")
       .def("step", &PyEngine::Step, py::kw_only(), py::arg("lr"),
            py::arg("loss_scale") = 0.0, py::arg("max_grad_norm") = 0.0,
            "The optimizer over every tensor; returns a StepResult. "

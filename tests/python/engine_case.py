@@ -63,9 +63,12 @@ def make_engine(comm=None, world_size=1, rank=0, stage=2, init=True,
     return eng
 
 
-def train(eng, first, count, rank=0, size=1):
-    """Steps first .. first+count-1, each rank its own gradients."""
+def train(eng, first, count, rank=0, size=1, begin_step=False):
+    """Steps first .. first+count-1, each rank its own gradients; with
+    begin_step, Engine.begin_step before each step's hand-overs."""
     for s in range(first, first + count):
+        if begin_step:
+            eng.begin_step(lr=LR)
         for t in range(len(SHAPES)):
             eng.add_grad(t, grad(t, s, rank, size))
         r = eng.step(lr=LR)

@@ -200,6 +200,50 @@ class OffloadTrainingTest(unittest.TestCase):
         for a_, b_ in zip(losses, ref_losses):
             self.assertAlmostEqual(a_, b_, delta=5e-3 * abs(b_) + 1e-4)
 
+    def test_begin_step_changes_no_loss_and_no_master(self):
+        """Offloaded.begin_step before each forward and backward: the engine
+        takes each unit's gradient statistics as backward hands its
+        gradients over, and the losses and masters are step()'s alone, bit
+        for bit. A parameter handed over twice in that backward (a module
+        called twice) is refused, naming the rule."""
+        data = batches(4)
+        runs = []
+        for begin in (False, True):
+            d = os.path.join(self.tmp.name, "begun" if begin else "alone")
+            os.mkdir(d)
+            with storch.offload(make_mlp(0), engine_config(d, 768 * KIB),
+                                device="host") as off:
+                losses = []
+                for x, y in data:
+                    if begin:
+                        off.begin_step(lr=LR)
+                    loss = torch.nn.functional.mse_loss(
+                        off(x.bfloat16()).float(), y)
+                    loss.backward()
+                    self.assertTrue(off.step(lr=LR).applied)
+                    losses.append(loss.item())
+                runs.append((losses, off.state_dict(), off.stats()))
+        (losses, masters, stats), (b_losses, b_masters, b_stats) = runs
+        self.assertEqual(b_losses, losses)
+        for k in masters:
+            torch.testing.assert_close(b_masters[k], masters[k], rtol=0,
+                                       atol=0, msg=k)
+        self.assertEqual(stats["early_statistics"], 0)
+        self.assertGreaterEqual(b_stats["early_statistics"], len(data))
+
+        lin = torch.nn.Linear(16, 16)
+        twice = torch.nn.Sequential(lin, torch.nn.Tanh(), lin)
+        d = os.path.join(self.tmp.name, "twice")
+        os.mkdir(d)
+        with storch.offload(twice, engine_config(d, 64 * KIB),
+                            device="host") as off:
+            off.begin_step(lr=LR)
+            loss = off(torch.randn(4, 16).bfloat16()).float().sum()
+            with self.assertRaisesRegex(strata.Error, "last gradient"):
+                loss.backward()
+        with self.assertRaisesRegex(TypeError, "lr="):
+            off.begin_step()
+
     def test_checkpoint_round_trip_and_comm(self):
         """A checkpoint saved mid-run (over a 'single' communicator) loads
         into an offload of a freshly initialized model: the same masters bit

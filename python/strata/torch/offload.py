@@ -267,6 +267,21 @@ class Offloaded:
 
     # ---- the trainer's side ----
 
+    def begin_step(self, lr=None, loss_scale=0.0, max_grad_norm=0.0):
+        """Optional, before the last micro-batch's backward, with the
+        arguments ``step()`` will get (``max_grad_norm`` 0): the engine
+        updates each unit, or takes its gradient's statistics, as soon as
+        backward has handed over all of its parameters' gradients, and
+        ``step()`` does the rest, to the same results. Until ``step()``
+        returns each parameter may receive one gradient: a parameter shared
+        by two submodules (two hand-overs in one backward) is refused."""
+        if lr is None:
+            raise TypeError("Offloaded.begin_step() needs lr=")
+        self._check_open()
+        self.engine.begin_step(
+            lr=lr, loss_scale=loss_scale, max_grad_norm=max_grad_norm
+        )
+
     def step(self, lr=None, loss_scale=0.0, max_grad_norm=0.0):
         """The engine's optimizer step over every parameter (a
         ``strata.StepResult``). ``lr`` is required: the schedule is the
