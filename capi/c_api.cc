@@ -321,6 +321,15 @@ Status CreateComm(strata::CommOptions o, const char* call, double timeout_s,
   return Status::Ok();
 }
 
+// strata_engine_begin_step's and strata_engine_step's arguments.
+strata::StepArgs ArgsOf(double lr, double loss_scale, double max_grad_norm) {
+  strata::StepArgs args;
+  args.lr = lr;
+  args.loss_scale = loss_scale;
+  args.max_grad_norm = max_grad_norm;
+  return args;
+}
+
 }  // namespace
 
 extern "C" {
@@ -924,11 +933,7 @@ strata_code_t strata_engine_begin_step(strata_engine_t* engine, double lr,
   return Guard(errptr, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         Require(engine, "strata_engine_begin_step", "engine"));
-    strata::StepArgs args;
-    args.lr = lr;
-    args.loss_scale = loss_scale;
-    args.max_grad_norm = max_grad_norm;
-    return engine->engine->BeginStep(args);
+    return engine->engine->BeginStep(ArgsOf(lr, loss_scale, max_grad_norm));
   });
 }
 
@@ -938,11 +943,9 @@ strata_code_t strata_engine_step(strata_engine_t* engine, double lr,
                                  char** errptr) {
   return Guard(errptr, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(Require(engine, "strata_engine_step", "engine"));
-    strata::StepArgs args;
-    args.lr = lr;
-    args.loss_scale = loss_scale;
-    args.max_grad_norm = max_grad_norm;
-    STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine->engine->Step(args));
+    STRATA_ASSIGN_OR_RETURN(
+        strata::StepResult r,
+        engine->engine->Step(ArgsOf(lr, loss_scale, max_grad_norm)));
     if (applied != nullptr) *applied = r.applied ? 1 : 0;
     if (grad_norm != nullptr) *grad_norm = r.grad_norm;
     if (step != nullptr) *step = r.step;

@@ -497,21 +497,23 @@ class PyEngine {
     NoGil([&] { return c->engine->WaitGrads(); });
   }
 
-  void BeginStep(double lr, double loss_scale, double max_grad_norm) {
-    std::shared_ptr<Core> c = Open("begin_step");
+  static StepArgs ArgsOf(double lr, double loss_scale, double max_grad_norm) {
     StepArgs a;
     a.lr = lr;
     a.loss_scale = loss_scale;
     a.max_grad_norm = max_grad_norm;
+    return a;
+  }
+
+  void BeginStep(double lr, double loss_scale, double max_grad_norm) {
+    std::shared_ptr<Core> c = Open("begin_step");
+    const StepArgs a = ArgsOf(lr, loss_scale, max_grad_norm);
     NoGil([&] { return c->engine->BeginStep(a); });
   }
 
   PyStepResult Step(double lr, double loss_scale, double max_grad_norm) {
     std::shared_ptr<Core> c = Open("step");
-    StepArgs a;
-    a.lr = lr;
-    a.loss_scale = loss_scale;
-    a.max_grad_norm = max_grad_norm;
+    const StepArgs a = ArgsOf(lr, loss_scale, max_grad_norm);
     const StepResult v = NoGil([&] { return c->engine->Step(a); });
     return PyStepResult{v.applied, v.grad_norm, v.step, v.loss_scale};
   }
