@@ -59,7 +59,7 @@ TEST_P(EngineRanksTest, StatisticsDuringBackwardChangeNothing) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
   for (int i = 0; i < ranks; ++i)
-    EXPECT_EQ(Count(r.out, i, ": ok"), 7) << r.out;
+    EXPECT_EQ(Count(r.out, i, ": ok"), 8) << r.out;
   std::printf("%s(%d ranks, %.1f s)\n", r.out.c_str(), ranks, r.seconds);
 }
 

@@ -739,6 +739,8 @@ int StatisticsDuringBackward(const std::shared_ptr<Communicator>& comm) {
         Case{"adafactor, stage 2", 2, CpuOptimizerAlgo::kAdafactor},
         Case{"adafactor, stage 3, tight device budget", 3,
              CpuOptimizerAlgo::kAdafactor},
+        Case{"adafactor, stage 3, tight device budget, collectives on device",
+             3, CpuOptimizerAlgo::kAdafactor, 0, CommMemory::kDevice},
         Case{"sm3, stage 2", 2, CpuOptimizerAlgo::kSm3}}) {
     const std::string name = "statistics during backward, " + c.name;
     EngineOptions o = Base();
@@ -749,6 +751,11 @@ int StatisticsDuringBackward(const std::shared_ptr<Communicator>& comm) {
     if (c.stage == 3) {
       o.params = Residence::kHost;
       o.device_budget_bytes = 160 << 10;  // below the model: evictions
+      if (c.comm_memory == CommMemory::kDevice) {
+        // The device buckets and buffers come out of the budget too.
+        o.device_budget_bytes += 64 << 10;
+        o.reduce_bucket_bytes = 8 << 10;
+      }
     }
     o.rank = rank;
     o.world_size = world;
