@@ -68,6 +68,11 @@ def run_offloaded(model, data, args, device):
             t0 = time.perf_counter()
             # The model computes in bf16; the loss in fp32 (torch 1.13 has
             # no bf16 mse_loss on CPU).
+            # No clipping: the engine may take each layer's gradient
+            # statistics while backward still runs (begin_step), so that
+            # the step reads each gradient once.
+            if args.begin_step == "on":
+                off.begin_step(lr=args.lr)
             loss = torch.nn.functional.mse_loss(off(x.bfloat16()).float(), y)
             loss.backward()
             off.step(lr=args.lr)
@@ -122,6 +127,9 @@ def main():
                     help="O_DIRECT (not on tmpfs)")
     ap.add_argument("--device", choices=["host", "cuda"], default=None,
                     help="default: cuda when torch sees a GPU")
+    ap.add_argument("--begin-step", choices=["on", "off"], default="on",
+                    help="announce each step before its backward (default "
+                         "on)")
     ap.add_argument("--json", action="store_true",
                     help="print the figures as one JSON object")
     args = ap.parse_args()
@@ -143,6 +151,11 @@ def main():
         "device": device,
         "params": sum(p.numel() for p in base.parameters()),
         "steps": args.steps,
+        "batch": args.batch,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "lr": args.lr,
+        "begin_step": args.begin_step,
         "loss_first": off_losses[0],
         "loss_last_offloaded": off_losses[-1],
         "loss_last_plain": plain_losses[-1],
@@ -154,6 +167,7 @@ def main():
         "nvme_write_MiB": stats["nvme_write_bytes"] / 2**20,
         "fetches": stats["fetches"],
         "prefetch_hits": stats["prefetch_hits"],
+        "early_statistics": stats["early_statistics"],
     }
     if args.json:
         print(json.dumps(result))
