@@ -1163,11 +1163,20 @@ std::vector<uint32_t> EngineImpl::PrefetchCandidatesLocked() {
       if (live > max_live) break;
     }
     if (!units_[v].resident && !units_[v].allocating &&
+        !HandedOverLocked(static_cast<uint32_t>(v)) &&
         std::find(out.begin(), out.end(), v) == out.end()) {
       out.push_back(static_cast<uint32_t>(v));
     }
   }
   return out;
+}
+
+bool EngineImpl::HandedOverLocked(uint32_t u) const {
+  if (!early_armed_) return false;
+  for (TensorId id : layout_->unit(u).tensors) {
+    if (!last_handed_[id]) return false;
+  }
+  return true;
 }
 
 // The unpinned, settled device copy whose next use is furthest away (ties:
@@ -1209,10 +1218,8 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
     for (;;) {
       while (s.allocating) cv_.Wait(&mu_);
       // Being updated, or updated, during backward (Note [Updates during
-      // backward]): Fetch refused the unit's tensors already. A unit whose
-      // statistics alone were taken is unchanged: whether it may be
-      // prefetched must not depend on the stepper's pace (stage 3's ranks
-      // gather the same units).
+      // backward]): Fetch refused the unit's tensors already, and prefetch
+      // passes over every unit handed over (HandedOverLocked).
       if (early_state_[u] == kEarlyUpdating ||
           early_state_[u] == kEarlyUpdated) {
         return prefetch ? Status::Ok()
@@ -1851,8 +1858,10 @@ void EngineImpl::WaitGradsQuiet() {
 //   over the ranks as it would have. A rank whose stepper met a non-finite
 //   gradient stops there, and the agreed verdict skips the step on every
 //   rank; the others' statistics are dropped with it, as nothing changed.
-//   Stage 3 prefetches such a unit as any other, so that no rank's gathers
-//   depend on its stepper's pace.
+//   Which units are prefetched depends on the trainer's calls alone, never
+//   on the stepper's pace (stage 3's ranks must gather the same units):
+//   prefetch passes over a unit once all its tensors' last gradients were
+//   handed over (HandedOverLocked), whatever the stepper has done with it.
 // - ReadMaster gathers a tensor's master from the shards: a collective.
 // - Step agrees on its outcome at three points (before the reduction, before
 //   the norm, after the update: AgreeNow), so that a rank whose hand-overs,
@@ -2942,7 +2951,10 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 //
 // What makes it safe:
 // - Nothing else touches the unit meanwhile. Fetch refuses a tensor whose
-//   last gradient was handed over; prefetch skips a unit being updated; the
+//   last gradient was handed over; prefetch passes over a unit whose
+//   tensors all were (its next use follows Step, which drops every cached
+//   copy, so a copy made now would be wasted; and the rule depends on the
+//   trainer's calls alone, as stage 3's gathers must); the
 //   stepper waits for the unit's pins to drop and its arrivals to land, and
 //   for in-flight copies of host parameters to end; a device-resident copy
 //   is rewritten on the copy stream after the trainer's uses (the release

@@ -488,6 +488,9 @@ class EngineImpl final : public Engine {
     return options_.grads != Residence::kNvme &&
            (!MultiRank() || options_.zero_stage >= 2);
   }
+  // After BeginStep: whether every tensor of unit u had its last gradient
+  // handed over (its next use follows Step).
+  bool HandedOverLocked(uint32_t u) const STRATA_REQUIRES(mu_);
   // The arguments of the step BeginStep announced.
   CpuStepArgs EarlyArgsLocked() const STRATA_REQUIRES(mu_);
   // Whether a unit whose last gradients are all in goes to the stepper:

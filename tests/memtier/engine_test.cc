@@ -669,6 +669,73 @@ TEST_F(EngineFixture, PrefetchGoesOnAfterAnOrderChange) {
   EXPECT_GT(s2.prefetch_hits, 0u);
 }
 
+// After BeginStep, prefetch passes over a unit whose tensors all had their
+// last gradient handed over: its next use follows Step, which drops every
+// cached copy. A trace whose step fetched unit 0 once more after the
+// backward (a trainer that read it for a log, say) has the backward's last
+// fetches prefetch unit 0 for that use; after BeginStep they pass over it.
+// The rule reads the trainer's calls alone, never the stepper's pace, as
+// stage 3's ranks need to gather the same units. The masters are the same.
+TEST_F(EngineFixture, BeginStepPrefetchesNoUnitHandedOver) {
+  uint64_t prefetched[2] = {0, 0};
+  std::vector<float> masters[2];
+  for (int begin : {0, 1}) {
+    SCOPED_TRACE(begin ? "with BeginStep" : "Step alone");
+    EngineOptions o = BaseOptions();
+    o.params = Residence::kHost;
+    o.device_budget_bytes = 3 * kUnitBytes;
+    o.prefetch_bytes = 2 * kUnitBytes;
+    ids_.clear();
+    Make(o, 6);
+    auto stream = std::move(dev_->NewStream({}).value());
+    auto grad = std::move(dev_->Allocate(kWidth * kWidth * 4, *stream).value());
+    const std::vector<float> g(kWidth * kWidth, 0.25f);
+    ASSERT_TRUE(dev_->CopyAsync(*stream, grad.data(), g.data(), g.size() * 4,
+                                CopyKind::kHostToDevice)
+                    .ok());
+    ASSERT_TRUE(dev_->SynchronizeStream(*stream).ok());
+    StepArgs a;
+    a.lr = 1e-2;
+    auto fetch = [&](TensorId id) {
+      auto p = eng_->Fetch(id);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      ASSERT_TRUE(p->Wait().ok());
+    };
+    // A forward, then a backward that fetches each unit again and hands
+    // its gradient over, in the same order; `log`: unit 0 fetched again.
+    auto step = [&](bool begin_step, bool log) {
+      if (begin_step) {
+        ASSERT_TRUE(eng_->BeginStep(a).ok());
+      }
+      for (TensorId id : ids_) fetch(id);
+      for (TensorId id : ids_) {
+        fetch(id);
+        ASSERT_TRUE(
+            eng_->AddGrad(id, grad.data(), ElementType::kFloat32, *stream)
+                .ok());
+      }
+      if (log) fetch(ids_[0]);
+      auto r = eng_->Step(a);
+      ASSERT_TRUE(r.ok() && r->applied) << r.status().ToString();
+    };
+    step(false, true);  // the trace
+    const uint64_t before = eng_->stats().prefetches;
+    step(begin != 0, false);
+    prefetched[begin] = eng_->stats().prefetches - before;
+    masters[begin].resize(kWidth * kWidth * ids_.size());
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      ASSERT_TRUE(eng_->ReadMaster(ids_[i], std::span<float>(masters[begin])
+                                                .subspan(i * kWidth * kWidth,
+                                                         kWidth * kWidth))
+                      .ok());
+    }
+    eng_.reset();  // before the next Make replaces its device
+  }
+  EXPECT_GT(prefetched[1], 0u);
+  EXPECT_EQ(prefetched[1] + 1, prefetched[0]);  // unit 0, for the log
+  EXPECT_EQ(masters[1], masters[0]);
+}
+
 TEST_F(EngineFixture, OverflowSkipsTheStepAndClippingBoundsTheNorm) {
   EngineOptions o = BaseOptions();
   o.params = Residence::kHost;
