@@ -2,7 +2,8 @@
 strata.Communicator('mpi') with zero_stage argv[2], saves a checkpoint into
 argv[1] at step engine_case's SAVED_AT (rank 0 writes), trains 2 more steps,
 then loads the checkpoint back; a save that fails on rank 0 and a load of
-nothing raise on every rank. Writes its masters at the save and at the end
+nothing raise on every rank. Then the same 5 steps with begin_step end with
+the same masters bit for bit. Writes its masters at the save and at the end
 into argv[1]/rank-R-{saved,final}.f32 and prints "rank R: ok"."""
 
 import os
@@ -62,6 +63,16 @@ def main():
     saved.tofile(os.path.join(out, "rank-%d-saved.f32" % rank))
     final.tofile(os.path.join(out, "rank-%d-final.f32" % rank))
     eng.close()
+    # begin_step before each step's hand-overs: each rank's engine takes its
+    # shard's gradient statistics as they are reduced, to the same masters
+    # bit for bit.
+    begun = case.make_engine(comm, size, rank, stage)
+    case.train(begun, 0, SAVED_AT + 2, rank, size, begin_step=True)
+    if not np.array_equal(case.masters(begun), final):
+        raise AssertionError("begin_step changed the masters")
+    if begun.stats()["early_statistics"] == 0:
+        raise AssertionError("no statistics were taken during the steps")
+    begun.close()
     print("rank %d: ok" % rank, flush=True)
 
 
