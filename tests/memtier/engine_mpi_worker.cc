@@ -35,7 +35,8 @@
 //       on. Every rank's Step fails at once (well within the communicator's
 //       60 s timeout), the others naming that rank; once an update has
 //       begun, every engine refuses further use. Also with the collectives
-//       on device memory, and an AddGrad refused on the caller's thread.
+//       on device memory, and an AddGrad refused on the caller's thread
+//       (also after BeginStep, the other ranks taking statistics).
 //   engine_mpi_worker <plugin> gather-fault
 //       zero_stage 3, parameters on NVMe: the last rank's reads fail from
 //       the third step; every rank's fetch fails at once naming that rank,
@@ -1316,6 +1317,9 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
     // The last rank's AddGrad of the first tensor fails on the caller's
     // thread (a gradient too short), instead of its I/O.
     bool short_handover = false;
+    // BeginStep before each step's hand-overs: the other units' statistics
+    // are taken during them, on every rank.
+    bool begin_step = false;
   };
   for (const Case& c :
        {Case{2, Residence::kNvme, Residence::kHost},
@@ -1323,7 +1327,11 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
         Case{2, Residence::kHost, Residence::kNvme},
         Case{3, Residence::kNvme, Residence::kHost, CommMemory::kDevice},
         Case{2, Residence::kHost, Residence::kHost, CommMemory::kHost, true},
-        Case{3, Residence::kHost, Residence::kHost, CommMemory::kHost, true}}) {
+        Case{3, Residence::kHost, Residence::kHost, CommMemory::kHost, true},
+        Case{2, Residence::kHost, Residence::kHost, CommMemory::kHost, true,
+             true},
+        Case{3, Residence::kHost, Residence::kHost, CommMemory::kHost, true,
+             true}}) {
     const int stage = c.stage;
     const bool in_handover = c.grads == Residence::kNvme || c.short_handover;
     const std::string name =
@@ -1331,7 +1339,8 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
         (c.grads == Residence::kNvme ? ", gradients on nvme" : "") +
         (c.comm_memory == CommMemory::kDevice ? ", collectives on device"
                                               : "") +
-        (c.short_handover ? ", a hand-over refused" : "");
+        (c.short_handover ? ", a hand-over refused" : "") +
+        (c.begin_step ? ", BeginStep" : "");
     EngineOptions o = Base();
     o.zero_stage = stage;
     o.params = stage == 3 ? Residence::kHost : Residence::kDevice;
@@ -1356,8 +1365,11 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
       plan->Add(f);
     };
     Status refused;  // the short hand-over's own error
+    StepArgs a;
+    a.lr = 1e-2;
     for (int s = 0; s < 3 && st.ok(); ++s) {
       if (s == 2 && faulty && in_handover && !c.short_handover) fault();
+      if (c.begin_step) st = eng->BeginStep(a);
       for (size_t i = 0; i < ids.size() && st.ok(); ++i) {
         std::vector<float> w;
         st = ReadWorking(*eng, *dev, *stream, ids[i], w);
@@ -1372,8 +1384,6 @@ int StepFault(const std::shared_ptr<Communicator>& comm) {
       }
       if (!st.ok()) break;
       if (s == 2 && faulty && !in_handover) fault();
-      StepArgs a;
-      a.lr = 1e-2;
       const auto t0 = std::chrono::steady_clock::now();
       r = eng->Step(a);
       seconds =
