@@ -205,7 +205,8 @@ class OffloadTrainingTest(unittest.TestCase):
         takes each unit's gradient statistics as backward hands its
         gradients over, and the losses and masters are step()'s alone, bit
         for bit. A parameter handed over twice in that backward (a module
-        called twice) is refused, naming the rule."""
+        called twice) is refused, naming the rule; a weight tied between two
+        modules is refused by begin_step itself."""
         data = batches(4)
         runs = []
         for begin in (False, True):
@@ -243,6 +244,19 @@ class OffloadTrainingTest(unittest.TestCase):
                 loss.backward()
         with self.assertRaisesRegex(TypeError, "lr="):
             off.begin_step()
+        # A weight tied between two modules is refused before backward.
+        a, b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        b.weight = a.weight
+        tied = torch.nn.Sequential(a, torch.nn.Tanh(), b)
+        d = os.path.join(self.tmp.name, "tied")
+        os.mkdir(d)
+        with storch.offload(tied, engine_config(d, 64 * KIB),
+                            device="host") as off:
+            with self.assertRaisesRegex(ValueError, r"parameter 0\.weight"):
+                off.begin_step(lr=LR)
+            loss = off(torch.randn(4, 16).bfloat16()).float().sum()
+            loss.backward()
+            self.assertTrue(off.step(lr=LR).applied)  # as without it
 
     def test_checkpoint_round_trip_and_comm(self):
         """A checkpoint saved mid-run (over a 'single' communicator) loads

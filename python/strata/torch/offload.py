@@ -142,6 +142,14 @@ class Offloaded:
             ]
             if own:
                 self._owned[m] = own
+        # Parameters that several modules own (tied weights): each module's
+        # use hands a gradient over, which begin_step cannot take.
+        owners = {}
+        for own in self._owned.values():
+            for _, pid in own:
+                owners[pid] = owners.get(pid, 0) + 1
+        self._shared = [self._params[pid][0]
+                        for pid, n in sorted(owners.items()) if n > 1]
         # The model keeps placeholders; floating buffers take the working
         # dtype, as the parameters do.
         for _, p, _ in self._params:
@@ -273,11 +281,19 @@ class Offloaded:
         updates each unit, or takes its gradient's statistics, as soon as
         backward has handed over all of its parameters' gradients, and
         ``step()`` does the rest, to the same results. Until ``step()``
-        returns each parameter may receive one gradient: a parameter shared
-        by two submodules (two hand-overs in one backward) is refused."""
+        returns each parameter may receive one gradient: a model with a
+        parameter shared by two submodules raises ValueError here, and a
+        module called twice in that backward makes backward raise."""
         if lr is None:
             raise TypeError("Offloaded.begin_step() needs lr=")
         self._check_open()
+        if self._shared:
+            raise ValueError(
+                "Offloaded.begin_step(): parameter %s is shared by several "
+                "modules (tied), each of which hands its gradient over, and "
+                "after begin_step a parameter takes one gradient; step "
+                "without begin_step" % ", ".join(self._shared)
+            )
         self.engine.begin_step(
             lr=lr, loss_scale=loss_scale, max_grad_norm=max_grad_norm
         )
