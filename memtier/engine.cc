@@ -1217,11 +1217,11 @@ Status EngineImpl::MakeResident(uint32_t u, bool pin, bool prefetch,
     // Rechecked after every wait: another thread may have fetched `u`.
     for (;;) {
       while (s.allocating) cv_.Wait(&mu_);
-      // Being updated, or updated, during backward (Note [Updates during
+      // Touched by the stepper during backward (Note [Updates during
       // backward]): Fetch refused the unit's tensors already, and prefetch
-      // passes over every unit handed over (HandedOverLocked).
-      if (early_state_[u] == kEarlyUpdating ||
-          early_state_[u] == kEarlyUpdated) {
+      // passes over every unit handed over (HandedOverLocked); this holds
+      // against another thread of the trainer handing it over meanwhile.
+      if (early_state_[u] != kEarlyNone) {
         return prefetch ? Status::Ok()
                         : Status::FailedPrecondition(
                               "engine: unit " + std::to_string(u) +
