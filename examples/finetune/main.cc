@@ -317,12 +317,18 @@ Status ParseData(const Flags& f, Setup* s) {
   return Status::Ok();
 }
 
-// Whether the JSON config at `path` names the nested key `keys` (each a
-// member of the object before), rather than leaving strata's default.
-bool ConfigHas(const std::string& path,
-               std::initializer_list<const char*> keys) {
+// The --config file as JSON (null without one, or when it does not parse:
+// ParseEngineConfigFile says why), to ask which keys it names.
+nlohmann::json ConfigKeys(const std::string& path) {
+  if (path.empty()) return nullptr;
   std::ifstream in(path);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+// Whether config `j` names the nested key `keys` (each a member of the
+// object before), rather than leaving strata's default.
+bool ConfigHas(const nlohmann::json& j,
+               std::initializer_list<const char*> keys) {
   const nlohmann::json* at = &j;
   for (const char* k : keys) {
     if (!at->is_object() || !at->contains(k)) return false;
@@ -333,24 +339,25 @@ bool ConfigHas(const std::string& path,
 
 // Whether a config names the ZeRO stage (zero_optimization.stage or
 // strata.zero_stage).
-bool ConfigNamesStage(const std::string& path) {
-  return ConfigHas(path, {"zero_optimization", "stage"}) ||
-         ConfigHas(path, {"strata", "zero_stage"});
+bool ConfigNamesStage(const nlohmann::json& j) {
+  return ConfigHas(j, {"zero_optimization", "stage"}) ||
+         ConfigHas(j, {"strata", "zero_stage"});
 }
 
 // Whether a config names the optimizer's `key` (lr, weight_decay): in the
 // DeepSpeed section's params or in strata's optimizer.
-bool ConfigNamesOptimizer(const std::string& path, const char* key) {
-  return ConfigHas(path, {"optimizer", "params", key}) ||
-         ConfigHas(path, {"strata", "optimizer", key});
+bool ConfigNamesOptimizer(const nlohmann::json& j, const char* key) {
+  return ConfigHas(j, {"optimizer", "params", key}) ||
+         ConfigHas(j, {"strata", "optimizer", key});
 }
 
 // With several ranks: the ranks, the ZeRO stage (the config's, else 2),
 // parameters on the device with stages 1 and 2 (which keep whole
 // parameters there; stage 3 keeps each rank's shard where the config or
 // --nvme puts it) and a swap directory per rank, since an engine locks the
-// directories it swaps in.
-Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
+// directories it swaps in. `keys`: the config's (ConfigKeys).
+Status ParseRanks(const Flags& f, const Ranks& ranks,
+                  const nlohmann::json& keys, Setup* s) {
   strata::EngineOptions& e = s->options.engine;
   if (ranks.size == 1) return Status::Ok();
   if (e.world_size != 1 && e.world_size != ranks.size) {
@@ -358,7 +365,7 @@ Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
         "--config: strata.world_size is " + std::to_string(e.world_size) +
         " but the job runs " + std::to_string(ranks.size) + " ranks");
   }
-  if (f.config.empty() || !ConfigNamesStage(f.config)) e.zero_stage = 2;
+  if (!ConfigNamesStage(keys)) e.zero_stage = 2;
   if (e.zero_stage != 3 && (f.config.empty() || !f.nvme.empty())) {
     e.params = strata::Residence::kDevice;
   }
@@ -380,7 +387,7 @@ Status ParseRanks(const Flags& f, const Ranks& ranks, Setup* s) {
 // given, and its weight decay replaces the example's 0.01.
 Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
   TrainOptions& o = s->options;
-  bool own_decay = true;
+  const nlohmann::json keys = ConfigKeys(f.config);
   if (!f.config.empty()) {
     auto c = strata::ParseEngineConfigFile(f.config);
     if (!c.ok()) {
@@ -391,7 +398,7 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
     o.engine_origin = "--config " + f.config;
     for (const std::string& w : c->warnings) s->notes.push_back(w);
     const double lr = o.engine.optimizer.lr;
-    if (ConfigNamesOptimizer(f.config, "lr")) {
+    if (ConfigNamesOptimizer(keys, "lr")) {
       if (f.lr_given && lr != o.lr) {
         s->notes.push_back("the optimizer's lr " + General(lr) +
                            " gives way to --lr " + General(o.lr));
@@ -403,7 +410,6 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
         o.lr = lr;
       }
     }
-    own_decay = !ConfigNamesOptimizer(f.config, "weight_decay");
   } else {
     o.engine.params = strata::Residence::kHost;
     o.engine.optimizer_states = strata::Residence::kHost;
@@ -414,7 +420,7 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
     o.engine.optimizer_states = strata::Residence::kNvme;
     o.engine.nvme_paths = {f.nvme};
   }
-  STRATA_RETURN_IF_ERROR(ParseRanks(f, ranks, s));
+  STRATA_RETURN_IF_ERROR(ParseRanks(f, ranks, keys, s));
   const uint64_t state = ModelStateBytes(o.model, o.dtype, o.engine.optimizer);
   // The most the trainer pins at once: one block, or the head with wte.
   const int64_t C = o.model.n_embd;
@@ -455,7 +461,9 @@ Status ParseEngine(const Flags& f, const Ranks& ranks, Setup* s) {
         static_cast<uint64_t>(ParameterCount(o.model)) * 12;
   }
   o.engine.optimizer.cpu.threads = static_cast<int>(f.threads);
-  if (own_decay) o.engine.optimizer.cpu.weight_decay = 0.01;
+  if (!ConfigNamesOptimizer(keys, "weight_decay")) {
+    o.engine.optimizer.cpu.weight_decay = 0.01;
+  }
   return Status::Ok();
 }
 
