@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 namespace strata::memtier {
@@ -96,7 +97,13 @@ StatusOr<GradSpill::Open*> GradSpill::OpenPiece(uint32_t unit, size_t piece,
 }
 
 Status GradSpill::Add(uint32_t unit, uint64_t elem, const float* vals,
-                      uint64_t n, bool overwrite) {
+                      uint64_t n, bool overwrite, const VisitFn& visit) {
+  if (visit && n > 0 && elem / piece_elems_ != (elem + n - 1) / piece_elems_) {
+    return Status::Internal(
+        "grad spill: a visited range of unit " + std::to_string(unit) +
+        " crosses a piece (elements " + std::to_string(elem) + ".." +
+        std::to_string(elem + n) + ")");
+  }
   while (n > 0) {
     const size_t piece = elem / piece_elems_;
     const uint64_t at = elem - piece * piece_elems_;
@@ -112,6 +119,7 @@ Status GradSpill::Add(uint32_t unit, uint64_t elem, const float* vals,
     } else {
       for (uint64_t i = 0; i < cnt; ++i) acc[i] += vals[i];
     }
+    if (visit) visit(reinterpret_cast<const float*>(o->lease.data()));
     if (at + cnt == len) {
       // Its last element is in: in backward's order the piece is done for
       // this micro-batch, so its write starts now rather than when another

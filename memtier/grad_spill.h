@@ -18,7 +18,9 @@
 // The global norm and the overflow check need every element of the final
 // sum: each write of a piece also records its squared sum and finiteness,
 // so the step adds up the last record of every piece instead of reading the
-// gradients twice.
+// gradients twice. Adafactor's statistics pass needs them too: Add shows the
+// caller a piece's sums as they are added (`visit`), so that the last
+// micro-batch's are passed before the piece is written, not read back.
 //
 // Thread contract: thread-compatible; the engine calls it from its
 // accumulator thread, and from Step while no gradient is being handed over.
@@ -65,10 +67,16 @@ class GradSpill {
   GradSpill(const GradSpill&) = delete;
   GradSpill& operator=(const GradSpill&) = delete;
 
+  // Sees a piece's buffer: its sums so far, element 0 the piece's first.
+  using VisitFn = std::function<void(const float* piece)>;
+
   // Adds (or, with `overwrite`, stores) vals[0, n) at elements
-  // [elem, elem + n) of unit `unit`.
+  // [elem, elem + n) of unit `unit`. With `visit`, those elements lie in one
+  // piece, and visit sees its buffer once they are added, before the piece
+  // is written back (Note [Adafactor's statistics during backward] in
+  // memtier/factored.cc reads the last micro-batch's sums there).
   Status Add(uint32_t unit, uint64_t elem, const float* vals, uint64_t n,
-             bool overwrite);
+             bool overwrite, const VisitFn& visit = nullptr);
   // Writes every open piece back and waits for every write: afterwards each
   // piece written in this step is on NVMe with its stats recorded.
   Status Flush();

@@ -179,5 +179,46 @@ TEST_F(GradSpillTest, AFailedWriteIsReportedAndNotReadBack) {
   spill_->EndStep();
 }
 
+// Add's visit sees the piece's sums once the range is added and before the
+// piece is written back (its last element in), whether the piece was read
+// back or still open; a visited range must lie in one piece.
+TEST_F(GradSpillTest, VisitSeesThePiecesSumsBeforeItIsWritten) {
+  Make({3000});  // pieces of 1024, 1024 and 952
+  std::vector<float> a(3000), b(3000);
+  for (size_t k = 0; k < a.size(); ++k) {
+    a[k] = static_cast<float>(k % 7) - 3;
+    b[k] = static_cast<float>(k % 5) * 0.5f;
+  }
+  ASSERT_TRUE(spill_->Add(0, 0, a.data(), a.size(), true).ok());
+  // The second micro-batch in ranges cut at the pieces' bounds and inside.
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, 300}, {300, 724}, {1024, 1024}, {2048, 500}, {2548, 452}};
+  for (const auto& [begin, n] : ranges) {
+    SCOPED_TRACE("elements " + std::to_string(begin));
+    const int writes = store_.writes;
+    int seen = 0;
+    auto visit = [&](const float* piece) {
+      ++seen;
+      EXPECT_EQ(store_.writes, writes);  // not written back yet
+      const uint64_t base = begin / kPiece * kPiece;
+      for (uint64_t k = begin; k < begin + n; ++k) {
+        ASSERT_EQ(piece[k - base], a[k] + b[k]) << k;
+      }
+    };
+    ASSERT_TRUE(spill_->Add(0, begin, b.data() + begin, n, false, visit).ok());
+    EXPECT_EQ(seen, 1);
+    // A range that ends its piece is written back after the visit.
+    const bool ends = (begin + n) % kPiece == 0 || begin + n == 3000;
+    EXPECT_EQ(store_.writes, writes + (ends ? 1 : 0));
+  }
+  ASSERT_TRUE(spill_->Flush().ok());
+  // A visited range that crosses a piece is refused, naming it.
+  const Status st = spill_->Add(0, 1000, b.data(), 100, false,
+                                [](const float*) { ADD_FAILURE(); });
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_NE(st.message().find("crosses a piece"), std::string::npos)
+      << st.ToString();
+}
+
 }  // namespace
 }  // namespace strata::memtier
