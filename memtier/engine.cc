@@ -1619,7 +1619,9 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
             "(BeginStep); sum a tensor's gradients before handing them over");
       }
       last_handed_[id] = 1;
-      last_chunks_[id] = static_cast<uint32_t>((n + per - 1) / per);
+      uint32_t chunks = 0;
+      for (uint64_t b = 0; b < n; b += HandOverChunk(id, b, per)) ++chunks;
+      last_chunks_[id] = chunks;
       last = true;
     }
     // The first hand-over of a step overwrites the accumulator; later ones
@@ -1648,8 +1650,8 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
     return st;  // the job ends the hand-over (grads_pending_)
   }
   uint64_t b = 0;  // the first element not handed over
-  for (; st.ok() && b < n; b += per) {
-    const uint64_t cnt = std::min(per, n - b);
+  for (; st.ok() && b < n; b += HandOverChunk(id, b, per)) {
+    const uint64_t cnt = HandOverChunk(id, b, per);
     StatusOr<StagingLease> lease = staging_->Acquire();
     if (!lease.ok()) {
       st = lease.status();
@@ -1671,9 +1673,9 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
           Accumulate(id, b, cnt, dtype, first, last, std::move(*shared), {});
         });
   }
-  for (; !st.ok() && MultiRank() && b < n; b += per) {
+  for (; !st.ok() && MultiRank() && b < n; b += HandOverChunk(id, b, per)) {
     // The rest as zeros, failed (above).
-    const uint64_t cnt = std::min(per, n - b);
+    const uint64_t cnt = HandOverChunk(id, b, per);
     {
       MutexLock l(&mu_);
       ++grads_pending_;
@@ -1690,6 +1692,16 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
   }
   grads_cv_.SignalAll();
   return st;
+}
+
+uint64_t EngineImpl::HandOverChunk(TensorId id, uint64_t b,
+                                   uint64_t per) const {
+  uint64_t cnt = std::min(per, numel_[id] - b);
+  if (grad_spill_ && !MultiRank()) {
+    const uint64_t at = layout_->tensor(id).offset + b;
+    cnt = std::min(cnt, piece_elems_ - at % piece_elems_);
+  }
+  return cnt;
 }
 
 // On the accumulator: waits for the copy into `lease`, then adds it (as fp32)
@@ -1729,7 +1741,17 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
           AccumulateRanked(id, t.offset + begin + b, from, cnt, first);
       if (st.ok()) st = added;
     } else if (grad_spill_) {
-      st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first);
+      // Note [Adafactor's statistics during backward] (factored.cc): the
+      // chunk's sums, seen in its piece once its last values are in.
+      GradSpill::VisitFn visit;
+      if (last && b + cnt == n && PassesSpilledChunks(id)) {
+        const uint64_t at = t.offset + begin;
+        visit = [this, id, begin, n, at](const float* piece) {
+          EarlySpilledChunk(id, begin, n, piece + at % piece_elems_);
+        };
+      }
+      st = grad_spill_->Add(t.unit, t.offset + begin + b, vals, cnt, first,
+                            visit);
     } else if (first) {
       std::memcpy(acc + b, vals, cnt * 4);
     } else {
@@ -2976,7 +2998,9 @@ Status EngineImpl::UpdatePiece(StepPiece& piece, const CpuStepArgs& sa,
 // - Clipping scales every update by the whole gradient's norm, known only
 //   at the end, so BeginStep refuses max_grad_norm > 0. Gradients resting on
 //   NVMe are read by the step itself (GradSpill's open pieces belong to the
-//   accumulator), so with grads on NVMe nothing is updated early.
+//   accumulator), so with grads on NVMe nothing is updated early; Adafactor's
+//   statistics pass runs on the accumulator instead (Note [Adafactor's
+//   statistics during backward] in factored.cc).
 //
 // A unit that is not updated early (no undo buffer, step_overlap_bytes 0,
 // or none left; Adafactor and SM3, whose updates wait for the whole
@@ -3020,12 +3044,16 @@ Status EngineImpl::BeginStep(const StepArgs& given) {
   std::fill(early_state_.begin(), early_state_.end(), kEarlyNone);
   early_overflow_ = false;
   early_error_ = Status::Ok();
+  // The accumulator passes no chunk before this step's last hand-overs.
+  std::fill(early_spilled_.begin(), early_spilled_.end(), kSpilledNone);
+  early_rows_.Clear();
   return Status::Ok();
 }
 
 void EngineImpl::EndEarlyLocked() {
   early_armed_ = false;
   std::fill(early_state_.begin(), early_state_.end(), kEarlyNone);
+  std::fill(early_spilled_.begin(), early_spilled_.end(), kSpilledNone);
   early_overflow_ = false;
   early_error_ = Status::Ok();
 }
@@ -3040,10 +3068,12 @@ void EngineImpl::EarlyStatistics(uint32_t u) {
     sa = EarlyArgsLocked();
   }
   bool finite = true;
+  uint64_t passed = 0;
   Status st = EarlyGradStats(u, &finite);
-  if (st.ok() && finite && Factored()) st = EarlyFactoredPasses(u, sa);
+  if (st.ok() && finite && Factored()) st = EarlyFactoredPasses(u, sa, &passed);
   MutexLock l(&mu_);
   EndEarlyWorkLocked(u, st, finite, kEarlyStatistics, &stats_.early_statistics);
+  if (st.ok() && finite) stats_.early_passes += passed;
 }
 
 Status EngineImpl::EarlyGradStats(uint32_t u, bool* finite) {
@@ -3343,6 +3373,7 @@ std::string EngineStatsJson(const EngineStats& s) {
                       {"early_units", s.early_units},
                       {"early_undone", s.early_undone},
                       {"early_statistics", s.early_statistics},
+                      {"early_passes", s.early_passes},
                       {"step_seconds", s.step_seconds},
                       {"update_seconds", s.update_seconds},
                       {"hot_path_allocations", s.hot_path_allocations},

@@ -18,6 +18,7 @@
 #include "memtier/grad_spill.h"
 #include "memtier/layout.h"
 #include "memtier/loss_scale.h"
+#include "memtier/row_joiner.h"
 #include "memtier/staging.h"
 #include "memtier/trace.h"
 #include "memtier/worker.h"
@@ -51,6 +52,17 @@ enum : uint8_t {
   kEarlyUpdating,
   kEarlyUpdated,
   kEarlyStatistics
+};
+
+// Where a matrix stands in Adafactor's statistics pass during backward with
+// the gradients on NVMe (EngineImpl's early_spilled_): passing its last
+// micro-batch's sums chunk by chunk, passed whole (Step reads it for the
+// update alone), or left to Step (a chunk came out of order).
+enum : uint8_t {
+  kSpilledNone = 0,
+  kSpilledPassing,
+  kSpilledDone,
+  kSpilledLeft
 };
 
 // Counts asynchronous operations down; the last Finish runs `done` with the
@@ -559,7 +571,7 @@ class EngineImpl final : public Engine {
   // The due plans' pass over every piece of the spilled gradients that
   // holds a part of one of `due` the pass reads, the next piece's read in
   // flight while a piece passes, a matrix's pieces joined into whole rows
-  // (Note [Whole rows from pieces] in factored.cc).
+  // (Note [Whole rows from pieces] in row_joiner.h).
   Status FactoredSpilledPass(const std::vector<TensorId>& due);
   // Whether tensor `id` is due (is_due[id]) and its plan's pass reads some
   // of its part in the full-unit elements [first, end) of its unit's shard
@@ -574,7 +586,24 @@ class EngineImpl final : public Engine {
   // Note [Adafactor's statistics during backward] (factored.cc): on the
   // stepper, Adafactor's statistics pass over unit u's matrices, those
   // PassesDuringBackward names.
-  Status EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args);
+  // Counts the matrices passed in *passed.
+  Status EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args,
+                             uint64_t* passed);
+  // The elements of tensor `id`'s hand-over chunk that begins at its
+  // element b: at most `per` and, with the gradients on NVMe on one rank,
+  // none past the end of the piece that holds element b (so that the
+  // pieces' sums a chunk ends are the ranges Step would pass).
+  uint64_t HandOverChunk(TensorId id, uint64_t b, uint64_t per) const;
+  // Gradients on NVMe: whether the accumulator takes tensor `id`'s last
+  // chunks (the elements [begin, begin + n) of its hand-over) as the spill
+  // holds their sums, and the taking (on the accumulator), `g` the chunk's
+  // sums: a matrix's statistics pass, a vector's sums set aside.
+  bool PassesSpilledChunks(TensorId id) const;
+  // Step's statistics pass over a vector's sums set aside during backward,
+  // in the ranges the spilled pieces would give.
+  Status FactoredCopiedPass(TensorId id);
+  void EarlySpilledChunk(TensorId id, uint64_t begin, uint64_t n,
+                         const float* g);
   bool PassesDuringBackward(TensorId id) const {
     return options_.optimizer.cpu.algo == CpuOptimizerAlgo::kAdafactor &&
            factored_[id].rows >= 2;  // a vector's pass writes in place
@@ -819,6 +848,20 @@ class EngineImpl final : public Engine {
   // Per unit and piece: the gradient's stats taken before an early update
   // or with the early statistics.
   std::vector<std::vector<GradStats>> early_stats_;
+  // Note [Adafactor's statistics during backward] (factored.cc), gradients
+  // on NVMe: the accumulator's, read by Step once the hand-overs are in.
+  // Per tensor: kSpilled* state, and the element its next chunk begins at.
+  std::vector<uint8_t> early_spilled_;
+  std::vector<uint64_t> early_spilled_next_;
+  // Adafactor, gradients on NVMe on one rank (else empty): per tensor, where
+  // a vector's (one-row matrix's) last sums go in early_vectors_, UINT64_MAX
+  // for a matrix, whose statistics pass runs there and then.
+  std::vector<uint64_t> early_vector_at_;
+  std::vector<float> early_vectors_;
+  RowJoiner early_rows_{
+      [this](TensorId id, const float* g, uint64_t n, uint64_t begin) {
+        return FactoredGradPass(id, g, begin, n);
+      }};
 
   // LoadState's loaders: one device copy and its wait at a time on the copy
   // stream (Note [Streaming the state]).

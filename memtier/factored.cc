@@ -25,8 +25,9 @@
 //   - Gradients on NVMe (FactoredSpilledPass): Adafactor's passes before
 //     the update read the spilled pieces back, one piece in flight while
 //     the one before passes, and take a tensor's part in ranges of whole
-//     rows joined from the pieces (Note [Whole rows from pieces]), where
-//     gradients on the host give a rank's whole part as one range. A
+//     rows joined from the pieces (Note [Whole rows from pieces] in
+//     row_joiner.h), where gradients on the host give a rank's whole part
+//     as one range. A
 //     tensor within one piece steps to the same bits either way; one cut
 //     by pieces within the last bits of its sums' order, as over ranks. A
 //     step reads each gradient from the drive once per pass: twice
@@ -41,7 +42,9 @@
 //     statistics pass never reads the master, which may rest on NVMe.
 //   - BeginStep: no weight moves before every statistic is in, but the
 //     gradient's stats, and Adafactor's statistics pass, run during
-//     backward (Note [Adafactor's statistics during backward]).
+//     backward (Note [Adafactor's statistics during backward]); with the
+//     gradients on NVMe, the statistics pass alone, as the last
+//     micro-batch is added.
 //   - Refused: tensors of more than two dimensions (HF factors them per
 //     leading index but clips by the whole tensor) and int8 moments.
 //   - Checkpoints: the statistics and the sums of squares, by tensor name,
@@ -77,114 +80,6 @@ bool Take(const std::string& in, size_t& at, T* v) {
 
 constexpr uint32_t kBlobMagic = 0x53464331;  // "SFC1"
 
-// Note [Whole rows from pieces]
-// Adafactor's statistics pass sums the RMS with the statistics over the
-// whole rows of each range (two or more of them), and what a range holds
-// outside its whole rows takes an RMS pass of its own (Note [Whole rows in
-// a range] in cpu_adam.cc), which with the gradients on NVMe reads it from
-// the drive once more. Pieces cut rows anywhere, so the pass over spilled
-// gradients joins them: RowJoiner takes a tensor's part a piece at a time
-// and passes the whole rows within it (CpuFactoredFusedRows, the rows the
-// plan fuses) on as ranges of at least two whole rows, in order, straight from
-// the piece where they lie in one; the rows a piece leaves unfinished wait in a
-// carry of the tensor, completed from the next piece's head and passed from
-// there. The last range is never one row alone: a cut leaves at least two rows
-// to the carry. A carry holds at most six rows (and a row at most
-// kCpuAdafactorFusedRowCols elements). Where a rank's part begins or ends
-// mid-row (stage 2 over ranks), the stretch before its first whole row and
-// after its last pass on their own: only they take the RMS pass, and only the
-// pieces that hold them are read for it (CpuFactoredPassReads). A part with
-// fewer than two whole rows is passed piece by piece, as it could not fuse
-// anyway.
-class RowJoiner {
- public:
-  using PassFn =
-      std::function<Status(TensorId, const float*, uint64_t n, uint64_t begin)>;
-  explicit RowJoiner(PassFn pass) : pass_(std::move(pass)) {}
-
-  // Tensor `id`'s part holds whole rows of `cols` elements at [begin, end):
-  // join its pieces there.
-  void Join(TensorId id, uint64_t cols, uint64_t begin, uint64_t end) {
-    Carry& c = carries_[id];
-    c.cols = cols;
-    c.rows_begin = begin;
-    c.end = end;
-  }
-
-  // Elements [begin, begin + n) of tensor `id`, its part's next.
-  Status Add(TensorId id, const float* g, uint64_t begin, uint64_t n) {
-    auto it = carries_.find(id);
-    if (it == carries_.end()) return pass_(id, g, n, begin);
-    Carry& c = it->second;
-    // Before the whole rows, then the rows, then after them.
-    const uint64_t end = begin + n;
-    const uint64_t r0 = std::clamp(c.rows_begin, begin, end);
-    const uint64_t r1 = std::clamp(c.end, begin, end);
-    if (begin < r0) STRATA_RETURN_IF_ERROR(pass_(id, g, r0 - begin, begin));
-    if (r0 < r1) {
-      STRATA_RETURN_IF_ERROR(AddRows(c, id, g + (r0 - begin), r0, r1 - r0));
-    }
-    if (r1 < end) return pass_(id, g + (r1 - begin), end - r1, r1);
-    return Status::Ok();
-  }
-
-  // Every part passed whole: no carry is left.
-  bool Done() const {
-    for (const auto& [id, c] : carries_) {
-      if (!c.buf.empty()) return false;
-    }
-    return true;
-  }
-
- private:
-  struct Carry {
-    uint64_t cols = 0, rows_begin = 0, end = 0;  // the whole rows
-    uint64_t begin = 0;      // the tensor element of buf[0], at a row
-    std::vector<float> buf;  // elements [begin, begin + buf.size())
-  };
-
-  // Elements [begin, begin + n) of the part's whole rows, the next.
-  Status AddRows(Carry& c, TensorId id, const float* g, uint64_t begin,
-                 uint64_t n) {
-    const uint64_t cols = c.cols, end = c.end;
-    uint64_t a = begin;
-    const uint64_t b = begin + n;
-    if (!c.buf.empty()) {
-      // Completed to a row and two rows at least, or to the part's end
-      // when less than two rows would be left after it.
-      const uint64_t have = c.begin + c.buf.size();
-      uint64_t target =
-          std::max((have + cols - 1) / cols * cols, c.begin + 2 * cols);
-      if (target > end || end - target < 2 * cols) target = end;
-      const uint64_t take = std::min(target, b) - a;
-      c.buf.insert(c.buf.end(), g, g + take);
-      a += take;
-      g += take;
-      if (a < target) return Status::Ok();  // the piece ended first
-      Status st = pass_(id, c.buf.data(), c.buf.size(), c.begin);
-      c.buf.clear();
-      STRATA_RETURN_IF_ERROR(st);
-    }
-    if (a == b) return Status::Ok();
-    if (b == end) return pass_(id, g, b - a, a);
-    // a is at a row; the rows whole in the piece pass from it, but for
-    // two left to the carry when fewer would remain after them.
-    uint64_t cut = a + (b - a) / cols * cols;
-    if (end - cut < 2 * cols && cut >= cols) cut -= cols;
-    if (cut >= a + 2 * cols) {
-      STRATA_RETURN_IF_ERROR(pass_(id, g, cut - a, a));
-      g += cut - a;
-      a = cut;
-    }
-    c.begin = a;
-    c.buf.assign(g, g + (b - a));
-    return Status::Ok();
-  }
-
-  PassFn pass_;
-  std::unordered_map<TensorId, Carry> carries_;
-};
-
 }  // namespace
 
 bool EngineImpl::RoleKept(int role) const {
@@ -197,6 +92,23 @@ Status EngineImpl::StartFactored() {
   // Int8 moments are refused with the options (ValidateEngineOptions).
   const std::string name(CpuOptimizerAlgoName(options_.optimizer.cpu.algo));
   factored_.assign(specs_.size(), FactoredTensor{});
+  early_spilled_.assign(specs_.size(), kSpilledNone);
+  early_spilled_next_.assign(specs_.size(), 0);
+  // Note [Adafactor's statistics during backward], gradients on NVMe on
+  // one rank: room for the vectors' last sums.
+  const bool spilled_passes =
+      options_.optimizer.cpu.algo == CpuOptimizerAlgo::kAdafactor &&
+      options_.grads == Residence::kNvme && !MultiRank();
+  early_vector_at_.clear();
+  early_vectors_.clear();
+  uint64_t vector_elems = 0;
+  for (TensorId id = 0; spilled_passes && id < specs_.size(); ++id) {
+    const bool matrix =
+        specs_[id].shape.size() == 2 && specs_[id].shape[0] >= 2;
+    early_vector_at_.push_back(matrix ? UINT64_MAX : vector_elems);
+    if (!matrix) vector_elems += numel_[id];
+  }
+  early_vectors_.assign(vector_elems, 0.0f);
   for (TensorId id = 0; id < specs_.size(); ++id) {
     const std::vector<int64_t>& shape = specs_[id].shape;
     if (shape.size() > 2) {
@@ -250,10 +162,18 @@ Status EngineImpl::FactoredHostPass(TensorId id) {
 Status EngineImpl::FactoredBeforeUpdate(
     const CpuStepArgs& args, const std::vector<uint8_t>& early_state) {
   // Note [Adafactor's statistics during backward]: the tensors whose
-  // statistics pass ran then are begun and passed already.
+  // statistics pass ran then are begun and passed already (the accumulator,
+  // which passed the spilled ones, is idle since the hand-overs ended).
   auto early = [&](TensorId id) {
-    return early_state[layout_->tensor(id).unit] == kEarlyStatistics &&
-           PassesDuringBackward(id);
+    if (!PassesDuringBackward(id)) return false;
+    if (grad_spill_) return early_spilled_[id] == kSpilledDone;
+    return early_state[layout_->tensor(id).unit] == kEarlyStatistics;
+  };
+  // With the gradients on NVMe, a vector whose last sums the accumulator
+  // set aside: its pass reads them there.
+  auto copied = [&](TensorId id) {
+    return grad_spill_ && !PassesDuringBackward(id) &&
+           early_spilled_[id] == kSpilledDone;
   };
   for (TensorId id = 0; id < factored_.size(); ++id) {
     if (!early(id)) STRATA_RETURN_IF_ERROR(BeginFactored(id, args));
@@ -269,15 +189,23 @@ Status EngineImpl::FactoredBeforeUpdate(
       }
     }
     if (due.empty()) return Status::Ok();
+    std::vector<TensorId> pass;  // those not passed during backward
     Status st;
-    if (grad_spill_) {
-      st = FactoredSpilledPass(due);
+    for (TensorId id : due) {
+      const bool stats =
+          factored_[id].plan.phase == CpuFactoredPhase::kStatistics;
+      if (stats && copied(id)) {
+        if (st.ok()) st = FactoredCopiedPass(id);
+      } else if (!stats || !early(id)) {
+        pass.push_back(id);
+      }
+    }
+    if (!st.ok()) {
+      // Agreed below, as a pass's failure.
+    } else if (grad_spill_) {
+      if (!pass.empty()) st = FactoredSpilledPass(pass);
     } else {
-      for (TensorId id : due) {
-        if (early(id) &&
-            factored_[id].plan.phase == CpuFactoredPhase::kStatistics) {
-          continue;
-        }
+      for (TensorId id : pass) {
         st = FactoredHostPass(id);
         if (!st.ok()) break;
       }
@@ -308,13 +236,107 @@ Status EngineImpl::FactoredBeforeUpdate(
 //   the step, and the plans are begun again the next); an error fails the
 //   step as an early update's does.
 // - SM3 has no pass before its update: its units take the stats alone.
-Status EngineImpl::EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args) {
+//
+// Gradients on NVMe: the stepper has no gradient to read (the spill's open
+// pieces belong to the accumulator, and reading the written ones back is
+// the read to save), but the accumulator has each sum in its hands once: on
+// one rank, a hand-over after BeginStep is cut at the pieces' bounds
+// (HandOverChunk), so that each chunk is the tensor's part of one piece,
+// and once a chunk's last values are added the spill shows the accumulator
+// the chunk's sums in the piece's buffer, before the piece is written back
+// (GradSpill::Add's visit). The accumulator passes the chunk there
+// (EarlySpilledChunk) through a RowJoiner of its own: a tensor's chunks
+// come front to back, piece by piece, the ranges FactoredSpilledPass would
+// give it, so the plan takes the same calls in the same order: the same
+// bits as Step alone. A vector's statistics pass writes in place (above),
+// so its chunks are set aside instead (early_vectors_, 4 bytes an element
+// of every vector, allocated at Start), and Step passes it from there in
+// the same ranges (FactoredCopiedPass). A matrix passed whole and a vector
+// set aside whole (kSpilledDone) are left out of Step's pass over the
+// spilled pieces, so a piece that holds nothing else due is not read back:
+// one read of the gradient from the drive fewer a step (the RMS pass of
+// rows too wide to fuse still reads it; a model's small vectors would
+// otherwise keep most pieces read, packed beside its matrices). A
+// chunk out of order (a guard: a tensor's chunks come in order) leaves the
+// tensor to Step, which begins its plan again; a non-finite sum makes
+// sums that Step never uses, as it skips the step. The pass costs the
+// accumulator a read of the chunk from memory, while the drive writes it.
+// Not over ranks: there the spill takes each reduced window of the shard,
+// and a window's sums are final only when every hand-over in it was its
+// tensor's last, which the windows do not track; Step passes them.
+Status EngineImpl::EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args,
+                                       uint64_t* passed) {
   for (TensorId id : layout_->unit(u).tensors) {
     if (!PassesDuringBackward(id)) continue;  // SM3, a vector: in Step
     STRATA_RETURN_IF_ERROR(BeginFactored(id, args));
     STRATA_RETURN_IF_ERROR(FactoredHostPass(id));
+    ++*passed;
   }
   return Status::Ok();
+}
+
+bool EngineImpl::PassesSpilledChunks(TensorId id) const {
+  return !early_vector_at_.empty() &&
+         (PassesDuringBackward(id) || early_vector_at_[id] != UINT64_MAX);
+}
+
+Status EngineImpl::FactoredCopiedPass(TensorId id) {
+  // The ranges FactoredSpilledPass gives a vector: its part of each piece.
+  const uint64_t off = layout_->tensor(id).offset, n = numel_[id];
+  const float* g = early_vectors_.data() + early_vector_at_[id];
+  for (uint64_t b = 0; b < n;) {
+    const uint64_t k = std::min(n - b, piece_elems_ - (off + b) % piece_elems_);
+    STRATA_RETURN_IF_ERROR(FactoredGradPass(id, g + b, b, k));
+    b += k;
+  }
+  return Status::Ok();
+}
+
+void EngineImpl::EarlySpilledChunk(TensorId id, uint64_t begin, uint64_t n,
+                                   const float* g) {
+  CpuStepArgs args;
+  {
+    MutexLock l(&mu_);
+    if (!early_armed_ || !early_error_.ok()) return;
+    args = EarlyArgsLocked();
+  }
+  uint8_t& state = early_spilled_[id];
+  if (state == kSpilledLeft || state == kSpilledDone) return;
+  // Step passes a tensor's pieces front to back: a chunk that does not
+  // follow the one before would change the order of the sums.
+  if (begin != (state == kSpilledNone ? 0 : early_spilled_next_[id])) {
+    state = kSpilledLeft;
+    return;
+  }
+  early_spilled_next_[id] = begin + n;
+  if (!PassesDuringBackward(id)) {
+    // A vector: its sums set aside for Step, which passes them.
+    std::memcpy(early_vectors_.data() + early_vector_at_[id] + begin, g, n * 4);
+    state = begin + n == numel_[id] ? kSpilledDone : kSpilledPassing;
+    return;
+  }
+  Status st;
+  if (state == kSpilledNone) {
+    st = BeginFactored(id, args);
+    const FactoredTensor& f = factored_[id];
+    const auto [r0, r1] = CpuFactoredFusedRows(f.plan, 0, numel_[id]);
+    if (r0 < r1) early_rows_.Join(id, f.cols, r0, r1);
+    state = kSpilledPassing;
+  }
+  if (st.ok()) st = early_rows_.Add(id, g, begin, n);
+  if (!st.ok()) {
+    state = kSpilledLeft;
+    MutexLock l(&mu_);
+    if (early_error_.ok()) early_error_ = st;
+    return;
+  }
+  if (begin + n == numel_[id]) {
+    state = early_rows_.Done(id) ? kSpilledDone : kSpilledLeft;
+    if (state == kSpilledDone) {
+      MutexLock l(&mu_);
+      ++stats_.early_passes;
+    }
+  }
 }
 
 Status EngineImpl::FactoredSpilledPass(const std::vector<TensorId>& due) {

@@ -155,6 +155,11 @@ struct EngineStats {
   // backward still ran (BeginStep), so that Step read their gradient once,
   // for the update.
   uint64_t early_statistics = 0;
+  // Adafactor: matrices whose statistics pass ran while backward still ran
+  // (BeginStep), so that Step read their gradient once fewer: with the
+  // gradients on the host with their unit's stats (early_statistics), on
+  // NVMe from the last micro-batch's sums before the pieces were written.
+  uint64_t early_passes = 0;
   double step_seconds = 0;  // of the last Step
   // Of the last Step, the CPU optimizer's own time: its passes over every
   // piece it updated (CpuStepResult), those updated early during backward

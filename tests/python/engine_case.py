@@ -16,11 +16,12 @@ NAMES = ("w", "b")
 LR = 1e-2
 
 
-def config(world_size=1, rank=0, stage=2, algo="adamw"):
+def config(world_size=1, rank=0, stage=2, algo="adamw", grads_dir=None):
     """zero_stage `stage`; stage 3 keeps the parameters in host memory (with
     several ranks each rank holds its shard and a fetch gathers them);
-    `algo` the CPU optimizer."""
-    return json.dumps({"strata": {
+    `algo` the CPU optimizer; with `grads_dir` the gradients rest on NVMe
+    there."""
+    cfg = {"strata": {
         "world_size": world_size,
         "rank": rank,
         "zero_stage": stage,
@@ -31,7 +32,11 @@ def config(world_size=1, rank=0, stage=2, algo="adamw"):
         "device_budget_bytes": 8 << 20,
         "persistence_threshold_bytes": 0,
         "optimizer": {"threads": 1, "algo": algo},
-    }})
+    }}
+    if grads_dir is not None:
+        cfg["strata"]["grads"] = "nvme"
+        cfg["strata"]["nvme_paths"] = [grads_dir]
+    return json.dumps(cfg)
 
 
 def initial(t):
@@ -51,8 +56,9 @@ def grad(t, step, rank, size):
 
 
 def make_engine(comm=None, world_size=1, rank=0, stage=2, init=True,
-                algo="adamw"):
-    eng = strata.Engine(config(world_size, rank, stage, algo), device="host",
+                algo="adamw", grads_dir=None):
+    eng = strata.Engine(config(world_size, rank, stage, algo, grads_dir),
+                        device="host",
                         device_memory_bytes=64 << 20, comm=comm)
     for name, shape in zip(NAMES, SHAPES):
         eng.register(name, list(shape), dtype="bfloat16")

@@ -4,6 +4,7 @@ gradients are in, and the step ends with the masters of a step without it,
 bit for bit, for AdamW, Adafactor and SM3; its misuses raise strata's
 exceptions with the rule they break."""
 
+import tempfile
 import unittest
 
 import strata
@@ -38,6 +39,25 @@ class BeginStepTest(unittest.TestCase):
                 self.assertEqual(begun.stats()["early_units"], 0)
                 alone.close()
                 begun.close()
+
+    def test_adafactor_passes_gradients_on_nvme_as_they_are_added(self):
+        # The statistics pass runs as the last hand-overs are added, before
+        # the pieces are written: the same masters, and the step reads the
+        # matrix's gradient from the drive once, not twice.
+        read = {}
+        results = {}
+        for begin in (False, True):
+            with tempfile.TemporaryDirectory(prefix="strata-grads-") as d:
+                eng = case.make_engine(algo="adafactor", grads_dir=d)
+                case.train(eng, 0, STEPS, begin_step=begin)
+                stats = eng.stats()
+                results[begin] = case.masters(eng)
+                read[begin] = stats["nvme_read_bytes"]
+                self.assertEqual(stats["early_passes"],
+                                 STEPS if begin else 0)  # w, not b
+                eng.close()
+        np.testing.assert_array_equal(results[True], results[False])
+        self.assertLess(read[True], read[False])
 
     def test_misuse_raises_naming_the_rule(self):
         eng = case.make_engine()
