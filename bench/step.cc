@@ -33,15 +33,16 @@
 // Adafactor's statistics. The I/O time then counts those reads, at the rate
 // of the same engine moving the case's own share of reads and writes.
 //
-// --begin-step on (gradients on the host) calls BeginStep before the
-// hand-overs and waits, outside the timing, until the engine has taken each
-// tensor's gradient stats, and Adafactor's statistics pass over it
-// (EngineStats::early_statistics), as a trainer's backward long enough to
-// hide them would: the timed Step reads each gradient once, for the update
-// (the case's engine has no undo buffer, so nothing is updated early). Its
-// update time is then the optimizer's update alone: the gradient-norm pass
-// and Adafactor's statistics pass (CpuStepResult's passes before the last)
-// left out.
+// --begin-step on calls BeginStep before the hand-overs and waits, outside
+// the timing, until the engine has taken each tensor's gradient stats, and
+// Adafactor's statistics pass over it (EngineStats::early_statistics, with
+// the gradients on the host; on NVMe the accumulator passes each tensor as
+// it adds it, EngineStats::early_passes), as a trainer's backward long
+// enough to hide them would: the timed Step reads each gradient once, for
+// the update (the case's engine has no undo buffer, so nothing is updated
+// early). Its update time is then the optimizer's update alone: the
+// gradient-norm pass and Adafactor's statistics pass (CpuStepResult's passes
+// before the last) left out.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -180,12 +181,6 @@ StatusOr<StepConfig> ParseStep(const StepFlags& f) {
       std::string begin,
       ParseChoiceOption("--begin-step", f.begin_step, {"off", "on"}));
   c.begin_step = begin == "on";
-  if (c.begin_step && c.nvme_grads) {
-    return Status::InvalidArgument(
-        "--begin-step on with --grads nvme: the step reads gradients on "
-        "NVMe itself, so nothing is taken during backward; give --grads "
-        "host");
-  }
   c.dir = f.dir;
   STRATA_ASSIGN_OR_RETURN(SwapIoConfig io, ParseSwapIoFlags(f.io));
   c.engine = io.engine;
@@ -297,7 +292,10 @@ CaseIo IoOfCase(const StepConfig& c, bool nvme, const Run& run) {
   CaseIo io;
   if (nvme) io.read = io.write = StateBytes(c, run);
   if (c.nvme_grads) {
-    const uint64_t reads = run.algo == CpuOptimizerAlgo::kAdafactor ? 2 : 1;
+    // Adafactor's statistics pass reads them once more, unless it ran
+    // during the hand-overs (--begin-step on).
+    const uint64_t reads =
+        run.algo == CpuOptimizerAlgo::kAdafactor && !c.begin_step ? 2 : 1;
     io.read += reads * c.params * 4;
   }
   return io;
@@ -646,17 +644,27 @@ StatusOr<CaseResult> RunCase(const StepConfig& c, bool nvme, const Run& run,
     STRATA_RETURN_IF_ERROR(CheckInterrupted());
     StepArgs a;
     a.lr = kStepLr;
-    const uint64_t early_before = engine->stats().early_statistics;
+    const EngineStats before = engine->stats();
     if (c.begin_step) STRATA_RETURN_IF_ERROR(engine->BeginStep(a));
     for (TensorId id : ids) {
       STRATA_RETURN_IF_ERROR(
           engine->AddGrad(id, grad.data(), ElementType::kFloat32, *stream));
     }
     STRATA_RETURN_IF_ERROR(engine->WaitGrads());
-    if (c.begin_step) {
+    if (c.begin_step && !c.nvme_grads) {
       // Each tensor is a unit of its own.
       STRATA_RETURN_IF_ERROR(
-          WaitEarlyStatistics(*engine, early_before + ids.size()));
+          WaitEarlyStatistics(*engine, before.early_statistics + ids.size()));
+    } else if (c.begin_step && run.algo == CpuOptimizerAlgo::kAdafactor) {
+      // On NVMe the accumulator passed each matrix as it added it.
+      const uint64_t passed =
+          engine->stats().early_passes - before.early_passes;
+      if (passed != ids.size()) {
+        return Status::Internal(
+            "step: the engine passed " + std::to_string(passed) + " of " +
+            std::to_string(ids.size()) +
+            " gradients during the hand-overs (--begin-step on)");
+      }
     }
     const auto t0 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(StepResult sr, engine->Step(a));

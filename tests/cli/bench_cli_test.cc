@@ -374,8 +374,6 @@ TEST(BenchCliTest, SizesTooLargeFor64BitsAreUsageErrors) {
       {{"step", "--engine", "bogus"}, "--engine"},
       {{"step", "--threads", "-1"}, "--threads"},
       {{"step", "--begin-step", "yes"}, "--begin-step"},
-      {{"step", "--begin-step", "on", "--grads", "nvme"},
-       "--begin-step on with --grads nvme"},
       {{"checkpoint", "--params", "0"}, "--params"},
       {{"checkpoint", "--params", big}, "--params"},
       {{"checkpoint", "--reps", "0"}, "--reps"},
@@ -748,43 +746,61 @@ TEST(BenchCliTest, StepRunsEachOptimizerWithItsStateBytes) {
 // drive (AdamW and SM3 once, Adafactor twice: its statistics, then the
 // update) beside the nvme case's states, and its I/O bound counts them: the
 // bytes the JSON says a step moves are the engine's own, step for step.
+// With --begin-step on Adafactor's statistics pass runs as the gradients
+// are added, and its step reads them once.
 TEST(BenchCliTest, StepWithGradientsOnNvmeCountsTheirReads) {
-  ScratchDir d;
-  const std::string json = d.path() + "/step.json";
-  const Outcome o = RunBench(
-      {"step", "--params", "4M", "--dir", d.path(), "--reps", "1", "--threads",
-       "1", "--engine", "psync", "--queue-depth", "4", "--optimizer",
-       "adamw,adafactor,sm3", "--grads", "nvme", "--json", json},
-      d.path());
-  ASSERT_EQ(o.code, 0) << o.err;
-  EXPECT_TRUE(Has(o.out, "gradients on nvme")) << o.out;
-  std::ifstream in(json);
-  const auto j = nlohmann::json::parse(in, nullptr, false);
-  ASSERT_FALSE(j.is_discarded());
-  EXPECT_EQ(j["config"].value("grads", ""), "nvme");
-  // No case moves as many reads as writes: no even-split rate is taken.
-  EXPECT_FALSE(j["limits"].contains("io_mixed_bytes_per_s")) << j["limits"];
-  EXPECT_FALSE(Has(o.out, "as many reads as writes")) << o.out;
-  ASSERT_EQ(j["results"].size(), 6u);
-  for (const auto& r : j["results"]) {
-    const std::string opt = r.value("optimizer", "");
-    const bool nvme = r.value("case", "") == "nvme";
-    const uint64_t params = r.value("params", uint64_t{0});
-    const uint64_t state = (opt == "adamw" ? 12 : 4) * params;
-    const uint64_t grads = (opt == "adafactor" ? 2 : 1) * 4 * params;
-    const uint64_t read = r.value("io_read_bytes", uint64_t{0});
-    EXPECT_EQ(read, (nvme ? state : 0) + grads) << r.dump();
-    EXPECT_EQ(r.value("io_write_bytes", uint64_t{1}), nvme ? state : 0)
-        << r.dump();
-    EXPECT_GT(r.value("io_s", 0.0), 0.0) << r.dump();
-    EXPECT_GT(r.value("io_bytes_per_s", 0.0), 0.0) << r.dump();
-    // Every step (the warm-up ones too) read exactly that.
-    const uint64_t engine_read =
-        r["engine_stats"].value("nvme_read_bytes", uint64_t{0});
-    EXPECT_GT(engine_read, 0u) << r.dump();
-    EXPECT_EQ(engine_read % read, 0u) << r.dump();
+  for (const std::string begin : {"off", "on"}) {
+    SCOPED_TRACE("--begin-step " + begin);
+    ScratchDir d;
+    const std::string json = d.path() + "/step.json";
+    const Outcome o =
+        RunBench({"step",     "--params",    "4M",
+                  "--dir",    d.path(),      "--reps",
+                  "1",        "--threads",   "1",
+                  "--engine", "psync",       "--queue-depth",
+                  "4",        "--optimizer", "adamw,adafactor,sm3",
+                  "--grads",  "nvme",        "--begin-step",
+                  begin,      "--json",      json},
+                 d.path());
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_TRUE(Has(o.out, "gradients on nvme")) << o.out;
+    std::ifstream in(json);
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["config"].value("grads", ""), "nvme");
+    EXPECT_EQ(j["config"].value("begin_step", false), begin == "on");
+    // No case moves as many reads as writes: no even-split rate is taken.
+    EXPECT_FALSE(j["limits"].contains("io_mixed_bytes_per_s")) << j["limits"];
+    EXPECT_FALSE(Has(o.out, "as many reads as writes")) << o.out;
+    ASSERT_EQ(j["results"].size(), 6u);
+    for (const auto& r : j["results"]) {
+      const std::string opt = r.value("optimizer", "");
+      const bool nvme = r.value("case", "") == "nvme";
+      const uint64_t params = r.value("params", uint64_t{0});
+      const uint64_t state = (opt == "adamw" ? 12 : 4) * params;
+      const bool two = opt == "adafactor" && begin == "off";
+      const uint64_t grads = (two ? 2 : 1) * 4 * params;
+      const uint64_t read = r.value("io_read_bytes", uint64_t{0});
+      EXPECT_EQ(read, (nvme ? state : 0) + grads) << r.dump();
+      EXPECT_EQ(r.value("io_write_bytes", uint64_t{1}), nvme ? state : 0)
+          << r.dump();
+      EXPECT_GT(r.value("io_s", 0.0), 0.0) << r.dump();
+      EXPECT_GT(r.value("io_bytes_per_s", 0.0), 0.0) << r.dump();
+      // Every step (the warm-up ones too) read exactly that, and with
+      // --begin-step on Adafactor's one matrix passed during each step's
+      // hand-over.
+      const auto& stats = r["engine_stats"];
+      const uint64_t engine_read = stats.value("nvme_read_bytes", uint64_t{0});
+      EXPECT_GT(engine_read, 0u) << r.dump();
+      EXPECT_EQ(engine_read % read, 0u) << r.dump();
+      const uint64_t steps = stats.value("steps", uint64_t{0});
+      EXPECT_GE(steps, 2u) << r.dump();
+      EXPECT_EQ(stats.value("early_passes", uint64_t{9}),
+                opt == "adafactor" && begin == "on" ? steps : 0u)
+          << r.dump();
+    }
+    EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
   }
-  EXPECT_EQ(Entries(d.path()), (std::set<std::string>{"step.json"}));
 }
 
 // --begin-step on: the engine takes each tensor's gradient stats (and
