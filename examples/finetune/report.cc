@@ -156,10 +156,14 @@ std::string Summary(const TrainOptions& o, const TrainReport& r) {
            Fixed(r.optimizer_seconds, 4) + " s optimizer step");
   line("stall", Fixed(e.stall_seconds, 3) + " s waiting for fetches");
   line("steps skipped", std::to_string(e.skipped_steps));
-  line("updates in backward",
-       std::to_string(e.early_units) + " units, " +
-           std::to_string(e.early_statistics) +
-           " more with their gradient's statistics alone");
+  line(
+      "updates in backward",
+      std::to_string(e.early_units) + " units, " +
+          std::to_string(e.early_statistics) +
+          " more with their gradient's statistics alone" +
+          (e.early_passes > 0 ? ", Adafactor's statistics of " +
+                                    std::to_string(e.early_passes) + " matrices"
+                              : std::string()));
   line("wall time", Fixed(r.seconds, 1) + " s");
   if (r.resumed_from > 0) {
     line("resumed", "from step " + std::to_string(r.resumed_from) + " in " +
