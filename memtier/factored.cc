@@ -27,15 +27,15 @@
 //     the one before passes, and take a tensor's part in ranges of whole
 //     rows joined from the pieces (Note [Whole rows from pieces] in
 //     row_joiner.h), where gradients on the host give a rank's whole part
-//     as one range. A
-//     tensor within one piece steps to the same bits either way; one cut
-//     by pieces within the last bits of its sums' order, as over ranks. A
-//     step reads each gradient from the drive once per pass: twice
-//     (statistics with the fused RMS, then the update), three times for
-//     rows wider than kCpuAdafactorFusedRowCols (an RMS pass); a rank's
-//     part that begins or ends mid-row reads again only the pieces that
-//     hold its first and last rows. SM3 has no pass before the update and
-//     reads each gradient once.
+//     as one range. A tensor within one piece steps to the same bits
+//     either way; one cut by pieces within the last bits of its sums'
+//     order, as over ranks. A step reads each gradient from the drive
+//     once per pass: twice (statistics with the fused RMS, then the
+//     update), three times for rows wider than kCpuAdafactorFusedRowCols
+//     (an RMS pass), once fewer after BeginStep on one rank; a rank's part
+//     that begins or ends mid-row reads again only the pieces that hold
+//     its first and last rows. SM3 has no pass before the update and reads
+//     each gradient once.
 //   - scale_parameter's sum of the weights' squares is carried from step to
 //     step (FactoredTensor::param_sq): 0 at Start (the master is zeros), the
 //     values' at SetInitialValues, the checkpoint's at LoadState. So the
@@ -200,11 +200,9 @@ Status EngineImpl::FactoredBeforeUpdate(
         pass.push_back(id);
       }
     }
-    if (!st.ok()) {
-      // Agreed below, as a pass's failure.
-    } else if (grad_spill_) {
-      if (!pass.empty()) st = FactoredSpilledPass(pass);
-    } else {
+    if (st.ok() && grad_spill_ && !pass.empty()) {
+      st = FactoredSpilledPass(pass);
+    } else if (!grad_spill_) {
       for (TensorId id : pass) {
         st = FactoredHostPass(id);
         if (!st.ok()) break;
