@@ -128,7 +128,8 @@ TEST_F(TrainerTest, OffloadingAndUpdatesDuringBackwardChangeNoLoss) {
 // Adafactor and SM3 train the model from the engine, on the device and
 // from NVMe alike; without clipping the trainer calls BeginStep, and the
 // engine takes their gradients' statistics during backward (it cannot
-// update them then). Their model state holds no second moment per element.
+// update them then), Adafactor's statistics pass with gradients on NVMe
+// too. Their model state holds no second moment per element.
 TEST_F(TrainerTest, FactoredOptimizersTrainWithStatisticsDuringBackward) {
   for (strata::CpuOptimizerAlgo algo :
        {strata::CpuOptimizerAlgo::kAdafactor, strata::CpuOptimizerAlgo::kSm3}) {
@@ -145,12 +146,23 @@ TEST_F(TrainerTest, FactoredOptimizersTrainWithStatisticsDuringBackward) {
     EXPECT_LT(base.back(), base[0] - 1.0);
     EXPECT_EQ(s.early_units, 0u);
     EXPECT_GT(s.early_statistics, 0u);
+    const bool adafactor = algo == strata::CpuOptimizerAlgo::kAdafactor;
+    EXPECT_EQ(s.early_passes > 0, adafactor);
     TrainOptions off = o;
     off.engine.params = strata::Residence::kNvme;
     off.engine.optimizer_states = strata::Residence::kNvme;
     off.engine.nvme_paths = {dir_.path()};
     off.engine.io.backend = strata::IoBackend::kMemory;
     EXPECT_EQ(Losses(off), base);
+    // The gradients on NVMe too: nothing but Adafactor's statistics pass is
+    // taken during backward, as the last gradients are added (each tensor
+    // lies in one piece, so the passes take the ranges they take on the
+    // host).
+    off.engine.grads = strata::Residence::kNvme;
+    strata::EngineStats g;
+    EXPECT_EQ(Losses(off, &g), base);
+    EXPECT_EQ(g.early_statistics, 0u);
+    EXPECT_EQ(g.early_passes, s.early_passes);
     const uint64_t n = static_cast<uint64_t>(ParameterCount(o.model));
     EXPECT_EQ(ModelStateBytes(o.model, o.dtype, o.engine.optimizer),
               n * (strata::ElementSize(o.dtype) + 8));
