@@ -37,22 +37,53 @@ class _Saved:
 
 
 class _Use(torch.autograd.Function):
-    """The working copy of one parameter as a node of the graph.
+    """The working copy of one parameter as a node of the graph: its first
+    use in a forward.
 
-    forward returns the fetched tensor; backward hands its gradient to the
-    engine. The input is the placeholder parameter, only so that autograd
-    records the node; it receives no gradient.
+    forward returns the fetched tensor and a token: an fp32 tensor of the
+    parameter's shape that holds no memory (stride 0), through which the
+    parameter's later uses in the same forward (a weight tied between
+    modules, a module called twice: _Reuse) send their gradients back.
+    Autograd adds those up (in fp32) and runs backward once, after every
+    later use's, so the engine gets one gradient per parameter per backward,
+    the sum of its uses, as a leaf parameter's .grad would be. The input is
+    the placeholder parameter, only so that autograd records the node; it
+    receives no gradient.
     """
 
     @staticmethod
     def forward(ctx, placeholder, owner, pid, tensor):
         ctx.owner, ctx.pid = owner, pid
+        # No zeros made for an output that got no gradient (a parameter
+        # used once leaves its token without one).
+        ctx.set_materialize_grads(False)
+        token = torch.zeros((), dtype=torch.float32,
+                            device=tensor.device).expand(tensor.shape)
+        return tensor, token
+
+    @staticmethod
+    def backward(ctx, grad, later):
+        if later is not None:
+            # The same sum, in the same order, as the engine makes of
+            # separate hand-overs: the later uses' (backward's order), then
+            # this one's, in fp32.
+            grad = later if grad is None else later + grad.float()
+        if grad is not None:
+            ctx.owner._hand_over(ctx.pid, grad)
+        return None, None, None, None
+
+
+class _Reuse(torch.autograd.Function):
+    """A later use of a parameter in the same forward (see _Use): returns the
+    fetched tensor; its gradient goes back through the first use's token."""
+
+    @staticmethod
+    def forward(ctx, token, tensor):
         return tensor
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.owner._hand_over(ctx.pid, grad)
-        return None, None, None, None
+        return grad.float(), None
 
 
 class Offloaded:
@@ -142,14 +173,6 @@ class Offloaded:
             ]
             if own:
                 self._owned[m] = own
-        # Parameters that several modules own (tied weights): each module's
-        # use hands a gradient over, which begin_step cannot take.
-        owners = {}
-        for own in self._owned.values():
-            for _, pid in own:
-                owners[pid] = owners.get(pid, 0) + 1
-        self._shared = [self._params[pid][0]
-                        for pid, n in sorted(owners.items()) if n > 1]
         # The model keeps placeholders; floating buffers take the working
         # dtype, as the parameters do.
         for _, p, _ in self._params:
@@ -163,6 +186,7 @@ class Offloaded:
                     )
         self._active = {}  # id -> [count, tensor] while a module runs
         self._live = {}  # storage address of a fetched tensor -> id
+        self._tokens = {}  # id -> its first use's token, while forward runs
         self._handles = []
         for m in self._owned:
             self._handles.append(m.register_forward_pre_hook(self._pre))
@@ -179,6 +203,9 @@ class Offloaded:
             except BaseException:
                 self._reset()  # forward hooks of the failed modules never ran
                 raise
+            finally:
+                # Uses in the next forward hand their gradients over apart.
+                self._tokens.clear()
 
         model.forward = forward
         model._strata_offloaded = self
@@ -208,10 +235,14 @@ class Offloaded:
             entry = self._active[pid]
             entry[0] += 1
             p = module._parameters[attr]
-            if torch.is_grad_enabled():
-                module._parameters[attr] = _Use.apply(p, self, pid, entry[1])
-            else:
+            if not torch.is_grad_enabled():
                 module._parameters[attr] = entry[1]
+            elif pid in self._tokens:
+                module._parameters[attr] = _Reuse.apply(self._tokens[pid],
+                                                        entry[1])
+            else:
+                used, self._tokens[pid] = _Use.apply(p, self, pid, entry[1])
+                module._parameters[attr] = used
 
     def _post(self, module, inputs, output):
         for attr, pid in self._owned[module]:
@@ -281,19 +312,13 @@ class Offloaded:
         updates each unit, or takes its gradient's statistics, as soon as
         backward has handed over all of its parameters' gradients, and
         ``step()`` does the rest, to the same results. Until ``step()``
-        returns each parameter may receive one gradient: a model with a
-        parameter shared by two submodules raises ValueError here, and a
-        module called twice in that backward makes backward raise."""
+        returns each parameter may receive one gradient: the uses of a
+        parameter within one forward (tied weights, a module called twice)
+        hand over their sum once, but a backward through two forwards (their
+        losses added) makes backward raise."""
         if lr is None:
             raise TypeError("Offloaded.begin_step() needs lr=")
         self._check_open()
-        if self._shared:
-            raise ValueError(
-                "Offloaded.begin_step(): parameter %s is shared by several "
-                "modules (tied), each of which hands its gradient over, and "
-                "after begin_step a parameter takes one gradient; step "
-                "without begin_step" % ", ".join(self._shared)
-            )
         self.engine.begin_step(
             lr=lr, loss_scale=loss_scale, max_grad_norm=max_grad_norm
         )
