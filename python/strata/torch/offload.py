@@ -57,9 +57,7 @@ class _Use(torch.autograd.Function):
         # No zeros made for an output that got no gradient (a parameter
         # used once leaves its token without one).
         ctx.set_materialize_grads(False)
-        token = torch.zeros((), dtype=torch.float32,
-                            device=tensor.device).expand(tensor.shape)
-        return tensor, token
+        return tensor, owner._zero.expand(tensor.shape)
 
     @staticmethod
     def backward(ctx, grad, later):
@@ -187,6 +185,8 @@ class Offloaded:
         self._active = {}  # id -> [count, tensor] while a module runs
         self._live = {}  # storage address of a fetched tensor -> id
         self._tokens = {}  # id -> its first use's token, while forward runs
+        # The tokens' one element (made once: no kernel per use on a GPU).
+        self._zero = torch.zeros((), dtype=torch.float32, device=self.device)
         self._handles = []
         for m in self._owned:
             self._handles.append(m.register_forward_pre_hook(self._pre))
