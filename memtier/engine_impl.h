@@ -54,10 +54,11 @@ enum : uint8_t {
   kEarlyStatistics
 };
 
-// Where a matrix stands in Adafactor's statistics pass during backward with
-// the gradients on NVMe (EngineImpl's early_spilled_): passing its last
-// micro-batch's sums chunk by chunk, passed whole (Step reads it for the
-// update alone), or left to Step (a chunk came out of order).
+// Where a tensor stands in Adafactor's statistics pass during backward with
+// the gradients on NVMe (EngineImpl's early_spilled_): taking its last
+// micro-batch's sums chunk by chunk (a matrix's passed, a vector's set
+// aside), taken whole (Step reads the spilled gradient for the update
+// alone), or left to Step (a chunk came out of order).
 enum : uint8_t {
   kSpilledNone = 0,
   kSpilledPassing,
