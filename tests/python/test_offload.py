@@ -97,9 +97,13 @@ def train_torch_fp32(model, data):
     return losses
 
 
-def train_offloaded(off, data):
+def train_offloaded(off, data, begin_step=False):
+    """A step per batch; with begin_step, Offloaded.begin_step before each
+    forward and backward."""
     losses = []
     for x, y in data:
+        if begin_step:
+            off.begin_step(lr=LR)
         loss = torch.nn.functional.mse_loss(off(x.bfloat16()).float(), y)
         loss.backward()
         r = off.step(lr=LR)
@@ -185,15 +189,7 @@ class OffloadTrainingTest(unittest.TestCase):
             os.mkdir(d)
             with storch.offload(make_mlp(0), engine_config(d, 768 * KIB),
                                 device="host") as off:
-                losses = []
-                for x, y in data:
-                    if begin:
-                        off.begin_step(lr=LR)
-                    loss = torch.nn.functional.mse_loss(
-                        off(x.bfloat16()).float(), y)
-                    loss.backward()
-                    self.assertTrue(off.step(lr=LR).applied)
-                    losses.append(loss.item())
+                losses = train_offloaded(off, data, begin_step=begin)
                 runs.append((losses, off.state_dict(), off.stats()))
         (losses, masters, stats), (b_losses, b_masters, b_stats) = runs
         self.assertEqual(b_losses, losses)
@@ -239,15 +235,7 @@ class OffloadTrainingTest(unittest.TestCase):
                 # The tied weight is registered once, under its first name.
                 self.assertEqual(sorted(off.ids),
                                  ["a.bias", "a.weight", "b.bias"])
-                losses = []
-                for x, y in data:
-                    if begin:
-                        off.begin_step(lr=LR)
-                    loss = torch.nn.functional.mse_loss(
-                        off(x.bfloat16()).float(), y)
-                    loss.backward()
-                    self.assertTrue(off.step(lr=LR).applied)
-                    losses.append(loss.item())
+                losses = train_offloaded(off, data, begin_step=begin)
                 runs.append((losses, off.state_dict()))
         (losses, masters), (b_losses, b_masters) = runs
         self.assertEqual(b_losses, losses)
