@@ -615,6 +615,67 @@ TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
   }
 }
 
+// Adafactor with the gradients on NVMe after BeginStep: the statistics pass
+// runs on each last sum as the spill adds it, before its write (Note
+// [Adafactor's statistics during backward] in memtier/factored.cc), and the
+// step reads the gradients once, for the update. Transient faults on those
+// writes and on the step's reads (relocated, retried, short, EINTR and
+// EAGAIN) change nothing: the masters of a fault-free run with Step alone,
+// every matrix passed during the hand-overs.
+TEST_P(EngineFaultTest, TransientFaultsAroundEarlyStatisticsFromTheSpill) {
+  auto options = [this] {
+    EngineOptions o = Options();
+    o.grads = Residence::kNvme;
+    o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
+    return o;
+  };
+  std::vector<std::vector<float>> base;
+  {
+    Trainer t(options());
+    ASSERT_TRUE(t.Start().ok());
+    for (int s = 0; s < kSteps; ++s) ASSERT_TRUE(t.TrainStep().ok());
+    base = t.Masters();
+  }
+  const std::vector<std::pair<const char*, std::vector<FaultRule>>> cases = {
+      {"write EIO", {{.op = IoOp::kWrite, .err = EIO, .nth = 2}}},
+      {"read EIO", {{.op = IoOp::kRead, .err = EIO, .nth = 1, .count = 2}}},
+      {"short transfers",
+       {{.kind = FaultRule::Kind::kShort,
+         .nth = 1,
+         .count = FaultRule::kForever,
+         .short_bytes = 4096}}},
+      {"EINTR and EAGAIN",
+       {{.err = EINTR, .nth = 1, .count = 2},
+        {.err = EAGAIN, .nth = 5, .count = 2}}},
+  };
+  for (const auto& [name, rules] : cases) {
+    SCOPED_TRACE(name);
+    Trainer t(options());
+    ASSERT_TRUE(t.Start().ok());
+    const uint64_t before = plan_->injected();
+    for (int s = 0; s < kSteps; ++s) {
+      StepArgs a;
+      a.lr = 1e-2;  // Trainer::Step's
+      ASSERT_TRUE(t.engine().BeginStep(a).ok());
+      plan_->Clear();
+      for (const FaultRule& r : rules) plan_->Add(r);
+      Status st = t.MicroBatch();  // the fetches and the spill's writes
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      plan_->Clear();
+      for (const FaultRule& r : rules) plan_->Add(r);
+      auto r = t.Step();  // the update's reads and writes
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_TRUE(r->applied);
+    }
+    plan_->Clear();
+    EXPECT_GE(plan_->injected(), before + kSteps);
+    EXPECT_EQ(t.engine().stats().early_passes, uint64_t{kSteps} * kTensors);
+    ExpectSame(base, t.Masters());
+    t.Destroy();
+    ExpectCallbacksBalanced();
+  }
+}
+
 // ---- Rows 4 and 14: the swap file edited behind the engine ----------------
 
 // Where a piece rests in the one swap file: scans the headers (all slots up
