@@ -1649,9 +1649,9 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
                        });
     return st;  // the job ends the hand-over (grads_pending_)
   }
-  uint64_t b = 0;  // the first element not handed over
-  for (; st.ok() && b < n; b += HandOverChunk(id, b, per)) {
-    const uint64_t cnt = HandOverChunk(id, b, per);
+  uint64_t b = 0, cnt = 0;  // the first element not handed over
+  for (; st.ok() && b < n; b += cnt) {
+    cnt = HandOverChunk(id, b, per);
     StatusOr<StagingLease> lease = staging_->Acquire();
     if (!lease.ok()) {
       st = lease.status();
@@ -1673,9 +1673,9 @@ Status EngineImpl::AddGradImpl(TensorId id, const void* grad, size_t avail,
           Accumulate(id, b, cnt, dtype, first, last, std::move(*shared), {});
         });
   }
-  for (; !st.ok() && MultiRank() && b < n; b += HandOverChunk(id, b, per)) {
+  for (; !st.ok() && MultiRank() && b < n; b += cnt) {
     // The rest as zeros, failed (above).
-    const uint64_t cnt = HandOverChunk(id, b, per);
+    cnt = HandOverChunk(id, b, per);
     {
       MutexLock l(&mu_);
       ++grads_pending_;
@@ -1744,7 +1744,7 @@ void EngineImpl::Accumulate(TensorId id, uint64_t begin, uint64_t n,
       // Note [Adafactor's statistics during backward] (factored.cc): the
       // chunk's sums, seen in its piece once its last values are in.
       GradSpill::VisitFn visit;
-      if (last && b + cnt == n && PassesSpilledChunks(id)) {
+      if (last && b + cnt == n && TakesSpilledChunks()) {
         const uint64_t at = t.offset + begin;
         visit = [this, id, begin, n, at](const float* piece) {
           EarlySpilledChunk(id, begin, n, piece + at % piece_elems_);

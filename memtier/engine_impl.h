@@ -595,11 +595,12 @@ class EngineImpl final : public Engine {
   // none past the end of the piece that holds element b (so that the
   // pieces' sums a chunk ends are the ranges Step would pass).
   uint64_t HandOverChunk(TensorId id, uint64_t b, uint64_t per) const;
-  // Gradients on NVMe: whether the accumulator takes tensor `id`'s last
-  // chunks (the elements [begin, begin + n) of its hand-over) as the spill
-  // holds their sums, and the taking (on the accumulator), `g` the chunk's
-  // sums: a matrix's statistics pass, a vector's sums set aside.
-  bool PassesSpilledChunks(TensorId id) const;
+  // Gradients on NVMe: whether the accumulator takes every tensor's last
+  // chunks as the spill holds their sums (Adafactor on one rank), and the
+  // taking of tensor `id`'s elements [begin, begin + n) (on the
+  // accumulator), `g` the chunk's sums: a matrix's statistics pass, a
+  // vector's sums set aside.
+  bool TakesSpilledChunks() const;
   // Step's statistics pass over a vector's sums set aside during backward,
   // in the ranges the spilled pieces would give.
   Status FactoredCopiedPass(TensorId id);

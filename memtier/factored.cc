@@ -94,21 +94,6 @@ Status EngineImpl::StartFactored() {
   factored_.assign(specs_.size(), FactoredTensor{});
   early_spilled_.assign(specs_.size(), kSpilledNone);
   early_spilled_next_.assign(specs_.size(), 0);
-  // Note [Adafactor's statistics during backward], gradients on NVMe on
-  // one rank: room for the vectors' last sums.
-  const bool spilled_passes =
-      options_.optimizer.cpu.algo == CpuOptimizerAlgo::kAdafactor &&
-      options_.grads == Residence::kNvme && !MultiRank();
-  early_vector_at_.clear();
-  early_vectors_.clear();
-  uint64_t vector_elems = 0;
-  for (TensorId id = 0; spilled_passes && id < specs_.size(); ++id) {
-    const bool matrix =
-        specs_[id].shape.size() == 2 && specs_[id].shape[0] >= 2;
-    early_vector_at_.push_back(matrix ? UINT64_MAX : vector_elems);
-    if (!matrix) vector_elems += numel_[id];
-  }
-  early_vectors_.assign(vector_elems, 0.0f);
   for (TensorId id = 0; id < specs_.size(); ++id) {
     const std::vector<int64_t>& shape = specs_[id].shape;
     if (shape.size() > 2) {
@@ -135,6 +120,19 @@ Status EngineImpl::StartFactored() {
     }
     f.stats.assign(fp->exp_avg_sq_bytes / 4, 0.0f);
   }
+  // Note [Adafactor's statistics during backward], gradients on NVMe on
+  // one rank: room for the vectors' last sums.
+  early_vector_at_.clear();
+  uint64_t vector_elems = 0;
+  if (options_.optimizer.cpu.algo == CpuOptimizerAlgo::kAdafactor &&
+      options_.grads == Residence::kNvme && !MultiRank()) {
+    for (TensorId id = 0; id < specs_.size(); ++id) {
+      const bool matrix = PassesDuringBackward(id);
+      early_vector_at_.push_back(matrix ? UINT64_MAX : vector_elems);
+      if (!matrix) vector_elems += numel_[id];
+    }
+  }
+  early_vectors_.assign(vector_elems, 0.0f);
   return Status::Ok();
 }
 
@@ -273,19 +271,18 @@ Status EngineImpl::EarlyFactoredPasses(uint32_t u, const CpuStepArgs& args,
   return Status::Ok();
 }
 
-bool EngineImpl::PassesSpilledChunks(TensorId id) const {
-  return !early_vector_at_.empty() &&
-         (PassesDuringBackward(id) || early_vector_at_[id] != UINT64_MAX);
+bool EngineImpl::TakesSpilledChunks() const {
+  // early_vector_at_ is laid out (at Start) only where the chunks are taken.
+  return !early_vector_at_.empty();
 }
 
 Status EngineImpl::FactoredCopiedPass(TensorId id) {
-  // The ranges FactoredSpilledPass gives a vector: its part of each piece.
-  const uint64_t off = layout_->tensor(id).offset, n = numel_[id];
+  // The ranges FactoredSpilledPass gives a vector: its part of each piece,
+  // as the hand-over's chunks cut it.
   const float* g = early_vectors_.data() + early_vector_at_[id];
-  for (uint64_t b = 0; b < n;) {
-    const uint64_t k = std::min(n - b, piece_elems_ - (off + b) % piece_elems_);
+  for (uint64_t b = 0, k = 0; b < numel_[id]; b += k) {
+    k = HandOverChunk(id, b, UINT64_MAX);
     STRATA_RETURN_IF_ERROR(FactoredGradPass(id, g + b, b, k));
-    b += k;
   }
   return Status::Ok();
 }
