@@ -249,11 +249,16 @@ class Trainer {
     return dev_->SynchronizeStream(*stream_);
   }
 
-  StatusOr<StepResult> Step() {
+  // What every step of this trainer gets.
+  static StepArgs Args() {
     StepArgs a;
     a.lr = 1e-2;
-    return eng_->Step(a);
+    return a;
   }
+
+  StatusOr<StepResult> Step() { return eng_->Step(Args()); }
+
+  Status BeginStep() { return eng_->BeginStep(Args()); }
 
   Status TrainStep() {
     STRATA_RETURN_IF_ERROR(MicroBatch());
@@ -342,14 +347,16 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
   static Status StartAndBeginStep(Trainer& t) {
     STRATA_RETURN_IF_ERROR(t.Start());
     STRATA_RETURN_IF_ERROR(t.TrainStep());
-    StepArgs a;
-    a.lr = 1e-2;
-    return t.engine().BeginStep(a);
+    return t.BeginStep();
   }
 
-  // kSteps steps without faults.
-  std::vector<std::vector<float>> Baseline() {
-    Trainer t(Options());
+  // kSteps steps without faults. `change`, when given, edits Options()
+  // first.
+  std::vector<std::vector<float>> Baseline(
+      void (*change)(EngineOptions&) = nullptr) {
+    EngineOptions o = Options();
+    if (change != nullptr) change(o);
+    Trainer t(o);
     Status st = t.Start();
     EXPECT_TRUE(st.ok()) << st.ToString();
     for (int s = 0; s < kSteps && st.ok(); ++s) {
@@ -372,6 +379,20 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
   void ExpectStepFailsThenRefuses(int steps, const FaultRule& rule,
                                   StatusCode code, const std::string& what,
                                   void (*change)(EngineOptions&) = nullptr);
+
+  // Faults the engine absorbs, injected anew in each step's hand-overs
+  // (and fetches) and again in its Step.
+  struct TransientCase {
+    const char* name;
+    std::vector<FaultRule> rules;
+  };
+  // Each case trains kSteps steps (with BeginStep before each step's
+  // hand-overs when `begin_step`; then every tensor, a matrix, must have
+  // had Adafactor's statistics pass during them) to the masters of
+  // Baseline(change), every callback run once. `change` as above.
+  void ExpectTransientFaultsChangeNothing(
+      const std::vector<TransientCase>& cases,
+      void (*change)(EngineOptions&) = nullptr, bool begin_step = false);
 
   // The one swap file of the directory.
   std::string SwapFile() const {
@@ -445,6 +466,48 @@ void EngineFaultTest::ExpectStepFailsThenRefuses(
   ExpectRefusesAfterFailedStep(t, r.status());
   t.Destroy();
   ExpectCallbacksBalanced();
+}
+
+void EngineFaultTest::ExpectTransientFaultsChangeNothing(
+    const std::vector<TransientCase>& cases, void (*change)(EngineOptions&),
+    bool begin_step) {
+  const auto base = Baseline(change);
+  for (const TransientCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    EngineOptions o = Options();
+    if (change != nullptr) change(o);
+    Trainer t(o);
+    ASSERT_TRUE(t.Start().ok());
+    const uint64_t before = plan_->injected();
+    for (int s = 0; s < kSteps; ++s) {
+      if (begin_step) {
+        ASSERT_TRUE(t.BeginStep().ok());
+      }
+      plan_->Clear();
+      for (const FaultRule& r : c.rules) plan_->Add(r);
+      Status st = t.MicroBatch();  // the fetches' reads (and the spill's)
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      plan_->Clear();
+      for (const FaultRule& r : c.rules) plan_->Add(r);
+      auto r = t.Step();  // the step's reads and writes
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_TRUE(r->applied);
+    }
+    plan_->Clear();
+    EXPECT_GE(plan_->injected(), before + kSteps);
+    if (begin_step) {
+      EXPECT_EQ(t.engine().stats().early_passes, uint64_t{kSteps} * kTensors);
+    }
+    ExpectSame(base, t.Masters());
+    t.Destroy();
+    ExpectCallbacksBalanced();
+  }
+}
+
+// Adafactor, its gradients resting on NVMe.
+void AdafactorGradsOnNvme(EngineOptions& o) {
+  o.grads = Residence::kNvme;
+  o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
 }
 
 // ---- Rows 1 and 2: write-back fails ----------------------------------------
@@ -560,22 +623,14 @@ TEST_P(EngineFaultTest, ReadErrorBeforeAdafactorsUpdateFailsTheStep) {
       StatusCode::kIoError,
       "the gradients read back for adafactor's passes before the update: "
       "engine: reading the gradient of w",
-      [](EngineOptions& o) {
-        o.grads = Residence::kNvme;
-        o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
-      });
+      AdafactorGradsOnNvme);
 }
 
 // Transient faults in every step (one EIO on a write-back, one or two on
 // the reads of the fetches and of the step, short transfers, EINTR and
 // EAGAIN) are absorbed: training ends bit-identical with a fault-free run.
 TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
-  const auto base = Baseline();
-  struct Case {
-    const char* name;
-    std::vector<FaultRule> rules;
-  };
-  const std::vector<Case> cases = {
+  ExpectTransientFaultsChangeNothing({
       // Row 2: relocated by the swap space to a spare slot.
       {"write EIO 1st", {{.op = IoOp::kWrite, .err = EIO, .nth = 1}}},
       {"write EIO 6th", {{.op = IoOp::kWrite, .err = EIO, .nth = 6}}},
@@ -592,27 +647,7 @@ TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
       {"EINTR and EAGAIN",
        {{.err = EINTR, .nth = 1, .count = 2},
         {.err = EAGAIN, .nth = 7, .count = 2}}},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    Trainer t(Options());
-    ASSERT_TRUE(t.Start().ok());
-    const uint64_t before = plan_->injected();
-    for (int s = 0; s < kSteps; ++s) {
-      plan_->Clear();
-      for (const FaultRule& r : c.rules) plan_->Add(r);
-      ASSERT_TRUE(t.MicroBatch().ok());  // the fetches' reads
-      plan_->Clear();
-      for (const FaultRule& r : c.rules) plan_->Add(r);
-      auto r = t.Step();  // the step's reads and writes
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-    }
-    plan_->Clear();
-    EXPECT_GE(plan_->injected(), before + kSteps);
-    ExpectSame(base, t.Masters());
-    t.Destroy();
-    ExpectCallbacksBalanced();
-  }
+  });
 }
 
 // Adafactor with the gradients on NVMe after BeginStep: the statistics pass
@@ -623,57 +658,20 @@ TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
 // EAGAIN) change nothing: the masters of a fault-free run with Step alone,
 // every matrix passed during the hand-overs.
 TEST_P(EngineFaultTest, TransientFaultsAroundEarlyStatisticsFromTheSpill) {
-  auto options = [this] {
-    EngineOptions o = Options();
-    o.grads = Residence::kNvme;
-    o.optimizer.cpu.algo = CpuOptimizerAlgo::kAdafactor;
-    return o;
-  };
-  std::vector<std::vector<float>> base;
-  {
-    Trainer t(options());
-    ASSERT_TRUE(t.Start().ok());
-    for (int s = 0; s < kSteps; ++s) ASSERT_TRUE(t.TrainStep().ok());
-    base = t.Masters();
-  }
-  const std::vector<std::pair<const char*, std::vector<FaultRule>>> cases = {
-      {"write EIO", {{.op = IoOp::kWrite, .err = EIO, .nth = 2}}},
-      {"read EIO", {{.op = IoOp::kRead, .err = EIO, .nth = 1, .count = 2}}},
-      {"short transfers",
-       {{.kind = FaultRule::Kind::kShort,
-         .nth = 1,
-         .count = FaultRule::kForever,
-         .short_bytes = 4096}}},
-      {"EINTR and EAGAIN",
-       {{.err = EINTR, .nth = 1, .count = 2},
-        {.err = EAGAIN, .nth = 5, .count = 2}}},
-  };
-  for (const auto& [name, rules] : cases) {
-    SCOPED_TRACE(name);
-    Trainer t(options());
-    ASSERT_TRUE(t.Start().ok());
-    const uint64_t before = plan_->injected();
-    for (int s = 0; s < kSteps; ++s) {
-      StepArgs a;
-      a.lr = 1e-2;  // Trainer::Step's
-      ASSERT_TRUE(t.engine().BeginStep(a).ok());
-      plan_->Clear();
-      for (const FaultRule& r : rules) plan_->Add(r);
-      Status st = t.MicroBatch();  // the fetches and the spill's writes
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      plan_->Clear();
-      for (const FaultRule& r : rules) plan_->Add(r);
-      auto r = t.Step();  // the update's reads and writes
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      ASSERT_TRUE(r->applied);
-    }
-    plan_->Clear();
-    EXPECT_GE(plan_->injected(), before + kSteps);
-    EXPECT_EQ(t.engine().stats().early_passes, uint64_t{kSteps} * kTensors);
-    ExpectSame(base, t.Masters());
-    t.Destroy();
-    ExpectCallbacksBalanced();
-  }
+  ExpectTransientFaultsChangeNothing(
+      {
+          {"write EIO", {{.op = IoOp::kWrite, .err = EIO, .nth = 2}}},
+          {"read EIO", {{.op = IoOp::kRead, .err = EIO, .nth = 1, .count = 2}}},
+          {"short transfers",
+           {{.kind = FaultRule::Kind::kShort,
+             .nth = 1,
+             .count = FaultRule::kForever,
+             .short_bytes = 4096}}},
+          {"EINTR and EAGAIN",
+           {{.err = EINTR, .nth = 1, .count = 2},
+            {.err = EAGAIN, .nth = 5, .count = 2}}},
+      },
+      AdafactorGradsOnNvme, /*begin_step=*/true);
 }
 
 // ---- Rows 4 and 14: the swap file edited behind the engine ----------------
