@@ -300,6 +300,13 @@ class Trainer {
 
 constexpr int kSteps = 3;
 
+// Faults the engine absorbs, injected anew in each step's hand-overs (and
+// fetches) and again in its Step.
+struct TransientCase {
+  const char* name;
+  std::vector<FaultRule> rules;
+};
+
 class EngineFaultTest : public ::testing::TestWithParam<Under> {
  protected:
   // The format the moments rest in (Options).
@@ -380,12 +387,6 @@ class EngineFaultTest : public ::testing::TestWithParam<Under> {
                                   StatusCode code, const std::string& what,
                                   void (*change)(EngineOptions&) = nullptr);
 
-  // Faults the engine absorbs, injected anew in each step's hand-overs
-  // (and fetches) and again in its Step.
-  struct TransientCase {
-    const char* name;
-    std::vector<FaultRule> rules;
-  };
   // Each case trains kSteps steps (with BeginStep before each step's
   // hand-overs when `begin_step`; then every tensor, a matrix, must have
   // had Adafactor's statistics pass during them) to the masters of
@@ -628,9 +629,9 @@ TEST_P(EngineFaultTest, ReadErrorBeforeAdafactorsUpdateFailsTheStep) {
 
 // Transient faults in every step (one EIO on a write-back, one or two on
 // the reads of the fetches and of the step, short transfers, EINTR and
-// EAGAIN) are absorbed: training ends bit-identical with a fault-free run.
-TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
-  ExpectTransientFaultsChangeNothing({
+// EAGAIN), injected anew in each step's hand-overs and in its Step.
+std::vector<TransientCase> TransientCases() {
+  return {
       // Row 2: relocated by the swap space to a spare slot.
       {"write EIO 1st", {{.op = IoOp::kWrite, .err = EIO, .nth = 1}}},
       {"write EIO 6th", {{.op = IoOp::kWrite, .err = EIO, .nth = 6}}},
@@ -647,31 +648,25 @@ TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
       {"EINTR and EAGAIN",
        {{.err = EINTR, .nth = 1, .count = 2},
         {.err = EAGAIN, .nth = 7, .count = 2}}},
-  });
+  };
+}
+
+// The transient faults are absorbed: training ends bit-identical with a
+// fault-free run.
+TEST_P(EngineFaultTest, TransientFaultsLeaveTrainingBitIdentical) {
+  ExpectTransientFaultsChangeNothing(TransientCases());
 }
 
 // Adafactor with the gradients on NVMe after BeginStep: the statistics pass
 // runs on each last sum as the spill adds it, before its write (Note
 // [Adafactor's statistics during backward] in memtier/factored.cc), and the
-// step reads the gradients once, for the update. Transient faults on those
-// writes and on the step's reads (relocated, retried, short, EINTR and
-// EAGAIN) change nothing: the masters of a fault-free run with Step alone,
-// every matrix passed during the hand-overs.
+// step reads the gradients once, for the update. The same transient faults,
+// on those writes and on the step's reads, change nothing: the masters of a
+// fault-free run with Step alone, every matrix passed during the
+// hand-overs.
 TEST_P(EngineFaultTest, TransientFaultsAroundEarlyStatisticsFromTheSpill) {
-  ExpectTransientFaultsChangeNothing(
-      {
-          {"write EIO", {{.op = IoOp::kWrite, .err = EIO, .nth = 2}}},
-          {"read EIO", {{.op = IoOp::kRead, .err = EIO, .nth = 1, .count = 2}}},
-          {"short transfers",
-           {{.kind = FaultRule::Kind::kShort,
-             .nth = 1,
-             .count = FaultRule::kForever,
-             .short_bytes = 4096}}},
-          {"EINTR and EAGAIN",
-           {{.err = EINTR, .nth = 1, .count = 2},
-            {.err = EAGAIN, .nth = 5, .count = 2}}},
-      },
-      AdafactorGradsOnNvme, /*begin_step=*/true);
+  ExpectTransientFaultsChangeNothing(TransientCases(), AdafactorGradsOnNvme,
+                                     /*begin_step=*/true);
 }
 
 // ---- Rows 4 and 14: the swap file edited behind the engine ----------------
